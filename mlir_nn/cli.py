@@ -1,0 +1,120 @@
+"""The ``mlir-nn`` command line: compile an MLP training step and print any stage."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import numpy as np
+
+STAGES = ("tensor",)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_mlp(text: str) -> list[int]:
+    """'2,32,32,16,1' -> [2, 32, 32, 16, 1]: at least an input and an output width."""
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--mlp expects comma-separated positive integers, got {text!r}") from None
+    if len(sizes) < 2 or any(s < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(
+            f"--mlp expects at least two positive widths (inputs,...,outputs), got {text!r}"
+        )
+    return sizes
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mlir-nn", description="Compile tensor training steps through MLIR.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    c = sub.add_parser("compile", help="trace an MLP training step and print a compilation stage",
+                       description="Trace one training step (forward, loss, backward, optimizer update) "
+                                   "of an MLP and print the requested stage.")
+    c.add_argument("--mlp", type=parse_mlp, required=True,
+                   help="layer widths, input first, e.g. 2,32,32,16,1 (hidden layers use ReLU)")
+    c.add_argument("--batch", type=positive_int, default=100, help="mini-batch size to trace with (default 100)")
+    c.add_argument("--loss", choices=("mse",), default="mse", help="loss function (default mse)")
+    c.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="optimizer (default sgd)")
+    c.add_argument("--lr", type=float, default=0.005, help="learning rate (default 0.005)")
+    c.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
+    c.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay (default 0)")
+    c.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="element type")
+    c.add_argument("--emit", choices=STAGES, default="tensor",
+                   help="stage to print: tensor (the traced IR)")
+    c.add_argument("-o", "--output", metavar="FILE", help="write the stage to FILE instead of stdout")
+    c.add_argument("--stats", action="store_true", help="print node counts and time per stage to stderr")
+    c.add_argument("--seed", type=int, default=0, help="random seed for the weights (default 0)")
+    return parser
+
+
+def build_step(args: argparse.Namespace) -> tuple[Callable[..., Any], np.ndarray, np.ndarray]:
+    """The MLP training step described by the options, with example inputs."""
+    from mlir_nn.losses import mse_loss
+    from mlir_nn.nn import MLP
+    from mlir_nn.optim import SGD, Adam
+
+    np.random.seed(args.seed)
+    model = MLP(args.mlp[0], args.mlp[1:], dtype=args.dtype)
+    if args.optimizer == "sgd":
+        opt = SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    else:
+        opt = Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+
+    def step(x: Any, y: Any) -> Any:
+        loss = mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    x = np.random.randn(args.batch, args.mlp[0]).astype(args.dtype)
+    y = np.random.randn(args.batch, args.mlp[-1]).astype(args.dtype)
+    return step, x, y
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from mlir_nn.jit import trace_step
+
+    step, x, y = build_step(args)
+    start = time.perf_counter()
+    graph, _, _ = trace_step(step, [x, y], ["x", "y"])
+    trace_time = time.perf_counter() - start
+    text = str(graph)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    if args.stats:
+        counts = ", ".join(f"{op}={n}" for op, n in sorted(graph.op_counts().items()))
+        print(f"tensor IR: {len(graph.compute_nodes)} compute nodes ({counts})", file=sys.stderr)
+        print(f"time: trace {trace_time * 1e3:.1f} ms", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return cmd_compile(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

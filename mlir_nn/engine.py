@@ -1,0 +1,409 @@
+"""Tensors with reverse-mode autodiff, eager or traced.
+
+Every tensor operation goes through ``apply``, which checks operands with the op's shape
+rule and then either evaluates it with the NumPy reference (eager mode) or records an IR
+node (while ``mlir_nn.jit`` traces a step). ``backward`` walks the tensor graph and calls
+the registry's VJP rules through the same ``apply``, so the backward pass is made of
+ordinary IR nodes: evaluated at once in eager mode, appended to the traced graph otherwise.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from mlir_nn.ir import DTypeError, Node, ShapeError, TensorType, make_node, op_def
+from mlir_nn.ir.shapes import BATCH, dtype_name, fmt_shape, normalize_axes
+
+LEAF = "leaf"
+
+
+class Trace:
+    """State of one trace: captured tensors become parameters, assignments updates."""
+
+    def __init__(self) -> None:
+        self.inputs: list[Node] = []
+        self.captured: list[Tensor] = []
+        self.param_nodes: list[Node] = []
+        self._param_of: dict[int, Node] = {}
+        self.current: dict[int, Tensor] = {}  # captured tensor id -> value after assign
+        self.updates: dict[int, Tensor] = {}
+        self.saved_grads: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self.closed = False
+
+    def add_input(self, name: str, shape: tuple, dtype: str) -> Tensor:
+        node = make_node("input", (), name=name, shape=tuple(shape), dtype=dtype)
+        self.inputs.append(node)
+        return Tensor._symbolic(node, self, label=name)
+
+    def node_of(self, t: Tensor) -> Node:
+        """The IR node standing for ``t`` in this trace (capturing it if concrete)."""
+        if t._trace is not None:
+            if t._trace is not self or self.closed:
+                raise RuntimeError("a tensor from a finished trace was used; trace values exist only inside the step")
+            return t._node  # type: ignore[return-value]
+        key = id(t)
+        if key in self.current:
+            return self.current[key]._node  # type: ignore[return-value]
+        if key not in self._param_of:
+            if t._op == "const":
+                return make_node("const", (), value=t._attrs["value"], dtype=t.dtype)
+            name = f"p{len(self.captured)}"
+            node = make_node("param", (), name=name, shape=t.shape, dtype=t.dtype, label=t.label)
+            self._param_of[key] = node
+            self.captured.append(t)
+            self.param_nodes.append(node)
+        return self._param_of[key]
+
+    def param_node_of(self, key: int) -> Node:
+        return self._param_of[key]
+
+    def resolve(self, t: Tensor) -> Tensor:
+        """``t`` itself, or the value assigned to it earlier in this trace."""
+        return self.current.get(id(t), t) if t._trace is None else t
+
+    def assign(self, target: Tensor, value: Tensor) -> None:
+        self.node_of(target)  # make sure the target is captured as a parameter
+        self.current[id(target)] = value
+        self.updates[id(target)] = value
+
+    def save_grad(self, t: Tensor) -> None:
+        """Remember a concrete tensor's grad so the trace can give it back untouched."""
+        if t._trace is None and id(t) not in self.saved_grads:
+            self.saved_grads[id(t)] = (t, t._grad)
+
+    def close(self) -> None:
+        self.closed = True
+        for t, grad in self.saved_grads.values():
+            t._grad = grad
+
+
+_TRACE: Trace | None = None
+
+
+def current_trace() -> Trace | None:
+    return _TRACE
+
+
+def set_trace(trace: Trace | None) -> None:
+    global _TRACE
+    _TRACE = trace
+
+
+def _default_dtype(data: Any) -> str:
+    if isinstance(data, (np.ndarray, np.generic)) and np.issubdtype(np.asarray(data).dtype, np.floating):
+        return dtype_name(np.asarray(data).dtype)
+    return "float32"
+
+
+def _to_array(data: Any, dtype: str | None, what: str = "Tensor") -> np.ndarray:
+    if isinstance(data, Tensor):
+        data = data.data
+    try:
+        raw = np.asarray(data)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{what}: data must be numeric (a number, nested lists or a numpy array): {e}") from None
+    if raw.dtype.kind not in "biuf":
+        raise TypeError(f"{what}: data must be numeric, got dtype {raw.dtype} ({type(data).__name__})")
+    return np.array(raw, dtype=dtype or _default_dtype(data), copy=True)
+
+
+class Tensor:
+    """An n-d array that records the operations producing it (tinynn's Value, for tensors)."""
+
+    __array_priority__ = 100  # so ndarray + Tensor defers to Tensor.__radd__
+
+    def __init__(self, data: Any, label: str = "", dtype: Any = None) -> None:
+        self._data: np.ndarray | None = _to_array(data, dtype_name(dtype) if dtype is not None else None)
+        dtype_name(self._data.dtype)
+        self._grad: Tensor | None = None
+        self.label = label
+        self._op = LEAF
+        self._inputs: tuple[Tensor, ...] = ()
+        self._attrs: dict[str, Any] = {}
+        self._node: Node | None = None
+        self._trace: Trace | None = None
+
+    @classmethod
+    def _symbolic(cls, node: Node, trace: Trace, label: str = "") -> Tensor:
+        t = cls.__new__(cls)
+        t._data, t._grad, t.label = None, None, label
+        t._op, t._inputs, t._attrs = LEAF, (), {}
+        t._node, t._trace = node, trace
+        return t
+
+    # ------------------------------------------------------------------ data access
+
+    @property
+    def data(self) -> np.ndarray:
+        if self._data is None:
+            raise RuntimeError(
+                f"tensor {self.label or ''} {fmt_shape(self.shape)} is being traced by mlir_nn.jit: "
+                "its value exists only when the compiled step runs"
+            )
+        return self._data
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        array = _to_array(value, self.dtype)
+        if self._data is not None and array.shape != self._data.shape:
+            raise ShapeError(f"Tensor.data: new value has shape {array.shape}, expected {self._data.shape}")
+        self._data = array
+
+    @property
+    def grad(self) -> np.ndarray:
+        """The gradient as a numpy array (zeros before any backward)."""
+        if self._grad is None:
+            return np.zeros(self.shape, dtype=self.dtype)
+        return self._grad.data
+
+    @grad.setter
+    def grad(self, value: Any) -> None:
+        trace = current_trace()
+        if trace is not None:
+            trace.save_grad(self)
+        if value is None or (np.isscalar(value) and value == 0):
+            self._grad = None
+        else:
+            self._grad = Tensor(np.broadcast_to(_to_array(value, self.dtype), self.shape))
+
+    @property
+    def shape(self) -> tuple:
+        return self._node.shape if self._data is None else self._data.shape  # type: ignore[union-attr]
+
+    @property
+    def dtype(self) -> str:
+        return self._node.dtype if self._data is None else self._data.dtype.name  # type: ignore[union-attr]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numpy(self) -> np.ndarray:
+        return self.data
+
+    def item(self) -> float:
+        return float(self.data)
+
+    def __float__(self) -> float:
+        return float(self.data)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return int(self.shape[0]) if self.shape[0] != BATCH else self._batch_len()
+
+    def _batch_len(self) -> int:
+        raise TypeError("len() of a traced tensor with a dynamic batch dimension is not known at trace time")
+
+    def __repr__(self) -> str:
+        label = f", label={self.label!r}" if self.label else ""
+        if self._data is None:
+            return f"Tensor(<traced {fmt_shape(self.shape)}:{self.dtype}>{label})"
+        return f"Tensor({np.array2string(self._data, precision=4, threshold=20)}, dtype={self.dtype}{label})"
+
+    # ------------------------------------------------------------------ arithmetic
+
+    def __add__(self, other: Any) -> Tensor:
+        return apply("add", self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return apply("add", other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return apply("sub", self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return apply("sub", other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return apply("mul", self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return apply("mul", other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return apply("div", self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return apply("div", other, self)
+
+    def __neg__(self) -> Tensor:
+        return apply("neg", self)
+
+    def __pow__(self, exponent: Any) -> Tensor:
+        if not isinstance(exponent, numbers.Real) or isinstance(exponent, bool):
+            raise TypeError(f"pow: exponent must be a Python number, got {type(exponent).__name__}")
+        return apply("pow", self, exponent=float(exponent))
+
+    def __matmul__(self, other: Any) -> Tensor:
+        return matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Tensor:
+        return matmul(other, self)
+
+    def relu(self) -> Tensor:
+        return apply("relu", self)
+
+    def tanh(self) -> Tensor:
+        return apply("tanh", self)
+
+    def sigmoid(self) -> Tensor:
+        return apply("sigmoid", self)
+
+    def exp(self) -> Tensor:
+        return apply("exp", self)
+
+    def log(self) -> Tensor:
+        return apply("log", self)
+
+    def sqrt(self) -> Tensor:
+        return apply("sqrt", self)
+
+    def sum(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+        return apply("sum", self, axes=normalize_axes("sum", axis, self.ndim), keepdims=keepdims)
+
+    def mean(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+        return apply("mean", self, axes=normalize_axes("mean", axis, self.ndim), keepdims=keepdims)
+
+    def transpose(self, *perm: int) -> Tensor:
+        perm_t = tuple(perm[0]) if len(perm) == 1 and isinstance(perm[0], (tuple, list)) else perm
+        return apply("transpose", self, perm=perm_t or tuple(reversed(range(self.ndim))))
+
+    @property
+    def T(self) -> Tensor:
+        return self if self.ndim < 2 else self.transpose()
+
+    def reshape(self, *shape: Any) -> Tensor:
+        target = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return apply("reshape", self, shape=_infer_reshape(self.shape, target))
+
+    def broadcast_to(self, shape: tuple) -> Tensor:
+        return apply("broadcast_to", self, shape=tuple(shape))
+
+    def assign(self, value: Any) -> None:
+        """Overwrite this tensor's value in place (traced as a parameter update)."""
+        value = value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype)
+        if value.shape != self.shape or value.dtype != self.dtype:
+            raise ShapeError(
+                f"assign: value {fmt_shape(value.shape)}:{value.dtype} does not fit "
+                f"{self.label or 'tensor'} {fmt_shape(self.shape)}:{self.dtype}"
+            )
+        trace = current_trace()
+        if trace is not None:
+            trace.assign(self, value)
+        else:
+            self.data[...] = value.data
+
+    # ------------------------------------------------------------------ autodiff
+
+    def backward(self) -> None:
+        """Fill ``.grad`` of every tensor this one depends on (d self / d tensor)."""
+        order = _topo_tensors(self)
+        trace = current_trace()
+        seed = _operand(1.0, self.dtype, "backward")
+        grads: dict[int, Tensor] = {id(self): seed if self.shape == () else seed.broadcast_to(self.shape)}
+        for t in reversed(order):
+            g = grads.pop(id(t), None)
+            if g is None:
+                continue
+            if trace is not None:
+                trace.save_grad(t)
+                prior = t._grad if t._grad is not None and t._grad._trace is trace else None
+            else:
+                prior = t._grad
+            t._grad = g if prior is None else apply("add", prior, g)
+            if t._op in (LEAF, "const"):
+                continue
+            rule = op_def(t._op).vjp
+            if rule is None:
+                raise NotImplementedError(f"backward: op {t._op!r} has no gradient rule")
+            for inp, ig in zip(t._inputs, rule(apply, list(t._inputs), t, g, t._attrs)):
+                if ig is None or inp._op == "const":
+                    continue
+                grads[id(inp)] = ig if id(inp) not in grads else apply("add", grads[id(inp)], ig)
+
+
+Value = Tensor
+
+
+def _topo_tensors(root: Tensor) -> list[Tensor]:
+    order: list[Tensor] = []
+    seen: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    while stack:
+        t, expanded = stack.pop()
+        if expanded:
+            order.append(t)
+            continue
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack.append((t, True))
+        stack.extend((i, False) for i in t._inputs if id(i) not in seen)
+    return order
+
+
+def _infer_reshape(shape: tuple, target: tuple) -> tuple:
+    """Replace a single -1 in ``target`` so that element counts match."""
+    if -1 not in target:
+        return tuple(target)
+    if list(target).count(-1) > 1:
+        raise ShapeError(f"reshape: only one -1 allowed in {target}")
+    if BATCH in shape:
+        raise ShapeError(f"reshape: -1 is not supported on a traced batch dimension {fmt_shape(shape)}")
+    known = int(np.prod([d for d in target if d != -1], dtype=np.int64))
+    total = int(np.prod(shape, dtype=np.int64))
+    if known == 0 or total % known:
+        raise ShapeError(f"reshape: cannot reshape {fmt_shape(shape)} to {target}")
+    return tuple(total // known if d == -1 else d for d in target)
+
+
+def _operand(value: Any, dtype: str, op: str) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        t = Tensor(np.array(float(value), dtype=dtype))
+        t._op, t._attrs = "const", {"value": float(value)}
+        return t
+    if isinstance(value, (np.ndarray, list, tuple)):
+        return Tensor(value, dtype=dtype)
+    raise TypeError(f"{op}: cannot use an operand of type {type(value).__name__}; expected a Tensor or a number")
+
+
+def apply(op: str, *operands: Any, **attrs: Any) -> Tensor:
+    """Apply a registered op: evaluate it eagerly, or record it while tracing."""
+    dtype = next((o.dtype for o in operands if isinstance(o, Tensor)), "float32")
+    tensors = [_operand(o, dtype, op) for o in operands]
+    trace = current_trace()
+    definition = op_def(op)
+    if trace is not None:
+        tensors = [trace.resolve(t) for t in tensors]
+        node = make_node(op, [trace.node_of(t) for t in tensors], **attrs)
+        out = Tensor._symbolic(node, trace)
+    else:
+        result_type: TensorType = definition.infer([TensorType(t.shape, t.dtype) for t in tensors], attrs)
+        value = definition.reference([t.data for t in tensors], attrs, tuple(result_type.shape))
+        out = Tensor.__new__(Tensor)
+        out._data = np.asarray(value, dtype=result_type.dtype)
+        out._grad, out.label, out._node, out._trace = None, "", None, None
+    out._op, out._inputs, out._attrs = op, tuple(tensors), attrs
+    return out
+
+
+def matmul(a: Any, b: Any) -> Tensor:
+    """Matrix product; 1-D operands are treated as a row / column vector like numpy."""
+    if not isinstance(a, Tensor):
+        a = Tensor(a, dtype=b.dtype)
+    if not isinstance(b, Tensor):
+        b = Tensor(b, dtype=a.dtype)
+    if a.dtype != b.dtype:
+        raise DTypeError(f"matmul: operands have dtypes {a.dtype} and {b.dtype}; expected one dtype")
+    if a.ndim == 1 and b.ndim in (1, 2):
+        row = matmul(a.reshape(1, a.shape[0]), b)
+        return row.reshape(()) if b.ndim == 1 else row.reshape(row.shape[1])
+    if b.ndim == 1 and a.ndim == 2:
+        return matmul(a, b.reshape(b.shape[0], 1)).reshape(a.shape[0])
+    return apply("matmul", a, b)

@@ -1,0 +1,446 @@
+"""The op registry: one entry per op with its shape rule, NumPy reference and VJP rule.
+
+Adding an op touches only this file. Rules are written against small protocols so that
+the same VJP serves eager tensors (evaluated as they are built) and traced ones (which
+only build IR nodes):
+
+* ``infer(types, attrs) -> TensorType`` checks operands and returns the result type;
+* ``reference(args, attrs, out_shape) -> ndarray`` computes the op with NumPy, where
+  ``out_shape`` is the result shape with the batch symbol already bound;
+* ``vjp(emit, inputs, out, grad, attrs) -> [grad per input or None]`` builds the
+  backward ops by calling ``emit(op, *operands, **attrs)``; operands may be Python
+  floats, which become constants of the right dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from mlir_nn.ir.shapes import (
+    BATCH,
+    DTypeError,
+    Shape,
+    ShapeError,
+    broadcast_shapes,
+    fmt_shape,
+    normalize_axes,
+    reduced_shape,
+)
+
+
+class TensorType(NamedTuple):
+    shape: Shape
+    dtype: str
+
+
+class Handle(Protocol):
+    """What VJP rules see of a tensor: its type (values are never inspected)."""
+
+    shape: Shape
+    dtype: str
+
+
+Emit = Callable[..., Any]
+Infer = Callable[[list[TensorType], dict[str, Any]], TensorType]
+Reference = Callable[[list[np.ndarray], dict[str, Any], tuple[int, ...]], np.ndarray]
+Vjp = Callable[[Emit, list[Any], Any, Any, dict[str, Any]], list[Any]]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    arity: int | None  # None: the op takes no tensor operands (leaves)
+    infer: Infer
+    reference: Reference | None
+    vjp: Vjp | None
+    doc: str
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def register(name: str, arity: int | None, infer: Infer, reference: Reference | None,
+             vjp: Vjp | None, doc: str) -> None:
+    """Add one op to the registry."""
+    if name in OPS:
+        raise ValueError(f"op {name!r} is registered twice")
+    OPS[name] = OpDef(name, arity, infer, reference, vjp, doc)
+
+
+def op_def(name: str) -> OpDef:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise ValueError(f"unknown op {name!r}; known ops: {', '.join(sorted(OPS))}") from None
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def same_dtype(op: str, types: Sequence[TensorType]) -> str:
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) != 1:
+        shown = ", ".join(f"{fmt_shape(t.shape)}:{t.dtype}" for t in types)
+        raise DTypeError(f"{op}: operands have different dtypes ({shown}); expected one dtype")
+    return dtypes.pop()
+
+
+def sum_to(emit: Emit, g: Handle, shape: Shape) -> Handle:
+    """Gradient of an implicit broadcast: reduce ``g`` back to ``shape`` if it differs."""
+    return g if tuple(g.shape) == tuple(shape) else emit("sum_to", g, shape=shape)
+
+
+def transpose_of(emit: Emit, x: Handle) -> Handle:
+    return emit("transpose", x, perm=(1, 0))
+
+
+# ---------------------------------------------------------------------------- leaves
+
+
+def _leaf_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    return TensorType(tuple(attrs["shape"]), attrs["dtype"])
+
+
+register("input", None, _leaf_infer, None, None,
+         "A step argument (mini-batch data), bound by name at call time.")
+register("param", None, _leaf_infer, None, None,
+         "State read by the step (weights, optimizer buffers); may be updated.")
+register("const", None, lambda types, attrs: TensorType((), attrs["dtype"]),
+         lambda args, attrs, shape: np.array(attrs["value"], dtype=attrs["dtype"]), None,
+         "A scalar constant; broadcasts against any shape.")
+
+
+# ---------------------------------------------------------------------------- elementwise
+
+
+def _binary_infer(op: str) -> Infer:
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        dtype = same_dtype(op, types)
+        return TensorType(broadcast_shapes(op, types[0].shape, types[1].shape), dtype)
+
+    return infer
+
+
+def _unary_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    return types[0]
+
+
+def _same_shape_infer(op: str) -> Infer:
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        dtype = same_dtype(op, types)
+        first = types[0].shape
+        for t in types[1:]:
+            if t.shape != first:
+                raise ShapeError(
+                    f"{op}: shapes {fmt_shape(first)} and {fmt_shape(t.shape)} differ; expected equal shapes"
+                )
+        return TensorType(first, dtype)
+
+    return infer
+
+
+def _vjp_add(emit, xs, out, g, attrs):
+    return [sum_to(emit, g, xs[0].shape), sum_to(emit, g, xs[1].shape)]
+
+
+def _vjp_sub(emit, xs, out, g, attrs):
+    return [sum_to(emit, g, xs[0].shape), sum_to(emit, emit("neg", g), xs[1].shape)]
+
+
+def _vjp_mul(emit, xs, out, g, attrs):
+    a, b = xs
+    return [sum_to(emit, emit("mul", g, b), a.shape), sum_to(emit, emit("mul", g, a), b.shape)]
+
+
+def _vjp_div(emit, xs, out, g, attrs):
+    a, b = xs
+    ga = emit("div", g, b)
+    gb = emit("neg", emit("div", emit("mul", g, out), b))  # -g * a / b^2 == -g * out / b
+    return [sum_to(emit, ga, a.shape), sum_to(emit, gb, b.shape)]
+
+
+register("add", 2, _binary_infer("add"), lambda a, at, s: a[0] + a[1], _vjp_add,
+         "x + y with numpy broadcasting.")
+register("sub", 2, _binary_infer("sub"), lambda a, at, s: a[0] - a[1], _vjp_sub,
+         "x - y with numpy broadcasting.")
+register("mul", 2, _binary_infer("mul"), lambda a, at, s: a[0] * a[1], _vjp_mul,
+         "x * y with numpy broadcasting.")
+register("div", 2, _binary_infer("div"), lambda a, at, s: a[0] / a[1], _vjp_div,
+         "x / y with numpy broadcasting.")
+register("neg", 1, _unary_infer, lambda a, at, s: -a[0],
+         lambda emit, xs, out, g, at: [emit("neg", g)], "-x.")
+
+
+def _pow_reference(args, attrs, shape):
+    x, e = args[0], attrs["exponent"]
+    if e == 2.0:
+        return x * x
+    return np.power(x, np.asarray(e, dtype=x.dtype))
+
+
+def _vjp_pow(emit, xs, out, g, attrs):
+    e = attrs["exponent"]
+    if e == 2.0:
+        return [emit("mul", g, emit("mul", 2.0, xs[0]))]
+    return [emit("mul", g, emit("mul", e, emit("pow", xs[0], exponent=e - 1.0)))]
+
+
+register("pow", 1, _unary_infer, _pow_reference, _vjp_pow, "x ** exponent (a float attribute).")
+register("relu", 1, _unary_infer, lambda a, at, s: np.maximum(a[0], 0),
+         lambda emit, xs, out, g, at: [emit("relu_grad", xs[0], g)], "max(x, 0).")
+register("tanh", 1, _unary_infer, lambda a, at, s: np.tanh(a[0]),
+         lambda emit, xs, out, g, at: [emit("tanh_grad", out, g)], "tanh(x).")
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    # Stable for large |x|: exp only ever sees non-positive arguments.
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+
+
+register("sigmoid", 1, _unary_infer, lambda a, at, s: _sigmoid(a[0]),
+         lambda emit, xs, out, g, at: [emit("sigmoid_grad", out, g)], "1 / (1 + exp(-x)).")
+register("exp", 1, _unary_infer, lambda a, at, s: np.exp(a[0]),
+         lambda emit, xs, out, g, at: [emit("mul", g, out)], "exp(x).")
+register("log", 1, _unary_infer, lambda a, at, s: np.log(a[0]),
+         lambda emit, xs, out, g, at: [emit("div", g, xs[0])], "natural log of x.")
+register("sqrt", 1, _unary_infer, lambda a, at, s: np.sqrt(a[0]),
+         lambda emit, xs, out, g, at: [emit("div", g, emit("mul", 2.0, out))], "square root of x.")
+
+register("relu_grad", 2, _same_shape_infer("relu_grad"),
+         lambda a, at, s: np.where(a[0] > 0, a[1], np.zeros((), a[1].dtype)), None,
+         "Backward of relu: grad where x > 0, else 0. Operands: (x, grad).")
+register("tanh_grad", 2, _same_shape_infer("tanh_grad"),
+         lambda a, at, s: a[1] * (1 - a[0] * a[0]), None,
+         "Backward of tanh from its output y: grad * (1 - y^2). Operands: (y, grad).")
+register("sigmoid_grad", 2, _same_shape_infer("sigmoid_grad"),
+         lambda a, at, s: a[1] * a[0] * (1 - a[0]), None,
+         "Backward of sigmoid from its output y: grad * y * (1 - y). Operands: (y, grad).")
+
+
+# ---------------------------------------------------------------------------- matmul
+
+
+def _matmul_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    a, b = types
+    dtype = same_dtype("matmul", types)
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        raise ShapeError(
+            f"matmul: expected two 2-D operands, got {fmt_shape(a.shape)} @ {fmt_shape(b.shape)}"
+        )
+    m, k = a.shape[::-1] if attrs.get("transpose_a") else a.shape
+    k2, n = b.shape[::-1] if attrs.get("transpose_b") else b.shape
+    if k != k2:
+        raise ShapeError(
+            f"matmul: inner dimensions differ: {fmt_shape(a.shape)} @ {fmt_shape(b.shape)}"
+            f"{' (transposed operands)' if attrs.get('transpose_a') or attrs.get('transpose_b') else ''}"
+            f"; expected lhs columns ({k}) == rhs rows ({k2})"
+        )
+    return TensorType((m, n), dtype)
+
+
+def _matmul_reference(args, attrs, shape):
+    a = args[0].T if attrs.get("transpose_a") else args[0]
+    b = args[1].T if attrs.get("transpose_b") else args[1]
+    return a @ b
+
+
+def _vjp_matmul(emit, xs, out, g, attrs):
+    a, b = xs
+    a_eff = transpose_of(emit, a) if attrs.get("transpose_a") else a
+    b_eff = transpose_of(emit, b) if attrs.get("transpose_b") else b
+    ga = emit("matmul", g, transpose_of(emit, b_eff))
+    gb = emit("matmul", transpose_of(emit, a_eff), g)
+    if attrs.get("transpose_a"):
+        ga = transpose_of(emit, ga)
+    if attrs.get("transpose_b"):
+        gb = transpose_of(emit, gb)
+    return [ga, gb]
+
+
+register("matmul", 2, _matmul_infer, _matmul_reference, _vjp_matmul,
+         "2-D matrix product op(a) @ op(b); op transposes when transpose_a/transpose_b is set.")
+
+
+# ---------------------------------------------------------------------------- layout
+
+
+def _transpose_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (x,) = types
+    perm = tuple(attrs["perm"])
+    if sorted(perm) != list(range(len(x.shape))):
+        raise ShapeError(f"transpose: perm {perm} is not a permutation of the axes of {fmt_shape(x.shape)}")
+    return TensorType(tuple(x.shape[p] for p in perm), x.dtype)
+
+
+def _vjp_transpose(emit, xs, out, g, attrs):
+    perm = attrs["perm"]
+    inverse = tuple(sorted(range(len(perm)), key=lambda i: perm[i]))
+    return [emit("transpose", g, perm=inverse)]
+
+
+register("transpose", 1, _transpose_infer,
+         lambda a, at, s: np.ascontiguousarray(np.transpose(a[0], at["perm"])), _vjp_transpose,
+         "Permute axes by perm.")
+
+
+def _static_numel(op: str, shape: Shape) -> tuple[int, int]:
+    """(number of batch symbols, product of the static dims)."""
+    return sum(1 for d in shape if d == BATCH), int(np.prod([d for d in shape if d != BATCH], dtype=np.int64))
+
+
+def _reshape_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (x,) = types
+    shape = tuple(attrs["shape"])
+    if _static_numel("reshape", shape) != _static_numel("reshape", x.shape):
+        raise ShapeError(f"reshape: cannot reshape {fmt_shape(x.shape)} to {fmt_shape(shape)}; element counts differ")
+    return TensorType(shape, x.dtype)
+
+
+register("reshape", 1, _reshape_infer, lambda a, at, s: a[0].reshape(s),
+         lambda emit, xs, out, g, at: [emit("reshape", g, shape=xs[0].shape)],
+         "Same elements, new shape.")
+
+
+def _broadcast_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (x,) = types
+    shape = tuple(attrs["shape"])
+    if broadcast_shapes("broadcast_to", x.shape, shape) != shape:
+        raise ShapeError(f"broadcast_to: {fmt_shape(x.shape)} does not broadcast to {fmt_shape(shape)}")
+    return TensorType(shape, x.dtype)
+
+
+register("broadcast_to", 1, _broadcast_infer,
+         lambda a, at, s: np.ascontiguousarray(np.broadcast_to(a[0], s)),
+         lambda emit, xs, out, g, at: [sum_to(emit, g, xs[0].shape)],
+         "Numpy broadcast of x to shape.")
+
+
+def sum_to_axes(src: tuple[int, ...] | Shape, dst: Shape) -> tuple[tuple[int, ...], int]:
+    """Axes of ``src`` summed to reach ``dst`` and how many leading ones are dropped."""
+    lead = len(src) - len(dst)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(dst) if d == 1 and src[lead + i] != 1
+    )
+    return axes, lead
+
+
+def _sum_to_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (x,) = types
+    shape = tuple(attrs["shape"])
+    if len(shape) > len(x.shape) or broadcast_shapes("sum_to", shape, x.shape) != tuple(x.shape):
+        raise ShapeError(f"sum_to: {fmt_shape(x.shape)} cannot be reduced to {fmt_shape(shape)}")
+    return TensorType(shape, x.dtype)
+
+
+def _sum_to_reference(args, attrs, shape):
+    x = args[0]
+    axes, lead = sum_to_axes(x.shape, tuple(attrs["shape"]))
+    return np.sum(x, axis=axes, keepdims=True).reshape(shape) if axes else x.reshape(shape)
+
+
+register("sum_to", 1, _sum_to_infer, _sum_to_reference,
+         lambda emit, xs, out, g, at: [emit("broadcast_to", g, shape=xs[0].shape)],
+         "Sum x over broadcast axes down to shape (the gradient of a broadcast).")
+
+
+# ---------------------------------------------------------------------------- reductions
+
+
+def _reduce_infer(op: str) -> Infer:
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        (x,) = types
+        axes = tuple(attrs["axes"])
+        if axes != normalize_axes(op, axes, len(x.shape)):
+            raise ShapeError(f"{op}: axes {axes} must be sorted, in range and unique for {fmt_shape(x.shape)}")
+        return TensorType(reduced_shape(x.shape, axes, attrs["keepdims"]), x.dtype)
+
+    return infer
+
+
+def _keep_shape(shape: Shape, axes: tuple[int, ...]) -> Shape:
+    return tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+
+def _vjp_sum(emit, xs, out, g, attrs):
+    kept = emit("reshape", g, shape=_keep_shape(xs[0].shape, attrs["axes"]))
+    return [emit("broadcast_to", kept, shape=xs[0].shape)]
+
+
+def _vjp_mean(emit, xs, out, g, attrs):
+    kept = emit("reshape", g, shape=_keep_shape(xs[0].shape, attrs["axes"]))
+    return [emit("mean_grad", kept, shape=xs[0].shape, axes=attrs["axes"])]
+
+
+register("sum", 1, _reduce_infer("sum"),
+         lambda a, at, s: np.asarray(np.sum(a[0], axis=at["axes"], keepdims=at["keepdims"]), a[0].dtype),
+         _vjp_sum, "Sum over axes.")
+register("mean", 1, _reduce_infer("mean"),
+         lambda a, at, s: np.asarray(np.mean(a[0], axis=at["axes"], keepdims=at["keepdims"]), a[0].dtype),
+         _vjp_mean, "Mean over axes (the count is taken at run time, so batch-size independent).")
+
+
+def _mean_grad_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (g,) = types
+    shape = tuple(attrs["shape"])
+    if broadcast_shapes("mean_grad", g.shape, shape) != shape:
+        raise ShapeError(f"mean_grad: {fmt_shape(g.shape)} does not broadcast to {fmt_shape(shape)}")
+    return TensorType(shape, g.dtype)
+
+
+def _mean_grad_reference(args, attrs, shape):
+    count = int(np.prod([shape[a] for a in attrs["axes"]], dtype=np.int64))
+    return np.ascontiguousarray(np.broadcast_to(args[0] / np.asarray(count, args[0].dtype), shape))
+
+
+register("mean_grad", 1, _mean_grad_infer, _mean_grad_reference, None,
+         "Backward of mean: broadcast grad to shape, divided by the count of the reduced axes.")
+
+
+# ---------------------------------------------------------------------------- loss
+
+
+def _mse_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    p, y = types
+    same_dtype("mse", types)
+    if p.shape != y.shape:
+        raise ShapeError(
+            f"mse: prediction shape {fmt_shape(p.shape)} differs from target shape {fmt_shape(y.shape)}; "
+            "expected equal shapes"
+        )
+    return TensorType((), p.dtype)
+
+
+def _mse_reference(args, attrs, shape):
+    d = args[0] - args[1]
+    return np.asarray(np.mean(d * d), args[0].dtype)
+
+
+def _vjp_mse(emit, xs, out, g, attrs):
+    gp = emit("mse_grad", xs[0], xs[1], g)
+    return [gp, emit("neg", gp)]
+
+
+def _mse_grad_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    p, y, g = types
+    _mse_infer([p, y], attrs)
+    same_dtype("mse_grad", types)
+    if g.shape != ():
+        raise ShapeError(f"mse_grad: upstream gradient must be a scalar, got {fmt_shape(g.shape)}")
+    return TensorType(p.shape, p.dtype)
+
+
+def _mse_grad_reference(args, attrs, shape):
+    p, y, g = args
+    scale = (2.0 * g / max(p.size, 1)).astype(p.dtype)
+    return (p - y) * scale
+
+
+register("mse", 2, _mse_infer, _mse_reference, _vjp_mse,
+         "Mean squared error mean((p - y)^2) over all elements; a scalar.")
+register("mse_grad", 3, _mse_grad_infer, _mse_grad_reference, None,
+         "Backward of mse wrt p: 2 * (p - y) * grad / numel(p). Operands: (p, y, grad).")

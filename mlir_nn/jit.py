@@ -1,0 +1,149 @@
+"""``mlir_nn.jit``: trace an eager-style step once per input signature, then run it compiled.
+
+The step function is ordinary eager code (forward, ``loss.backward()``,
+``optimizer.step()``). Tracing runs it once on symbolic inputs: every tensor operation,
+the backward pass and the optimizer's ``assign`` calls become one Graph. Tensors the
+function reads from outside (weights, optimizer state) are captured as parameters; the
+compiled step reads their ``.data`` on every call and updates it in place.
+
+Gradients inside a traced step start from zero (as after ``zero_grad``), and ``.grad``
+of outside tensors is left as it was before the call.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mlir_nn.backends import Executable, get_backend
+from mlir_nn.engine import Tensor, Trace, set_trace
+from mlir_nn.ir import BATCH, Graph, verify
+from mlir_nn.ir.shapes import dtype_name
+
+Signature = tuple[tuple[tuple, str], ...]
+
+DEFAULT_BACKEND = "numpy"
+
+
+def _to_input_array(value: Any, name: str) -> np.ndarray:
+    if isinstance(value, Tensor):
+        value = value.data
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"jit: argument {name} is not numeric: {e}") from None
+    if array.dtype.kind in "biu":
+        array = array.astype(np.float32)
+    if array.dtype.kind != "f":
+        raise TypeError(f"jit: argument {name} must be numeric, got dtype {array.dtype}")
+    dtype_name(array.dtype)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def trace_step(fn: Callable[..., Any], arrays: list[np.ndarray], names: list[str],
+               dynamic_batch: bool = True) -> tuple[Graph, list[Tensor], bool]:
+    """Trace ``fn`` on inputs shaped like ``arrays``; return (graph, captured, single output)."""
+    batch_dims = {a.shape[0] for a in arrays if a.ndim >= 1}
+    dynamic = dynamic_batch and bool(arrays) and all(a.ndim >= 1 for a in arrays) and len(batch_dims) == 1
+    trace = Trace()
+    symbolic = [
+        trace.add_input(name, ((BATCH,) + a.shape[1:]) if dynamic else a.shape, a.dtype.name)
+        for name, a in zip(names, arrays)
+    ]
+    set_trace(trace)
+    try:
+        result = fn(*symbolic)
+        single = isinstance(result, Tensor)
+        results = () if result is None else (result,) if single else tuple(result)
+        for r in results:
+            if not isinstance(r, Tensor):
+                raise TypeError(f"jit: the step must return tensors, got {type(r).__name__}")
+        outputs = tuple(trace.node_of(trace.resolve(r)) for r in results)
+        updates = []
+        for key, value in trace.updates.items():
+            param = trace.param_node_of(key)
+            new = trace.node_of(value)
+            if new != param:
+                updates.append((param.attr("name"), new))
+    finally:
+        set_trace(None)
+        trace.close()
+    full = Graph(tuple(trace.inputs), tuple(trace.param_nodes), outputs, tuple(updates), name=fn.__name__)
+    used = set(full.nodes) | {full.param_by_name(n) for n, _ in updates}
+    keep = [i for i, p in enumerate(trace.param_nodes) if p in used]
+    graph = Graph(full.inputs, tuple(trace.param_nodes[i] for i in keep), outputs, tuple(updates), name=full.name)
+    verify(graph)
+    return graph, [trace.captured[i] for i in keep], single
+
+
+class CompiledStep:
+    """One traced and compiled signature of a step; ``stages`` holds each stage's text."""
+
+    def __init__(self, graph: Graph, captured: list[Tensor], single: bool, backend: str) -> None:
+        self.graph = graph
+        self.captured = captured
+        self.single = single
+        self.backend = backend
+        self.executable: Executable = get_backend(backend).compile(graph)
+        self.stages: dict[str, str] = {"tensor": str(graph)}
+        self.stages.update(getattr(self.executable, "stages", {}))
+
+    def as_text(self, stage: str = "tensor") -> str:
+        try:
+            return self.stages[stage]
+        except KeyError:
+            raise ValueError(f"stage {stage!r} not available; have {', '.join(self.stages)}") from None
+
+    def __call__(self, arrays: list[np.ndarray]) -> Any:
+        outputs = self.executable.run(arrays, [t.data for t in self.captured])
+        if self.single:
+            return outputs[0]
+        return tuple(outputs) if outputs else None
+
+
+class JitFunction:
+    """A step function compiled per input signature (ndim, shape without batch, dtype)."""
+
+    def __init__(self, fn: Callable[..., Any], backend: str | None = None, dynamic_batch: bool = True) -> None:
+        backend = backend or DEFAULT_BACKEND
+        get_backend(backend)  # fail early on an unknown backend
+        functools.update_wrapper(self, fn)
+        self.fn, self.backend, self.dynamic_batch = fn, backend, dynamic_batch
+        params = list(inspect.signature(fn).parameters)
+        self._names = params
+        self._cache: dict[Signature, CompiledStep] = {}
+
+    def _arrays(self, args: tuple) -> list[np.ndarray]:
+        names = [self._names[i] if i < len(self._names) else f"arg{i}" for i in range(len(args))]
+        return [_to_input_array(a, n) for a, n in zip(args, names)]
+
+    def _signature(self, arrays: list[np.ndarray]) -> Signature:
+        return tuple(((a.shape[1:] if self.dynamic_batch and a.ndim else a.shape), a.dtype.name) for a in arrays)
+
+    def lower(self, *args: Any) -> CompiledStep:
+        """Trace and compile for these arguments' signature (cached)."""
+        arrays = self._arrays(args)
+        key = self._signature(arrays)
+        if key not in self._cache:
+            names = [self._names[i] if i < len(self._names) else f"arg{i}" for i in range(len(arrays))]
+            graph, captured, single = trace_step(self.fn, arrays, names, self.dynamic_batch)
+            self._cache[key] = CompiledStep(graph, captured, single, self.backend)
+        return self._cache[key]
+
+    def trace(self, *args: Any) -> Graph:
+        return self.lower(*args).graph
+
+    def __call__(self, *args: Any) -> Any:
+        arrays = self._arrays(args)
+        return self.lower(*arrays)(arrays)
+
+
+def jit(fn: Callable[..., Any] | None = None, *, backend: str | None = None, dynamic_batch: bool = True) -> Any:
+    """Compile an eager-style step function; usable as ``jit(f)`` or ``@jit(backend=...)``."""
+    if fn is None:
+        return lambda f: JitFunction(f, backend=backend, dynamic_batch=dynamic_batch)
+    return JitFunction(fn, backend=backend, dynamic_batch=dynamic_batch)

@@ -1,0 +1,54 @@
+"""The reference interpreter and the argument checks every backend shares."""
+
+import numpy as np
+import pytest
+
+from mlir_nn.backends import get_backend
+from mlir_nn.backends.reference import evaluate
+from mlir_nn.ir import DTypeError, Graph, ShapeError, make_node
+
+
+def linear_graph() -> Graph:
+    x = make_node("input", (), name="x", shape=("N", 3), dtype="float64")
+    w = make_node("param", (), name="w", shape=(3, 2), dtype="float64")
+    y = make_node("matmul", (x, w))
+    loss = make_node("mean", (y,), axes=(0, 1), keepdims=False)
+    new_w = make_node("sub", (w, make_node("const", (), value=1.0, dtype="float64")))
+    return Graph((x,), (w,), (loss,), (("w", new_w),))
+
+
+def test_evaluate_binds_the_batch_dimension():
+    g = linear_graph()
+    w = np.arange(6.0).reshape(3, 2)
+    for batch in (1, 4, 7):
+        x = np.random.randn(batch, 3)
+        (loss,), (new_w,) = evaluate(g, [x], [w], batch)
+        assert loss == pytest.approx(np.mean(x @ w))
+        np.testing.assert_array_equal(new_w, w - 1)
+
+
+def test_run_updates_parameters_in_place():
+    exe = get_backend("numpy").compile(linear_graph())
+    w = np.zeros((3, 2))
+    exe.run([np.ones((2, 3))], [w])
+    np.testing.assert_array_equal(w, -np.ones((3, 2)))
+
+
+@pytest.mark.parametrize("x,error,match", [
+    (np.ones((2, 4)), ShapeError, r"input x has shape \(2, 4\), expected f64\[N, 3\]"),
+    (np.ones((2, 3), np.float32), DTypeError, "dtype float32, expected float64"),
+    (np.full((2, 3), np.nan), ValueError, "input x contains 6 NaN"),
+    (np.ones((0, 3)), ShapeError, "batch is empty"),
+    ([[1.0, 2.0, 3.0]], TypeError, "must be a numpy array"),
+])
+def test_bad_arguments_raise_and_leave_parameters_alone(x, error, match):
+    exe = get_backend("numpy").compile(linear_graph())
+    w = np.ones((3, 2))
+    with pytest.raises(error, match=match):
+        exe.run([x], [w])
+    np.testing.assert_array_equal(w, np.ones((3, 2)))
+
+
+def test_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        get_backend("tpu")

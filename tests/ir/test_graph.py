@@ -1,0 +1,72 @@
+"""Graph structure, the printer's stability and the verifier."""
+
+import numpy as np
+import pytest
+
+from mlir_nn.ir import Graph, ShapeError, VerifyError, make_node, topo_order, verify
+from mlir_nn.jit import trace_step
+from mlir_nn.losses import mse_loss
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD
+
+
+def trace_mlp(seed: int = 0) -> Graph:
+    np.random.seed(seed)
+    model = MLP(3, [4, 2])
+    opt = SGD(model.parameters(), lr=0.1)
+
+    def step(x, y):
+        loss = mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    x, y = np.ones((5, 3), np.float32), np.ones((5, 2), np.float32)
+    return trace_step(step, [x, y], ["x", "y"])[0]
+
+
+def test_printer_is_stable_and_readable():
+    a, b = trace_mlp(0), trace_mlp(1)  # different weights, same structure
+    assert str(a) == str(b)
+    assert a.fingerprint() == b.fingerprint()
+    text = str(a)
+    assert text.startswith("graph @step(%x: f32[N, 3], %y: f32[N, 2]) {")
+    assert "= matmul(%x, %p0) : f32[N, 4]" in text
+    assert "update %p0 <- " in text
+
+
+def test_nodes_hash_structurally():
+    x = make_node("input", (), name="x", shape=(2, 3), dtype="float32")
+    one = make_node("relu", (x,))
+    two = make_node("relu", (make_node("input", (), name="x", shape=(2, 3), dtype="float32"),))
+    assert one == two and hash(one) == hash(two)
+    assert one != make_node("tanh", (x,))
+
+
+def test_make_node_checks_shapes():
+    a = make_node("input", (), name="a", shape=(2, 3), dtype="float32")
+    b = make_node("input", (), name="b", shape=(4, 5), dtype="float32")
+    with pytest.raises(ShapeError, match=r"matmul: inner dimensions differ: \(2, 3\) @ \(4, 5\)"):
+        make_node("matmul", (a, b))
+
+
+def test_topo_order_handles_deep_graphs():
+    x = make_node("input", (), name="x", shape=(1,), dtype="float32")
+    node = x
+    for _ in range(20000):
+        node = make_node("neg", (node,))
+    order = topo_order([node])
+    assert len(order) == 20001 and order[0] is x and order[-1] is node
+
+
+def test_verifier_rejects_broken_graphs():
+    x = make_node("input", (), name="x", shape=(2,), dtype="float32")
+    p = make_node("param", (), name="p", shape=(3,), dtype="float32")
+    verify(Graph((x,), (p,), (make_node("relu", (x,)),)))
+    with pytest.raises(VerifyError, match="update of p"):
+        verify(Graph((x,), (p,), (), (("p", make_node("relu", (x,))),)))
+    with pytest.raises(VerifyError, match="not declared"):
+        verify(Graph((), (), (make_node("relu", (x,)),)))
+    with pytest.raises(VerifyError, match="no parameter"):
+        verify(Graph((x,), (), (), (("q", x),)))

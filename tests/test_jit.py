@@ -1,0 +1,105 @@
+"""jit: one trace per signature, dynamic batch, in-place state, errors before execution."""
+
+import numpy as np
+import pytest
+
+from mlir_nn import jit
+from mlir_nn.engine import Tensor
+from mlir_nn.ir import ShapeError
+from mlir_nn.losses import mse_loss
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD, Adam
+
+
+def make_step(model, opt):
+    def step(x, y):
+        pred = model(x)
+        loss = mse_loss(pred, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss, pred
+
+    return step
+
+
+@pytest.mark.parametrize("opt_cls", [SGD, Adam])
+def test_jitted_steps_equal_eager_steps(opt_cls):
+    np.random.seed(1)
+    eager_model = MLP(3, [5, 4, 2], dtype=np.float64)
+    jit_model = MLP(3, [5, 4, 2], dtype=np.float64)
+    for a, b in zip(eager_model.parameters(), jit_model.parameters()):
+        b.data[...] = a.data
+    eager = make_step(eager_model, opt_cls(eager_model.parameters(), lr=0.01))
+    compiled = jit(make_step(jit_model, opt_cls(jit_model.parameters(), lr=0.01)))
+    for batch in (4, 4, 1, 7):
+        x, y = np.random.randn(batch, 3), np.random.randn(batch, 2)
+        eager_loss, _ = eager(Tensor(x), Tensor(y))
+        loss, pred = compiled(x, y)
+        assert pred.shape == (batch, 2)
+        np.testing.assert_allclose(loss, eager_loss.data, rtol=1e-12)
+    for a, b in zip(eager_model.parameters(), jit_model.parameters()):
+        np.testing.assert_allclose(b.data, a.data, rtol=1e-12)
+    assert len(compiled._cache) == 1, "every batch size must share one trace"
+
+
+def test_state_is_read_each_call_and_updated_in_place():
+    w = Tensor(np.ones(3))
+
+    @jit
+    def step(x):
+        w.assign(w + x.sum(axis=0))
+        return w.sum()
+
+    buffer = w.data
+    step(np.ones((2, 3)))
+    assert w.data is buffer
+    np.testing.assert_array_equal(buffer, 3 * np.ones(3))
+    buffer[...] = 0  # writes into p.data are honoured
+    assert step(np.ones((1, 3))) == 3.0
+
+
+def test_grads_of_outside_tensors_are_left_alone():
+    model = MLP(2, [1], dtype=np.float64)
+    model.parameters()[0].grad = np.full((2, 1), 7.0)
+    step = jit(make_step(model, SGD(model.parameters(), lr=0.1)))
+    step(np.ones((3, 2)), np.ones((3, 1)))
+    np.testing.assert_array_equal(model.parameters()[0].grad, np.full((2, 1), 7.0))
+
+
+def test_new_signature_retraces():
+    model = MLP(2, [1], dtype=np.float64)
+    step = jit(make_step(model, SGD(model.parameters(), lr=0.1)))
+    step(np.ones((3, 2)), np.ones((3, 1)))
+    with pytest.raises(ShapeError, match=r"Layer: input has shape \(N, 3\), expected \(batch, 2\)"):
+        step(np.ones((3, 3)), np.ones((3, 1)))
+
+
+@pytest.mark.parametrize("x,y,error,match", [
+    (np.ones((4, 2)), np.ones((4, 2)), ShapeError, r"mse: prediction shape \(N, 1\) differs from target shape"),
+    (np.ones((4, 2)), np.ones((3, 1)), ShapeError, "batch size 3 but an earlier input has 4"),
+    (np.full((4, 2), np.nan), np.ones((4, 1)), ValueError, "input x contains 8 NaN"),
+    (np.array([["a", "b"]]), np.ones((1, 1)), TypeError, "argument x must be numeric"),
+])
+def test_bad_input_never_touches_parameters(x, y, error, match):
+    model = MLP(2, [4, 1], dtype=np.float64)
+    step = jit(make_step(model, SGD(model.parameters(), lr=0.1)))
+    step(np.ones((4, 2)), np.ones((4, 1)))
+    before = [p.data.copy() for p in model.parameters()]
+    with pytest.raises(error, match=match):
+        step(x, y)
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.data, b)
+
+
+def test_traced_values_cannot_leak():
+    leaked = []
+
+    @jit
+    def f(x):
+        leaked.append(x)
+        return x.sum()
+
+    f(np.ones((2, 2)))
+    with pytest.raises(RuntimeError, match="being traced"):
+        _ = leaked[0].data

@@ -1,0 +1,123 @@
+"""The tensor MLP against a scalar engine written in the seed's style."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from mlir_nn.engine import Tensor
+from mlir_nn.ir import ShapeError
+from mlir_nn.losses import mse_loss
+from mlir_nn.nn import MLP, Layer
+
+
+class Scalar:
+    """tinynn's Value, reduced to what an MLP with MSE needs (float64 throughout)."""
+
+    def __init__(self, data, children=()):
+        self.data, self.grad, self._prev, self._backward = float(data), 0.0, children, lambda: None
+
+    def __add__(self, other):
+        other = other if isinstance(other, Scalar) else Scalar(other)
+        out = Scalar(self.data + other.data, (self, other))
+
+        def backward():
+            self.grad += out.grad
+            other.grad += out.grad
+
+        out._backward = backward
+        return out
+
+    def __mul__(self, other):
+        other = other if isinstance(other, Scalar) else Scalar(other)
+        out = Scalar(self.data * other.data, (self, other))
+
+        def backward():
+            self.grad += other.data * out.grad
+            other.grad += self.data * out.grad
+
+        out._backward = backward
+        return out
+
+    def __sub__(self, other):
+        return self + other * -1.0
+
+    def relu(self):
+        out = Scalar(max(self.data, 0.0), (self,))
+
+        def backward():
+            self.grad += (out.data > 0) * out.grad
+
+        out._backward = backward
+        return out
+
+    def backward(self):
+        topo, seen = [], set()
+
+        def visit(v):
+            if v not in seen:
+                seen.add(v)
+                for c in v._prev:
+                    visit(c)
+                topo.append(v)
+
+        visit(self)
+        self.grad = 1.0
+        for v in reversed(topo):
+            v._backward()
+
+
+def scalar_mlp_loss(weights, X, Y):
+    """Per-sample loops exactly like tinynn; returns (loss, scalar parameters)."""
+    params = [[[Scalar(w) for w in row] for row in W] if W.ndim == 2 else [Scalar(b) for b in W] for W in weights]
+    total = Scalar(0.0)
+    for x, y in zip(X, Y):
+        act = [Scalar(v) for v in x]
+        for i in range(0, len(params), 2):
+            W, b = params[i], params[i + 1]
+            out = []
+            for j in range(len(b)):
+                z = b[j]
+                for k in range(len(act)):
+                    z = z + W[k][j] * act[k]
+                out.append(z.relu() if i + 2 < len(params) else z)
+            act = out
+        for o, t in zip(act, y):
+            d = o - t
+            total = total + d * d
+    loss = total * (1.0 / (len(X) * len(Y[0])))
+    return loss, params
+
+
+@pytest.mark.parametrize("sizes,batch", [([2, 8, 8, 1], 5), ([3, 4, 2], 1), ([1, 1, 1], 3)])
+def test_mlp_gradients_match_the_scalar_engine(sizes, batch):
+    np.random.seed(3)
+    model = MLP(sizes[0], sizes[1:], dtype=np.float64)
+    X, Y = np.random.randn(batch, sizes[0]), np.random.randn(batch, sizes[-1])
+    mse_loss(model(Tensor(X)), Tensor(Y)).backward()
+    loss, sparams = scalar_mlp_loss([p.data for p in model.parameters()], X, Y)
+    loss.backward()
+    for p, sp in zip(model.parameters(), sparams):
+        grads = np.array([[s.grad for s in row] for row in sp] if p.ndim == 2 else [s.grad for s in sp])
+        np.testing.assert_allclose(p.grad, grads, rtol=1e-5, atol=1e-12)
+
+
+def test_layer_api_and_parameter_order():
+    model = MLP(2, [3, 1])
+    params = model.parameters()
+    assert [p.shape for p in params] == [(2, 3), (3,), (3, 1), (1,)]
+    assert model.layers[0].nonlin and not model.layers[-1].nonlin
+    assert np.all(model.layers[0].b.data == 0) and np.all(np.abs(model.layers[0].W.data) <= 1)
+    out = model([Tensor(0.5), Tensor(-0.5)])  # tinynn-style list of scalars
+    assert out.shape == (1,)
+    model.zero_grad()
+    assert all(np.all(p.grad == 0) for p in params)
+
+
+def test_layer_rejects_wrong_width():
+    layer = Layer(3, 2)
+    with pytest.raises(ShapeError, match=r"Layer: input has shape \(4, 2\), expected \(batch, 3\)"):
+        layer(np.ones((4, 2), np.float32))
+    random.seed(0)
+    assert math.isfinite(float(layer(np.ones((1, 3), np.float32)).sum().data))

@@ -1,0 +1,53 @@
+"""Trainer: the seed's moons example and the bad input it must refuse."""
+
+import time
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_moons
+
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD
+from mlir_nn.trainer import Trainer
+
+
+def test_moons_example_trains_to_high_accuracy(tmp_path):
+    X, y = make_moons(n_samples=100, noise=0.1, random_state=42)
+    model = MLP(nin=2, nouts=[32, 32, 16, 1])
+    trainer = Trainer(model, SGD(model.parameters(), lr=0.005), backend="numpy")
+    start = time.perf_counter()
+    history = trainer.train(X, y, n_epochs=500, batch_size=10, verbose=False)
+    elapsed = time.perf_counter() - start
+    assert max(history["accuracies"]) >= 0.95 and history["accuracies"][-1] >= 0.95
+    assert history["losses"][-1] < history["losses"][0]
+    assert elapsed < 60
+    trainer.plot_training_progress(str(tmp_path / "progress.png"))
+    trainer.plot_decision_boundary(X, y, str(tmp_path / "boundary.png"))
+    assert (tmp_path / "progress.png").stat().st_size > 1000
+    assert (tmp_path / "boundary.png").stat().st_size > 1000
+
+
+def test_short_last_batch_and_many_features():
+    X = np.random.randn(23, 5)
+    y = (X[:, 0] > 0).astype(int)
+    model = MLP(5, [8, 1])
+    history = Trainer(model, SGD(model.parameters(), lr=0.01)).train(X, y, n_epochs=3, batch_size=10,
+                                                                      verbose=False)
+    assert len(history["losses"]) == 3 and 0 <= history["accuracies"][-1] <= 1
+
+
+@pytest.mark.parametrize("X,y,kwargs,error,match", [
+    (np.ones((4, 2)), np.ones(4), {"batch_size": 0}, ValueError, "batch_size must be a positive integer"),
+    (np.ones((0, 2)), np.ones(0), {}, ValueError, "X is empty"),
+    (np.ones((4, 2)), np.ones(3), {}, ValueError, r"len\(X\) = 4 but len\(y\) = 3"),
+    (np.array([[1.0, np.nan]]), np.ones(1), {}, ValueError, "X contains NaN"),
+    ([["a", "b"]], [1], {}, TypeError, "must be numeric"),
+    (np.ones((4, 3)), np.ones(4), {}, ValueError, r"Layer: input has shape \(N, 3\), expected \(batch, 2\)"),
+])
+def test_bad_input_is_refused_and_parameters_stay(X, y, kwargs, error, match):
+    model = MLP(2, [4, 1])
+    before = [p.data.copy() for p in model.parameters()]
+    with pytest.raises(error, match=match):
+        Trainer(model, SGD(model.parameters())).train(X, y, verbose=False, **kwargs)
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.data, b)
