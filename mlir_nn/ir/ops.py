@@ -444,3 +444,72 @@ register("mse", 2, _mse_infer, _mse_reference, _vjp_mse,
          "Mean squared error mean((p - y)^2) over all elements; a scalar.")
 register("mse_grad", 3, _mse_grad_infer, _mse_grad_reference, None,
          "Backward of mse wrt p: 2 * (p - y) * grad / numel(p). Operands: (p, y, grad).")
+
+
+# ---------------------------------------------------------------------------- fused ops
+# Produced only by the e-graph optimizer (no VJP): each one is a single kernel that a
+# chain of the ops above would run as several, with round trips through memory.
+
+
+def _fused_matmul_type(op: str, a: TensorType, b: TensorType, attrs: dict[str, Any]) -> TensorType:
+    try:
+        return _matmul_infer([a, b], attrs)
+    except ShapeError as e:
+        raise ShapeError(str(e).replace("matmul:", f"{op}:", 1)) from None
+
+
+def _linear_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    x, w, b = types
+    same_dtype("linear", types)
+    out = _fused_matmul_type("linear", x, w, attrs)
+    if b.shape != (out.shape[1],):
+        raise ShapeError(
+            f"linear: bias has shape {fmt_shape(b.shape)}, expected ({out.shape[1]},) for output {fmt_shape(out.shape)}"
+        )
+    if attrs.get("activation", "none") not in ("none", "relu"):
+        raise ValueError(f"linear: unknown activation {attrs['activation']!r}; expected 'none' or 'relu'")
+    return out
+
+
+def _linear_reference(args, attrs, shape):
+    out = _matmul_reference(args[:2], attrs, shape) + args[2]
+    return np.maximum(out, 0) if attrs.get("activation") == "relu" else out
+
+
+register("linear", 3, _linear_infer, _linear_reference, None,
+         "act(op(x) @ op(w) + b) with b broadcast over rows; act is 'none' or 'relu'.")
+
+
+def _gemm_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    a, b, c = types
+    same_dtype("gemm", types)
+    out = _fused_matmul_type("gemm", a, b, attrs)
+    if c.shape != out.shape:
+        raise ShapeError(f"gemm: accumulator has shape {fmt_shape(c.shape)}, expected {fmt_shape(out.shape)}")
+    return out
+
+
+def _gemm_reference(args, attrs, shape):
+    product = _matmul_reference(args[:2], attrs, shape)
+    dtype = args[2].dtype
+    return np.asarray(attrs["alpha"], dtype) * product + np.asarray(attrs["beta"], dtype) * args[2]
+
+
+register("gemm", 3, _gemm_infer, _gemm_reference, None,
+         "BLAS gemm alpha * op(a) @ op(b) + beta * c (e.g. an SGD update folded into the weight gradient).")
+
+
+def _matmul_relu_grad_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    a, b, z = types
+    same_dtype("matmul_relu_grad", types)
+    out = _fused_matmul_type("matmul_relu_grad", a, b, attrs)
+    if z.shape != out.shape:
+        raise ShapeError(
+            f"matmul_relu_grad: mask source has shape {fmt_shape(z.shape)}, expected {fmt_shape(out.shape)}"
+        )
+    return out
+
+
+register("matmul_relu_grad", 3, _matmul_relu_grad_infer,
+         lambda a, at, s: np.where(a[2] > 0, _matmul_reference(a[:2], at, s), np.zeros((), a[2].dtype)), None,
+         "relu_grad(z, op(a) @ op(b)): a backward product with the ReLU mask as its epilogue.")
