@@ -29,7 +29,7 @@ trainer = Trainer(model, optimizer)
 start = time.perf_counter()
 history = trainer.train(X, y, n_epochs=500, batch_size=10, verbose=True)
 elapsed = time.perf_counter() - start
-print(f"Training took {elapsed:.2f} s on backend {trainer._step.backend!r}")
+print(f"Training took {elapsed:.2f} s on backend {trainer.backend!r}")
 
 trainer.plot_training_progress("output/training_progress.png")
 trainer.plot_decision_boundary(X, y, "output/decision_boundary.png")

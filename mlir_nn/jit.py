@@ -44,11 +44,15 @@ def _to_input_array(value: Any, name: str) -> np.ndarray:
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
+def batch_is_shared(arrays: list[np.ndarray]) -> bool:
+    """True when every argument has a leading axis and all have the same length."""
+    return bool(arrays) and all(a.ndim >= 1 for a in arrays) and len({a.shape[0] for a in arrays}) == 1
+
+
 def trace_step(fn: Callable[..., Any], arrays: list[np.ndarray], names: list[str],
                dynamic_batch: bool = True) -> tuple[Graph, list[Tensor], bool]:
     """Trace ``fn`` on inputs shaped like ``arrays``; return (graph, captured, single output)."""
-    batch_dims = {a.shape[0] for a in arrays if a.ndim >= 1}
-    dynamic = dynamic_batch and bool(arrays) and all(a.ndim >= 1 for a in arrays) and len(batch_dims) == 1
+    dynamic = dynamic_batch and batch_is_shared(arrays)
     trace = Trace()
     symbolic = [
         trace.add_input(name, ((BATCH,) + a.shape[1:]) if dynamic else a.shape, a.dtype.name)
@@ -122,7 +126,8 @@ class JitFunction:
         return [_to_input_array(a, n) for a, n in zip(args, names)]
 
     def _signature(self, arrays: list[np.ndarray]) -> Signature:
-        return tuple(((a.shape[1:] if self.dynamic_batch and a.ndim else a.shape), a.dtype.name) for a in arrays)
+        dynamic = self.dynamic_batch and batch_is_shared(arrays)
+        return tuple(((BATCH,) + a.shape[1:] if dynamic else a.shape, a.dtype.name) for a in arrays)
 
     def lower(self, *args: Any) -> CompiledStep:
         """Trace and compile for these arguments' signature (cached)."""

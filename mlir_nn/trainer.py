@@ -50,11 +50,11 @@ class Trainer:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn or mse_loss
-        self.backend = backend
         self.losses: list[float] = []
         self.accuracies: list[float] = []
         self._step = JitFunction(self._train_step, backend=backend)
         self._forward = JitFunction(self._predict_step, backend=backend)
+        self.backend = self._step.backend
 
     @property
     def dtype(self) -> str:

@@ -103,3 +103,13 @@ def test_traced_values_cannot_leak():
     f(np.ones((2, 2)))
     with pytest.raises(RuntimeError, match="being traced"):
         _ = leaked[0].data
+
+
+def test_unshared_leading_dims_trace_static_shapes():
+    @jit
+    def f(x, w):
+        return (x @ w).sum()
+
+    assert f(np.ones((2, 3)), np.ones((3, 4))) == 24.0
+    assert f(np.ones((5, 3)), np.ones((3, 4))) == 60.0
+    assert len(f._cache) == 2
