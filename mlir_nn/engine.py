@@ -193,10 +193,9 @@ class Tensor:
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
-        return int(self.shape[0]) if self.shape[0] != BATCH else self._batch_len()
-
-    def _batch_len(self) -> int:
-        raise TypeError("len() of a traced tensor with a dynamic batch dimension is not known at trace time")
+        if self.shape[0] == BATCH:
+            raise TypeError("len() of a traced tensor with a dynamic batch dimension is not known at trace time")
+        return int(self.shape[0])
 
     def __repr__(self) -> str:
         label = f", label={self.label!r}" if self.label else ""
