@@ -118,6 +118,20 @@ def node_cost_fn(eclasses: EClasses, model: CostModel, itemsize: int):
     return cost
 
 
+def build_egraph(graph: Graph, names: list[str], limits: Limits, report: Report) -> tuple[EGraph, Loaded]:
+    """An e-graph holding ``graph``, saturated with the named rulesets."""
+    unknown = [n for n in names if n not in RULESETS]
+    if unknown:
+        raise ValueError(f"unknown ruleset(s) {unknown}; known: {', '.join(RULESETS)}")
+    egraph = EGraph()
+    loaded = convert.load(egraph, graph)
+    if names:
+        saturate(egraph, names, limits, report)
+    else:
+        report.stop_reason = "no rules"
+    return egraph, loaded
+
+
 def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[str] | None = None,
              limits: Limits = Limits(), cost_model: CostModel | None = None) -> tuple[Graph, Report]:
     """Optimize ``graph`` by equality saturation; return (graph to run, report)."""
@@ -127,15 +141,7 @@ def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[
                     batch_estimate=model.batch)
     names = list(RULESETS) if rulesets is None else rulesets
     try:
-        unknown = [n for n in names if n not in RULESETS]
-        if unknown:
-            raise ValueError(f"unknown ruleset(s) {unknown}; known: {', '.join(RULESETS)}")
-        egraph = EGraph()
-        loaded = convert.load(egraph, graph)
-        if names:
-            saturate(egraph, names, limits, report)
-        else:
-            report.stop_reason = "no rules"
+        egraph, loaded = build_egraph(graph, names, limits, report)
         optimized, eclasses = extract_graph(egraph, loaded, model, graph)
         report.egraph_nodes, report.egraph_classes = eclasses.num_nodes, len(eclasses.nodes)
         verify(optimized)
