@@ -10,6 +10,7 @@ graph is returned unchanged. So is the input when the optimized graph is not che
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +23,8 @@ from mlir_nn.egraph.extract import extract
 from mlir_nn.egraph.rules import RULESETS
 from mlir_nn.egraph.terms import Term
 from mlir_nn.ir import BATCH, Graph, verify
+
+NodeCost = Callable[[ClassId, ENode], float | None]
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def saturate(egraph: EGraph, names: list[str], limits: Limits, report: Report) -
             break
 
 
-def node_cost_fn(eclasses: EClasses, model: CostModel, itemsize: int):
+def node_cost_fn(eclasses: EClasses, model: CostModel, itemsize: int) -> NodeCost:
     """Cost of an e-node from the shapes of its e-class and children; None if unknown."""
 
     def cost(cid: ClassId, enode: ENode) -> float | None:
@@ -142,7 +145,8 @@ def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[
     names = list(RULESETS) if rulesets is None else rulesets
     try:
         egraph, loaded = build_egraph(graph, names, limits, report)
-        optimized, eclasses = extract_graph(egraph, loaded, model, graph)
+        itemsize = max(np.dtype(n.dtype).itemsize for n in graph.nodes) if graph.nodes else 4
+        optimized, eclasses = extract_graph(egraph, loaded, lambda ec: node_cost_fn(ec, model, itemsize))
         report.egraph_nodes, report.egraph_classes = eclasses.num_nodes, len(eclasses.nodes)
         verify(optimized)
     except Exception as e:  # any failure: report it and keep the traced graph
@@ -150,7 +154,7 @@ def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[
         report.stop_reason = "error"
         optimized = graph
     report.cost_after = model.graph_cost(optimized)
-    if report.error is None and report.cost_after >= report.cost_before and optimized != graph:
+    if report.cost_after >= report.cost_before:
         optimized, report.cost_after = graph, report.cost_before
     report.used_optimized = optimized is not graph
     report.nodes_after = len(optimized.compute_nodes)
@@ -158,10 +162,9 @@ def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[
     return optimized, report
 
 
-def extract_graph(egraph: EGraph, loaded: Loaded, model: CostModel, graph: Graph,
-                  node_cost=None) -> tuple[Graph, EClasses]:
-    """The cheapest program in the e-graph as a Graph (``node_cost`` overrides the model)."""
+def extract_graph(egraph: EGraph, loaded: Loaded,
+                  node_costs: Callable[[EClasses], NodeCost]) -> tuple[Graph, EClasses]:
+    """The cheapest program in the e-graph as a Graph, costed by ``node_costs(eclasses)``."""
     eclasses = convert.read_eclasses(egraph, loaded)
-    itemsize = max((np.dtype(n.dtype).itemsize for n in graph.nodes), default=4)
-    choice, _ = extract(eclasses, node_cost or node_cost_fn(eclasses, model, itemsize))
+    choice, _ = extract(eclasses, node_costs(eclasses))
     return convert.build_graph(eclasses, choice, loaded), eclasses
