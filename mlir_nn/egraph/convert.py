@@ -98,7 +98,8 @@ def load(egraph: EGraph, graph: Graph) -> Loaded:
             term = Term.opaque(len(loaded.opaque) - 1, Vec[Term](*args) if args else Vec[Term].empty())
         terms[node] = egraph.let(f"n{i}", term)
         shapes.append(set_(shape(terms[node])).to(dims_vec(node.shape)))
-    egraph.register(*shapes)
+    if shapes:
+        egraph.register(*shapes)
     for k, out in enumerate(graph.outputs):
         loaded.roots.append(f"o{k}")
         egraph.let(f"o{k}", terms[out])

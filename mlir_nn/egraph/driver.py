@@ -48,6 +48,8 @@ class Report:
     seconds: float = 0.0
     nodes_before: int = 0
     nodes_after: int = 0
+    kernels_before: int = 0
+    kernels_after: int = 0
     cost_before: float = 0.0
     cost_after: float = 0.0
     batch_estimate: int = 0
@@ -58,7 +60,8 @@ class Report:
         lines = [
             f"egraph: {self.stop_reason} after {self.iterations} iterations in {self.seconds * 1e3:.1f} ms, "
             f"{self.egraph_nodes} e-nodes in {self.egraph_classes} e-classes",
-            f"nodes: {self.nodes_before} -> {self.nodes_after} compute nodes",
+            f"nodes: {self.nodes_before} -> {self.nodes_after} compute nodes, "
+            f"{self.kernels_before} -> {self.kernels_after} kernels",
             f"estimated cost (batch {self.batch_estimate}): {self.cost_before:,.0f} -> {self.cost_after:,.0f}"
             + (f" ({self.cost_after / self.cost_before:.2f}x)" if self.cost_before else ""),
         ]
@@ -66,7 +69,7 @@ class Report:
             lines.append(f"optimizer failed, using the traced graph: {self.error}")
         elif not self.used_optimized:
             lines.append("the traced graph is kept (no cheaper program found)")
-        lines.append("rules applied:" + ("" if self.rules_applied else " none"))
+        lines.append("rules applied (matches):" + ("" if self.rules_applied else " none"))
         lines += [f"  {n:5d}  {name}" for name, n in sorted(self.rules_applied.items(), key=lambda kv: -kv[1])]
         return "\n".join(lines)
 
@@ -141,7 +144,7 @@ def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[
     start = time.perf_counter()
     model = cost_model or CostModel(batch=batch_estimate or default_batch(graph))
     report = Report(nodes_before=len(graph.compute_nodes), cost_before=model.graph_cost(graph),
-                    batch_estimate=model.batch)
+                    kernels_before=model.kernels(graph), batch_estimate=model.batch)
     names = list(RULESETS) if rulesets is None else rulesets
     try:
         egraph, loaded = build_egraph(graph, names, limits, report)
@@ -158,6 +161,7 @@ def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[
         optimized, report.cost_after = graph, report.cost_before
     report.used_optimized = optimized is not graph
     report.nodes_after = len(optimized.compute_nodes)
+    report.kernels_after = model.kernels(optimized)
     report.seconds = time.perf_counter() - start
     return optimized, report
 

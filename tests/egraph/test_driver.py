@@ -60,3 +60,13 @@ def test_a_rule_failure_is_reported_and_the_traced_graph_kept(monkeypatch):
 def test_unknown_ruleset_is_an_error_not_a_crash(step):
     optimized, report = optimize(step, rulesets=["nope"])
     assert optimized is step and "unknown ruleset" in report.error
+
+
+def test_empty_and_trivial_graphs():
+    from mlir_nn.ir import Graph
+    from tests.egraph.util import inp, op
+
+    x = inp("x", ("N", 3))
+    for graph in (Graph((x,), (), ()), Graph((x,), (), (x, op("add", x, x)))):
+        optimized, report = optimize(graph)
+        assert report.error is None and optimized is graph
