@@ -6,7 +6,7 @@ from egglog import Bool, String, Vec, f64, i64, ruleset, var, vars_
 
 from mlir_nn.egraph.terms import Term
 
-a, b, c, e, g, p, r, w, x, y, z = vars_("a b c e g p r w x y z", Term)
+a, b, c, e, g, p, w, x, y, z = vars_("a b c e g p w x y z", Term)
 ta, tb = vars_("ta tb", Bool)
 k, k2 = vars_("k k2", f64)
 dt = var("dt", String)
