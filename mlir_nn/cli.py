@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-STAGES = ("tensor",)
+STAGES = ("tensor", "optimized")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,9 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay (default 0)")
     c.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="element type")
     c.add_argument("--emit", choices=STAGES, default="tensor",
-                   help="stage to print: tensor (the traced IR)")
+                   help="stage to print: tensor (the traced IR), optimized (after the e-graph optimizer)")
     c.add_argument("-o", "--output", metavar="FILE", help="write the stage to FILE instead of stdout")
     c.add_argument("--stats", action="store_true", help="print node counts and time per stage to stderr")
+    c.add_argument("--no-egraph", action="store_true", help="skip the e-graph optimizer")
     c.add_argument("--seed", type=int, default=0, help="random seed for the weights (default 0)")
     return parser
 
@@ -98,7 +99,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     graph, _, _ = trace_step(step, [x, y], ["x", "y"])
     trace_time = time.perf_counter() - start
-    text = str(graph)
+    optimized, report = graph, None
+    if not args.no_egraph and (args.emit == "optimized" or args.stats):
+        from mlir_nn.egraph import optimize
+
+        optimized, report = optimize(graph, batch_estimate=args.batch)
+    text = str(optimized if args.emit == "optimized" else graph)
     if args.output:
         with open(args.output, "w") as f:
             f.write(text)
@@ -107,7 +113,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.stats:
         counts = ", ".join(f"{op}={n}" for op, n in sorted(graph.op_counts().items()))
         print(f"tensor IR: {len(graph.compute_nodes)} compute nodes ({counts})", file=sys.stderr)
-        print(f"time: trace {trace_time * 1e3:.1f} ms", file=sys.stderr)
+        if report is not None:
+            print(report, file=sys.stderr)
+        times = f"trace {trace_time * 1e3:.1f} ms" + (f", egraph {report.seconds * 1e3:.1f} ms" if report else "")
+        print(f"time: {times}", file=sys.stderr)
     return 0
 
 

@@ -85,15 +85,26 @@ def trace_step(fn: Callable[..., Any], arrays: list[np.ndarray], names: list[str
 
 
 class CompiledStep:
-    """One traced and compiled signature of a step; ``stages`` holds each stage's text."""
+    """One traced and compiled signature of a step; ``stages`` holds each stage's text.
 
-    def __init__(self, graph: Graph, captured: list[Tensor], single: bool, backend: str) -> None:
+    ``graph`` is the traced step; ``optimized_graph`` is what the backend runs (the
+    e-graph optimizer's result, or the traced graph when optimizing is off or failed;
+    ``optimize_report`` says which and why).
+    """
+
+    def __init__(self, graph: Graph, captured: list[Tensor], single: bool, backend: str,
+                 optimize: bool = True, batch_estimate: int | None = None) -> None:
         self.graph = graph
         self.captured = captured
         self.single = single
         self.backend = backend
-        self.executable: Executable = get_backend(backend).compile(graph)
-        self.stages: dict[str, str] = {"tensor": str(graph)}
+        self.optimized_graph, self.optimize_report = graph, None
+        if optimize:
+            from mlir_nn.egraph import optimize as optimize_graph
+
+            self.optimized_graph, self.optimize_report = optimize_graph(graph, batch_estimate)
+        self.executable: Executable = get_backend(backend).compile(self.optimized_graph)
+        self.stages: dict[str, str] = {"tensor": str(graph), "optimized": str(self.optimized_graph)}
         self.stages.update(getattr(self.executable, "stages", {}))
 
     def as_text(self, stage: str = "tensor") -> str:
@@ -112,11 +123,12 @@ class CompiledStep:
 class JitFunction:
     """A step function compiled per input signature (ndim, shape without batch, dtype)."""
 
-    def __init__(self, fn: Callable[..., Any], backend: str | None = None, dynamic_batch: bool = True) -> None:
+    def __init__(self, fn: Callable[..., Any], backend: str | None = None, dynamic_batch: bool = True,
+                 optimize: bool = True) -> None:
         backend = backend or DEFAULT_BACKEND
         get_backend(backend)  # fail early on an unknown backend
         functools.update_wrapper(self, fn)
-        self.fn, self.backend, self.dynamic_batch = fn, backend, dynamic_batch
+        self.fn, self.backend, self.dynamic_batch, self.optimize = fn, backend, dynamic_batch, optimize
         params = list(inspect.signature(fn).parameters)
         self._names = params
         self._cache: dict[Signature, CompiledStep] = {}
@@ -136,7 +148,8 @@ class JitFunction:
         if key not in self._cache:
             names = [self._names[i] if i < len(self._names) else f"arg{i}" for i in range(len(arrays))]
             graph, captured, single = trace_step(self.fn, arrays, names, self.dynamic_batch)
-            self._cache[key] = CompiledStep(graph, captured, single, self.backend)
+            batch = arrays[0].shape[0] if arrays and arrays[0].ndim else None
+            self._cache[key] = CompiledStep(graph, captured, single, self.backend, self.optimize, batch)
         return self._cache[key]
 
     def trace(self, *args: Any) -> Graph:
@@ -147,8 +160,12 @@ class JitFunction:
         return self.lower(*arrays)(arrays)
 
 
-def jit(fn: Callable[..., Any] | None = None, *, backend: str | None = None, dynamic_batch: bool = True) -> Any:
-    """Compile an eager-style step function; usable as ``jit(f)`` or ``@jit(backend=...)``."""
+def jit(fn: Callable[..., Any] | None = None, *, backend: str | None = None, dynamic_batch: bool = True,
+        optimize: bool = True) -> Any:
+    """Compile an eager-style step function; usable as ``jit(f)`` or ``@jit(backend=...)``.
+
+    ``optimize=False`` skips the e-graph optimizer (the backend runs the traced graph).
+    """
     if fn is None:
-        return lambda f: JitFunction(f, backend=backend, dynamic_batch=dynamic_batch)
-    return JitFunction(fn, backend=backend, dynamic_batch=dynamic_batch)
+        return lambda f: JitFunction(f, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize)
+    return JitFunction(fn, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize)

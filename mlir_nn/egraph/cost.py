@@ -1,0 +1,65 @@
+"""A shape-aware cost model: estimated FLOPs + bytes moved + a fixed cost per kernel.
+
+Costs are in FLOP-equivalents. Every op that is not a leaf or a view is one kernel: it
+pays ``launch``, reads its tensor operands and writes its result once (scalar constants
+are free: they travel as kernel arguments). A fused op therefore costs less than the ops
+it replaces exactly by the launches and the intermediate tensors it no longer writes
+and reads back: fusion pays off only where it saves memory traffic. The batch dimension
+is counted as ``batch`` rows, the traced batch size by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mlir_nn.ir import Graph
+from mlir_nn.ir.shapes import Shape, numel
+
+FREE = ("leaf", "input", "param", "const", "reshape")  # no kernel: data already there, or a view
+TRANSCENDENTAL = ("exp", "log", "tanh", "sigmoid", "sqrt", "pow", "tanh_grad", "sigmoid_grad")
+MATMULS = ("matmul", "linear", "gemm", "matmul_relu_grad")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Weights of the three terms; ``batch`` stands for the symbolic batch dimension."""
+
+    batch: int = 128
+    flop: float = 1.0
+    byte: float = 1.0
+    launch: float = 4096.0
+    transcendental_flops: float = 8.0
+
+    def node_cost(self, op: str, attrs: dict[str, Any], in_shapes: Sequence[Shape], out_shape: Shape,
+                  itemsize: int) -> float:
+        """Cost of one node from its op, attributes and operand/result shapes."""
+        if op in FREE:
+            return 0.0
+        out = numel(out_shape, self.batch)
+        ins = [numel(s, self.batch) for s in in_shapes if len(s)]  # scalars ride along as arguments
+        moved = (sum(ins) + out) * itemsize
+        if op in MATMULS:
+            a = in_shapes[0]
+            k = numel((a[0],) if attrs.get("transpose_a") else (a[1],), self.batch)
+            flops = 2.0 * out * k + (out if op != "matmul" else 0)  # + the epilogue
+        elif op in ("sum_to", "sum", "mean", "mse", "mse_grad"):
+            flops = float(max(ins) if ins else out) * (3 if op.startswith("mse") else 1)
+        elif op in ("transpose", "broadcast_to"):
+            flops = 0.0
+        else:
+            flops = float(out) * (self.transcendental_flops if op in TRANSCENDENTAL else 1.0)
+        return self.flop * flops + self.byte * moved + self.launch
+
+    def graph_cost(self, graph: Graph) -> float:
+        """Cost of running every node of ``graph`` once (shared nodes counted once)."""
+        return sum(
+            self.node_cost(n.op, n.attr_dict, [i.shape for i in n.inputs], n.shape, np.dtype(n.dtype).itemsize)
+            for n in graph.nodes
+        )
+
+    def kernels(self, graph: Graph) -> int:
+        return sum(1 for n in graph.nodes if n.op not in FREE)

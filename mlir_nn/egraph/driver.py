@@ -1,0 +1,174 @@
+"""``optimize``: load a graph into egglog, saturate within limits, extract, verify.
+
+Saturation runs one iteration of every selected ruleset at a time, from Python, so the
+iteration, e-node and time limits are checked between iterations; hitting one stops the
+run and is reported (the e-graph so far is still extracted: every e-graph is sound).
+Any failure (an egglog error, a graph that does not verify) is reported and the input
+graph is returned unchanged. So is the input when the optimized graph is not cheaper.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from egglog import EGraph
+
+from mlir_nn.egraph import convert
+from mlir_nn.egraph.convert import ClassId, EClasses, ENode, Loaded
+from mlir_nn.egraph.cost import CostModel
+from mlir_nn.egraph.extract import extract
+from mlir_nn.egraph.rules import RULESETS
+from mlir_nn.egraph.terms import Term
+from mlir_nn.ir import BATCH, Graph, verify
+
+NodeCost = Callable[[ClassId, ENode], float | None]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on saturation: iterations, e-nodes in the e-graph, wall-clock seconds."""
+
+    iterations: int = 16
+    nodes: int = 20_000
+    seconds: float = 5.0
+
+
+@dataclass
+class Report:
+    """What the optimizer did, for ``--stats`` and for tests."""
+
+    rules_applied: dict[str, int] = field(default_factory=dict)  # rule name -> matches, where > 0
+    iterations: int = 0
+    egraph_nodes: int = 0
+    egraph_classes: int = 0
+    stop_reason: str = "not run"  # saturated | iteration limit | node limit | time limit | error
+    seconds: float = 0.0
+    nodes_before: int = 0
+    nodes_after: int = 0
+    kernels_before: int = 0
+    kernels_after: int = 0
+    cost_before: float = 0.0
+    cost_after: float = 0.0
+    batch_estimate: int = 0
+    used_optimized: bool = False
+    error: str | None = None
+
+    def __str__(self) -> str:
+        lines = [
+            f"egraph: {self.stop_reason} after {self.iterations} iterations in {self.seconds * 1e3:.1f} ms, "
+            f"{self.egraph_nodes} e-nodes in {self.egraph_classes} e-classes",
+            f"nodes: {self.nodes_before} -> {self.nodes_after} compute nodes, "
+            f"{self.kernels_before} -> {self.kernels_after} kernels",
+            f"estimated cost (batch {self.batch_estimate}): {self.cost_before:,.0f} -> {self.cost_after:,.0f}"
+            + (f" ({self.cost_after / self.cost_before:.2f}x)" if self.cost_before else ""),
+        ]
+        if self.error:
+            lines.append(f"optimizer failed, using the traced graph: {self.error}")
+        elif not self.used_optimized:
+            lines.append("the traced graph is kept (no cheaper program found)")
+        lines.append("rules applied (matches):" + ("" if self.rules_applied else " none"))
+        lines += [f"  {n:5d}  {name}" for name, n in sorted(self.rules_applied.items(), key=lambda kv: -kv[1])]
+        return "\n".join(lines)
+
+
+def default_batch(graph: Graph) -> int:
+    return 128 if any(BATCH in n.shape for n in graph.inputs) else 1
+
+
+def _count(egraph: EGraph) -> int:
+    """E-nodes in the e-graph (rows of the Term constructors)."""
+    return sum(n for fn, n in egraph.all_function_sizes() if str(fn).startswith(Term.__name__ + "."))
+
+
+def saturate(egraph: EGraph, names: list[str], limits: Limits, report: Report) -> None:
+    """Run the rulesets one iteration at a time until saturated or a limit is hit."""
+    modules = [RULESETS[n] for n in names]
+    rule_names = {rule.decl: name for m in modules for name, rule in m.RULES}
+    schedule = modules[0].RULESET
+    for m in modules[1:]:
+        schedule = schedule + m.RULESET
+    start = time.perf_counter()
+    report.stop_reason = "saturated"
+    while True:
+        if report.iterations >= limits.iterations:
+            report.stop_reason = "iteration limit"
+            break
+        result = egraph.run(schedule)
+        report.iterations += 1
+        for decl, n in result.num_matches_per_rule.items():
+            if n and decl in rule_names:
+                report.rules_applied[rule_names[decl]] = report.rules_applied.get(rule_names[decl], 0) + n
+        if not result.updated:
+            break
+        if _count(egraph) > limits.nodes:
+            report.stop_reason = "node limit"
+            break
+        if time.perf_counter() - start > limits.seconds:
+            report.stop_reason = "time limit"
+            break
+
+
+def node_cost_fn(eclasses: EClasses, model: CostModel, itemsize: int) -> NodeCost:
+    """Cost of an e-node from the shapes of its e-class and children; None if unknown."""
+
+    def cost(cid: ClassId, enode: ENode) -> float | None:
+        shapes = eclasses.shapes
+        if cid not in shapes or not all(c in shapes for c in enode.children):
+            return None
+        return model.node_cost(enode.op, dict(enode.attrs), [shapes[c] for c in enode.children], shapes[cid],
+                               itemsize)
+
+    return cost
+
+
+def build_egraph(graph: Graph, names: list[str], limits: Limits, report: Report) -> tuple[EGraph, Loaded]:
+    """An e-graph holding ``graph``, saturated with the named rulesets."""
+    unknown = [n for n in names if n not in RULESETS]
+    if unknown:
+        raise ValueError(f"unknown ruleset(s) {unknown}; known: {', '.join(RULESETS)}")
+    egraph = EGraph()
+    loaded = convert.load(egraph, graph)
+    if names:
+        saturate(egraph, names, limits, report)
+    else:
+        report.stop_reason = "no rules"
+    return egraph, loaded
+
+
+def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[str] | None = None,
+             limits: Limits = Limits(), cost_model: CostModel | None = None) -> tuple[Graph, Report]:
+    """Optimize ``graph`` by equality saturation; return (graph to run, report)."""
+    start = time.perf_counter()
+    model = cost_model or CostModel(batch=batch_estimate or default_batch(graph))
+    report = Report(nodes_before=len(graph.compute_nodes), cost_before=model.graph_cost(graph),
+                    kernels_before=model.kernels(graph), batch_estimate=model.batch)
+    names = list(RULESETS) if rulesets is None else rulesets
+    try:
+        egraph, loaded = build_egraph(graph, names, limits, report)
+        itemsize = max(np.dtype(n.dtype).itemsize for n in graph.nodes) if graph.nodes else 4
+        optimized, eclasses = extract_graph(egraph, loaded, lambda ec: node_cost_fn(ec, model, itemsize))
+        report.egraph_nodes, report.egraph_classes = eclasses.num_nodes, len(eclasses.nodes)
+        verify(optimized)
+    except Exception as e:  # any failure: report it and keep the traced graph
+        report.error = f"{type(e).__name__}: {e}"
+        report.stop_reason = "error"
+        optimized = graph
+    report.cost_after = model.graph_cost(optimized)
+    if report.cost_after >= report.cost_before:
+        optimized, report.cost_after = graph, report.cost_before
+    report.used_optimized = optimized is not graph
+    report.nodes_after = len(optimized.compute_nodes)
+    report.kernels_after = model.kernels(optimized)
+    report.seconds = time.perf_counter() - start
+    return optimized, report
+
+
+def extract_graph(egraph: EGraph, loaded: Loaded,
+                  node_costs: Callable[[EClasses], NodeCost]) -> tuple[Graph, EClasses]:
+    """The cheapest program in the e-graph as a Graph, costed by ``node_costs(eclasses)``."""
+    eclasses = convert.read_eclasses(egraph, loaded)
+    choice, _ = extract(eclasses, node_costs(eclasses))
+    return convert.build_graph(eclasses, choice, loaded), eclasses

@@ -1,0 +1,18 @@
+"""The rulesets, each a named list of rules with the identity it encodes.
+
+Every module holds ``RULES``: ``(name, egglog rule)`` pairs, and ``RULESET``, the egglog
+ruleset built from them. ``RULESETS`` maps the public names to those modules in the order
+one saturation iteration runs them.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from mlir_nn.egraph.rules import algebra, fusion, layout, mse, update
+
+RULESETS: dict[str, ModuleType] = {
+    "algebra": algebra, "layout": layout, "fusion": fusion, "mse": mse, "update": update,
+}
+
+__all__ = ["RULESETS"]

@@ -1,0 +1,72 @@
+"""Saturation limits, failures and the report."""
+
+import pytest
+from egglog import rewrite
+
+from mlir_nn.egraph import Limits, optimize
+from mlir_nn.egraph import rules as rules_pkg
+from mlir_nn.egraph.rules.common import P2, build, x
+from mlir_nn.egraph.terms import Term
+from mlir_nn.ir import verify
+from tests.egraph.util import assert_same, trace_mlp
+
+
+@pytest.fixture(scope="module")
+def step():
+    return trace_mlp([3, 16, 16, 1], 32)[0]
+
+
+@pytest.mark.parametrize("limits, reason", [
+    (Limits(iterations=1), "iteration limit"),
+    (Limits(nodes=10), "node limit"),
+    (Limits(seconds=0.0), "time limit"),
+])
+def test_a_limit_stops_saturation_and_is_reported(step, limits, reason):
+    optimized, report = optimize(step, limits=limits)
+    assert report.stop_reason == reason and report.iterations >= 1
+    assert report.error is None
+    verify(optimized)
+    assert_same(step, optimized)
+
+
+def test_saturates_within_limits(step):
+    optimized, report = optimize(step)
+    assert report.stop_reason == "saturated" and report.iterations < Limits().iterations
+    assert report.egraph_nodes >= report.egraph_classes > 0
+    assert report.used_optimized and report.nodes_after < report.nodes_before
+    assert report.cost_after < report.cost_before
+    text = str(report)
+    for piece in ("saturated", "e-nodes", "e-classes", "compute nodes", "estimated cost", "rules applied",
+                  "linear(x, W, b)"):
+        assert piece in text
+
+
+class _Unsound:
+    """A ruleset claiming x^T == x: it equates terms of different shapes."""
+
+    RULES = [("x^T = x", rewrite(Term.transpose(x, P2)).to(x))]
+    RULESET = build("unsound", RULES)
+
+
+def test_a_rule_failure_is_reported_and_the_traced_graph_kept(monkeypatch):
+    graph = trace_mlp([3, 4, 2], 8)[0]
+    monkeypatch.setitem(rules_pkg.RULESETS, "unsound", _Unsound)
+    optimized, report = optimize(graph, rulesets=["layout", "unsound"])
+    assert optimized is graph
+    assert report.stop_reason == "error" and report.error and not report.used_optimized
+    assert "optimizer failed" in str(report)
+
+
+def test_unknown_ruleset_is_an_error_not_a_crash(step):
+    optimized, report = optimize(step, rulesets=["nope"])
+    assert optimized is step and "unknown ruleset" in report.error
+
+
+def test_empty_and_trivial_graphs():
+    from mlir_nn.ir import Graph
+    from tests.egraph.util import inp, op
+
+    x = inp("x", ("N", 3))
+    for graph in (Graph((x,), (), ()), Graph((x,), (), (x, op("add", x, x)))):
+        optimized, report = optimize(graph)
+        assert report.error is None and optimized is graph
