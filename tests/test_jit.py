@@ -77,7 +77,7 @@ def test_new_signature_retraces():
 
 @pytest.mark.parametrize("x,y,error,match", [
     (np.ones((4, 2)), np.ones((4, 2)), ShapeError, r"mse: prediction shape \(N, 1\) differs from target shape"),
-    (np.ones((4, 2)), np.ones((3, 1)), ShapeError, r"mse: prediction shape \(4, 1\) differs from target shape \(3, 1\)"),
+    (np.ones((4, 2)), np.ones((3, 1)), ShapeError, r"mse: prediction shape \(4, 1\) differs from target"),
     (np.full((4, 2), np.nan), np.ones((4, 1)), ValueError, "input x contains 8 NaN"),
     (np.array([["a", "b"]]), np.ones((1, 1)), TypeError, "argument x must be numeric"),
 ])
