@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from mlir import ir
 from mlir.passmanager import PassManager
 
@@ -23,12 +25,25 @@ def _diagnostics(error: Exception) -> str:
     return "\n".join(lines)
 
 
-def run_pipeline(module: ir.Module, pipeline: Pipeline) -> None:
-    """Lower ``module`` in place. On failure, rerun pass by pass on a copy to find the culprit."""
+Hook = Callable[[ir.Module], None]
+
+
+def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook] | None = None) -> None:
+    """Lower ``module`` in place. ``hooks`` maps a pass name to a function run on the module
+    right before the first pass whose name starts with it. On failure, rerun pass by pass
+    on a copy to find the culprit."""
     source = str(module)
+    hooks = hooks or {}
+    cuts = sorted({next(i for i, p in enumerate(pipeline.passes) if p.startswith(name)): hook
+                   for name, hook in hooks.items() if any(p.startswith(name) for p in pipeline.passes)}.items())
+    bounds = [0] + [i for i, _ in cuts] + [len(pipeline.passes)]
     try:
         with module.context:
-            PassManager.parse(pipeline.as_mlir()).run(module.operation)
+            for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+                if k > 0:
+                    cuts[k - 1][1](module)
+                if hi > lo:
+                    PassManager.parse("builtin.module(" + ",".join(pipeline.passes[lo:hi]) + ")").run(module.operation)
         return
     except ir.MLIRError as error:
         whole = _diagnostics(error)
@@ -36,7 +51,10 @@ def run_pipeline(module: ir.Module, pipeline: Pipeline) -> None:
         raise LoweringError(f"pipeline {pipeline.name} does not parse: {error}") from None
     with ir.Context() as context:
         probe = ir.Module.parse(source)
+        starts = dict(cuts)
         for i, name in enumerate(pipeline.passes, 1):
+            if i - 1 in starts:
+                starts[i - 1](probe)
             try:
                 PassManager.parse("builtin.module(" + name + ")", context).run(probe.operation)
             except ir.MLIRError as error:
@@ -44,3 +62,23 @@ def run_pipeline(module: ir.Module, pipeline: Pipeline) -> None:
                     f"pipeline {pipeline.name}: pass {i} '{name}' failed:\n{_diagnostics(error)}"
                 ) from None
     raise LoweringError(f"pipeline {pipeline.name} failed:\n{whole}")
+
+
+def non_llvm_ops(module: ir.Module) -> list[str]:
+    """Names of ops that the LLVM translation cannot take (anything outside the llvm dialect)."""
+    found: set[str] = set()
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if not op.name.startswith("llvm.") and op.name != "builtin.module":
+            found.add(op.name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return sorted(found)
+
+
+def check_lowered_to_llvm(module: ir.Module, pipeline: Pipeline) -> None:
+    leftover = non_llvm_ops(module)
+    if leftover:
+        raise LoweringError(f"pipeline {pipeline.name} did not lower everything to the LLVM dialect; "
+                            f"left: {', '.join(leftover[:8])}")

@@ -41,8 +41,13 @@ class ArgumentBlock:
         ptr = array.ctypes.data if pointer is None else pointer
         self.words[o:o + 3 + 2 * r] = (ptr, ptr, 0, *array.shape, *contiguous_strides(array.shape))
 
+    def set_batch_major_layout(self, i: int, inner: Sequence[int]) -> None:
+        """Sizes and strides of an (N, *inner) argument; ``bind_batch_major`` then sets N."""
+        o, r = self.offsets[i], self.ranks[i]
+        self.words[o + 3:o + 3 + 2 * r] = (0, *inner, *contiguous_strides((1, *inner)))
+
     def bind_batch_major(self, i: int, pointer: int, batch: int) -> None:
-        """Fast path for an array whose only varying dim is the leading (batch) one."""
+        """Fast path for an (N, *inner) array after ``set_batch_major_layout``: pointer and N."""
         o = self.offsets[i]
         words = self.words
         words[o] = pointer

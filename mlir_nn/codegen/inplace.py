@@ -22,13 +22,6 @@ from mlir import ir
 from mlir.dialects import arith, bufferization, func, linalg, tensor
 
 
-def _may_alias_argument(value: ir.Value) -> bool:
-    """Function arguments and reshapes (views) may share an argument's buffer."""
-    if isinstance(value.owner, ir.Block):
-        return True
-    return value.owner.name == "tensor.reshape"
-
-
 def _fresh_copy(value: ir.Value) -> ir.Value:
     """A copy of ``value`` in a new tensor (same shape, dynamic sizes included)."""
     kind = ir.RankedTensorType(value.type)
@@ -48,8 +41,21 @@ def write_updates_in_place(module: ir.Module, fn: func.FuncOp, n_outputs: int, u
     if len(values) != n_outputs + len(update_args):
         raise ValueError(f"write_updates_in_place: {len(values)} results, expected {n_outputs} + {len(update_args)}")
     arg_types = [a.type for a in block.arguments]
+    with module.context, ret.location:
+        kept = []
+        for v in values:  # copies of argument values are taken first, before anything is written
+            if isinstance(v.owner, ir.Block):
+                with ir.InsertionPoint.at_block_begin(block):
+                    v = _fresh_copy(v)
+            elif v.owner.name == "tensor.reshape":
+                with ir.InsertionPoint.after(v.owner):
+                    v = _fresh_copy(v)
+            kept.append(v)
     with module.context, ir.InsertionPoint(ret), ret.location:
-        kept = [_fresh_copy(v) if _may_alias_argument(v) else v for v in values]
+        sources = kept[n_outputs:]
+        for k in range(n_outputs):  # an output that is also written into a parameter gets its own copy
+            if any(kept[k] == source for source in sources):
+                kept[k] = _fresh_copy(kept[k])
         written = [
             bufferization.materialize_in_destination(block.arguments[i].type, source, block.arguments[i])
             for source, i in zip(kept[n_outputs:], update_args)
@@ -67,3 +73,29 @@ def write_updates_in_place(module: ir.Module, fn: func.FuncOp, n_outputs: int, u
         with ir.InsertionPoint(entry):
             call = func.CallOp(fn, list(entry.arguments))
             func.ReturnOp(list(call.results)[:n_outputs])
+
+
+def copy_repeated_results(module: ir.Module) -> None:
+    """Give each returned buffer its own allocation (memref level, after bufferization).
+
+    ``buffer-results-to-out-params`` crashes (MLIR 22) when one buffer is returned twice,
+    which happens when an output repeats or when CSE merges two identical outputs.
+    """
+    from mlir.dialects import memref
+
+    for fn in module.body.operations:
+        if fn.operation.name != "func.func" or not fn.regions[0].blocks:
+            continue
+        ret = list(fn.regions[0].blocks[0].operations)[-1]
+        seen: set[ir.Value] = set()
+        with module.context, ir.InsertionPoint(ret), ret.location:
+            for i, value in enumerate(list(ret.operands)):
+                if value not in seen:
+                    seen.add(value)
+                    continue
+                kind = ir.MemRefType(value.type)
+                dynamic = [memref.dim(value, arith.constant(ir.IndexType.get(), d))
+                           for d in range(kind.rank) if kind.is_dynamic_dim(d)]
+                fresh = memref.alloc(ir.MemRefType.get(kind.shape, kind.element_type), dynamic, [])
+                memref.copy(value, fresh)
+                ret.operands[i] = fresh
