@@ -4,7 +4,7 @@
 (m, n, k), so the innermost loop walks a column of B with a stride: slow and not
 vectorizable. Here each product gets the order whose innermost loop runs over
 contiguous memory: (m, k, n) when B is (k, n) (a row update, which LLVM vectorizes),
-(m, n, k) when B is transposed (a dot product of two rows, whose sum is marked
+(m, n, k) when B is transposed or rows are short (a dot product, whose sum is marked
 ``reassoc`` so LLVM vectorizes the reduction).
 """
 
@@ -17,6 +17,7 @@ from mlir_nn.codegen.maps import dims_map, matmul_maps
 
 PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
+ROW_MIN = 64
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -35,7 +36,10 @@ def _as_generic(op: ir.Operation) -> ir.Value:
     a, b, c = op.operands
     ta, tb = _transposes(op)
     # matmul_maps use dims (m, n, k) = (0, 1, 2); choose the loop order, then renumber.
-    order = [0, 1, 2] if tb else [0, 2, 1]
+    # Short rows (n < ROW_MIN) gain nothing from the row update: keep the dot-product order.
+    n = ir.RankedTensorType(c.type).shape[1]
+    row_update = not tb and (ir.ShapedType.is_dynamic_size(n) or n >= ROW_MIN)
+    order = [0, 2, 1] if row_update else [0, 1, 2]
     position = {dim: i for i, dim in enumerate(order)}
     maps = [dims_map(3, [position[d] for d in _operand_dims(m)]) for m in matmul_maps(ta, tb)]
     iterators = [REDUCTION if d == 2 else PARALLEL for d in order]
