@@ -10,7 +10,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-STAGES = ("tensor", "optimized")
+STAGES = ("tensor", "optimized", "linalg", "llvm")
+TARGETS = ("cpu",)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,7 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay (default 0)")
     c.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="element type")
     c.add_argument("--emit", choices=STAGES, default="tensor",
-                   help="stage to print: tensor (the traced IR), optimized (after the e-graph optimizer)")
+                   help="stage to print: tensor (the traced IR), optimized (after the e-graph optimizer), "
+                        "linalg (MLIR on tensors), llvm (MLIR LLVM dialect after the target's pass pipeline)")
+    c.add_argument("--target", choices=TARGETS, default="cpu", help="code generation target (default cpu)")
+    c.add_argument("--pipeline", metavar="FILE",
+                   help="pass pipeline file (one pass per line) instead of the target's shipped one")
     c.add_argument("-o", "--output", metavar="FILE", help="write the stage to FILE instead of stdout")
     c.add_argument("--stats", action="store_true", help="print node counts and time per stage to stderr")
     c.add_argument("--no-egraph", action="store_true", help="skip the e-graph optimizer")
@@ -92,19 +97,43 @@ def build_step(args: argparse.Namespace) -> tuple[Callable[..., Any], np.ndarray
     return step, x, y
 
 
+def stage_text(graph: Any, args: argparse.Namespace, timings: dict[str, float]) -> str:
+    """The text of stage ``args.emit`` for the (optimized) graph; adds each stage's time to ``timings``."""
+    if args.emit == "optimized":
+        return str(graph)
+    if args.emit == "linalg":
+        from mlir_nn.codegen import emit_linalg
+
+        start = time.perf_counter()
+        text = str(emit_linalg(graph))
+        timings["codegen"] = time.perf_counter() - start
+        return text
+    from mlir_nn.backends.cpu import lower
+    from mlir_nn.pipelines import load_pipeline
+
+    _, stages, stage_times = lower(graph, load_pipeline(args.pipeline or args.target))
+    timings.update(stage_times)
+    return stages["llvm"]
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from mlir_nn.jit import trace_step
 
     step, x, y = build_step(args)
     start = time.perf_counter()
     graph, _, _ = trace_step(step, [x, y], ["x", "y"])
-    trace_time = time.perf_counter() - start
+    timings = {"trace": time.perf_counter() - start}
     optimized, report = graph, None
-    if not args.no_egraph and (args.emit == "optimized" or args.stats):
+    if not args.no_egraph and (args.emit != "tensor" or args.stats):
         from mlir_nn.egraph import optimize
 
         optimized, report = optimize(graph, batch_estimate=args.batch)
-    text = str(optimized if args.emit == "optimized" else graph)
+        timings["egraph"] = report.seconds
+    try:
+        text = str(graph) if args.emit == "tensor" else stage_text(optimized, args, timings)
+    except (RuntimeError, ValueError, OSError) as error:
+        print(f"mlir-nn: error: {error}", file=sys.stderr)
+        return 1
     if args.output:
         with open(args.output, "w") as f:
             f.write(text)
@@ -115,8 +144,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"tensor IR: {len(graph.compute_nodes)} compute nodes ({counts})", file=sys.stderr)
         if report is not None:
             print(report, file=sys.stderr)
-        times = f"trace {trace_time * 1e3:.1f} ms" + (f", egraph {report.seconds * 1e3:.1f} ms" if report else "")
-        print(f"time: {times}", file=sys.stderr)
+        print("time: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items()), file=sys.stderr)
     return 0
 
 

@@ -26,7 +26,7 @@ from mlir_nn.ir.shapes import dtype_name
 
 Signature = tuple[tuple[tuple, str], ...]
 
-DEFAULT_BACKEND = "numpy"
+DEFAULT_BACKEND = "cpu"
 
 
 def _to_input_array(value: Any, name: str) -> np.ndarray:

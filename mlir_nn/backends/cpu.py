@@ -1,0 +1,237 @@
+"""The compiled CPU backend: Graph -> linalg -> LLVM dialect -> native code, called in place.
+
+``compile_kernel`` turns a graph into native code once per (graph, pipeline, target,
+version) and caches it in memory and on disk. ``CpuExecutable.run`` checks the
+arguments in Python, binds them to prebuilt memref descriptors and makes one native
+call; parameters are updated in their own numpy buffers.
+
+Native calling convention (after ``passes/cpu.pipeline``): arguments are the graph's
+inputs, then its params, then one caller-allocated buffer per output.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mlir_nn.backends.base import check_arguments
+from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
+from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
+from mlir_nn.backends.memref_args import ArgumentBlock
+from mlir_nn.backends.native import OPT_LEVEL, NativeError, NativeFunction, jit, link_shared_object, load_shared_object
+from mlir_nn.ir import BATCH, Graph
+from mlir_nn.ir.shapes import resolve
+from mlir_nn.pipelines import Pipeline, load_pipeline
+
+TARGET = "cpu"
+
+
+@dataclass
+class Kernel:
+    """Native code for one graph: the entry point, stage texts and where it came from."""
+
+    native: NativeFunction
+    stages: dict[str, str]
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+    source: str = "compiled"  # "compiled", "disk" or "memory"
+
+
+_MEMORY: dict[str, Kernel] = {}
+
+
+def _version() -> str:
+    from mlir_nn import __version__
+
+    return __version__
+
+
+def lower(graph: Graph, pipeline: Pipeline) -> tuple[object, dict[str, str], dict[str, float]]:
+    """Emit linalg, make updates in place and run ``pipeline``: (LLVM module, stages, timings)."""
+    from mlir_nn.codegen import emit_linalg
+    from mlir_nn.codegen.cpu_matmul import matmuls_to_loop_friendly_generics
+    from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
+
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    module = emit_linalg(graph)
+    stages = {"linalg": str(module)}
+    slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
+    fn = module.body.operations[0]
+    write_updates_in_place(module, fn, len(graph.outputs), [slot[name] for name, _ in graph.updates])
+    matmuls_to_loop_friendly_generics(module)
+    timings["codegen"] = time.perf_counter() - start
+    start = time.perf_counter()
+    run_pipeline(module, pipeline, {"buffer-results-to-out-params": copy_repeated_results})
+    timings["passes"] = time.perf_counter() - start
+    stages["llvm"] = str(module)
+    return module, stages, timings
+
+
+def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: bool = True) -> Kernel:
+    """Native code for ``graph`` from the memory cache, the disk cache, or a fresh compile."""
+    from mlir_nn.codegen import symbol_name
+
+    pipeline = pipeline or load_pipeline(TARGET)
+    key = cache_key(graph.fingerprint(), pipeline.text, TARGET, _version(), OPT_LEVEL)
+    if key in _MEMORY:
+        cached = _MEMORY[key]
+        return Kernel(cached.native, cached.stages, {}, "memory")
+    name = symbol_name(graph)
+    if use_disk:
+        start = time.perf_counter()
+        entry = read_entry(key)
+        if entry is not None and entry.meta.get("symbol") == name:
+            try:
+                native = load_shared_object(entry.library, name)
+            except NativeError:
+                native = None
+            if native is not None:
+                kernel = Kernel(native, entry.stages, {"load": time.perf_counter() - start}, "disk")
+                _MEMORY[key] = kernel
+                return kernel
+    module, stages, timings = lower(graph, pipeline)
+    check_lowered_to_llvm(module, pipeline)
+    start = time.perf_counter()
+    native, engine = jit(module, name)
+    timings["llvm"] = time.perf_counter() - start
+    if use_disk:
+        start = time.perf_counter()
+        _store(key, engine, name, stages)
+        timings["cache-write"] = time.perf_counter() - start
+    kernel = Kernel(native, stages, timings, "compiled")
+    _MEMORY[key] = kernel
+    return kernel
+
+
+def _store(key: str, engine: object, name: str, stages: dict[str, str]) -> None:
+    """Write the disk-cache entry; a failure only costs the next process a recompile."""
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            library = Path(tmp) / "step.so"
+            link_shared_object(engine, library)
+            write_entry(key, library, {"symbol": name, "target": TARGET, "version": _version()}, stages)
+    except (NativeError, OSError) as error:
+        warnings.warn(f"mlir-nn: could not write the compile cache entry: {error}", RuntimeWarning, stacklevel=3)
+
+
+def clear_memory_cache() -> None:
+    _MEMORY.clear()
+
+
+class CpuExecutable:
+    """A compiled step bound to prebuilt argument descriptors."""
+
+    def __init__(self, graph: Graph, kernel: Kernel) -> None:
+        self.graph = graph
+        self.kernel = kernel
+        self.stages = kernel.stages
+        leaves = list(graph.inputs) + list(graph.params) + list(graph.outputs)
+        self._args = ArgumentBlock([len(n.shape) for n in leaves])
+        self._call = kernel.native.call
+        self._n_inputs = len(graph.inputs)
+        self._n_params = len(graph.params)
+        self._bound: list[np.ndarray | None] = [None] * self._n_params
+        self._outputs = [(n.shape, np.dtype(n.dtype), self._batch_major(n.shape)) for n in graph.outputs]
+        self._input_fast = [self._batch_major(n.shape) for n in graph.inputs]
+        self._input_specs = [(np.dtype(n.dtype), len(n.shape), tuple(n.shape[1:])) for n in graph.inputs]
+        self._param_specs = [(tuple(n.shape), np.dtype(n.dtype)) for n in graph.params]
+        self._all_fast = all(self._input_fast)
+        for i, node in enumerate(leaves):
+            if self._batch_major(node.shape):
+                self._args.set_batch_major_layout(i, node.shape[1:])
+
+    @staticmethod
+    def _batch_major(shape: tuple) -> bool:
+        """True when only the leading dim is the batch (sizes change in one word, strides never)."""
+        return bool(shape) and shape[0] == BATCH and BATCH not in shape[1:]
+
+    def _bind_params(self, params: list[np.ndarray]) -> None:
+        """(Re)bind parameters whose array object changed; they must not share memory."""
+        changed = False
+        for i, p in enumerate(params):
+            bound = self._bound[i]
+            if bound is p and p.flags.c_contiguous:  # shape and dtype were checked by check_arguments
+                continue
+            if not p.flags.c_contiguous:
+                raise ValueError(f"{self.graph.name}: parameter {self.graph.params[i].attr('name')} is not "
+                                 "C-contiguous; the cpu backend updates parameters in place in their own buffers")
+            self._args.bind(self._n_inputs + i, p)
+            self._bound[i] = p
+            changed = True
+        if changed:
+            self._check_param_overlap(params)
+
+    def _check_param_overlap(self, params: list[np.ndarray]) -> None:
+        for i in range(len(params)):
+            for j in range(i + 1, len(params)):
+                if np.shares_memory(params[i], params[j]):
+                    self._bound = [None] * self._n_params
+                    a, b = (self.graph.params[k].attr("name") for k in (i, j))
+                    raise ValueError(f"{self.graph.name}: parameters {a} and {b} share memory; "
+                                     "the cpu backend updates parameters in place and needs separate buffers")
+
+    def _quick_batch(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> int | None:
+        """The batch size when the arguments are plainly valid: batch-major finite inputs and
+        the same, unchanged parameter arrays as last call. None means "ask check_arguments"."""
+        if not self._all_fast or len(inputs) != self._n_inputs or len(params) != self._n_params:
+            return None
+        batch = None
+        for x, (dtype, rank, rest) in zip(inputs, self._input_specs):
+            if type(x) is not np.ndarray or x.dtype != dtype or x.ndim != rank or x.shape[1:] != rest:
+                return None
+            if batch is None:
+                batch = x.shape[0]
+            if x.shape[0] != batch or not np.isfinite(np.add.reduce(x, axis=None)):
+                return None  # a finite sum implies finite elements; check_arguments decides the rest
+        for p, bound, (shape, dtype) in zip(params, self._bound, self._param_specs):
+            if p is not bound or p.shape != shape or p.dtype != dtype:
+                return None
+            flags = p.flags
+            if not (flags.writeable and flags.c_contiguous):
+                return None
+        return batch if batch else None
+
+    def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
+        batch = self._quick_batch(inputs, params)
+        if batch is None:
+            batch = check_arguments(self.graph, inputs, params)
+        self._bind_params(params)
+        args = self._args
+        held = []  # arrays the native call reads must outlive it
+        for i, x in enumerate(inputs):
+            if not x.flags.c_contiguous:
+                x = np.ascontiguousarray(x)
+            elif x.base is not None and any(np.shares_memory(x, p) for p in params):
+                x = x.copy()  # parameters are written in place while inputs are read
+            held.append(x)
+            if self._input_fast[i]:
+                args.bind_batch_major(i, x.ctypes.data, batch)
+            else:
+                args.bind(i, x)
+        outputs = []
+        slot = self._n_inputs + self._n_params
+        for k, (shape, dtype, fast) in enumerate(self._outputs):
+            out = np.empty(resolve(shape, batch), dtype)
+            if fast:
+                args.bind_batch_major(slot + k, out.ctypes.data, batch)
+            else:
+                args.bind(slot + k, out)
+            outputs.append(out)
+        self._call(args.address)
+        del held
+        return outputs
+
+
+class CpuBackend:
+    name = TARGET
+
+    def __init__(self, pipeline: Pipeline | str | Path | None = None) -> None:
+        self.pipeline = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline or TARGET)
+
+    def compile(self, graph: Graph) -> CpuExecutable:
+        return CpuExecutable(graph, compile_kernel(graph, self.pipeline))

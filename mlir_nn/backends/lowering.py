@@ -1,0 +1,84 @@
+"""Run a pass pipeline over a module; on failure, name the failing pass and the op location."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from mlir import ir
+from mlir.passmanager import PassManager
+
+from mlir_nn.pipelines import Pipeline
+
+
+class LoweringError(RuntimeError):
+    """A pass pipeline failed; the message names the pass and the diagnostics."""
+
+
+def _diagnostics(error: Exception) -> str:
+    details = getattr(error, "error_diagnostics", None)
+    if not details:
+        return str(error)
+    lines = []
+    for d in details:
+        lines.append(f"{d.location}: {d.message}")
+        lines.extend(f"  {n.location}: {n.message}" for n in d.notes)
+    return "\n".join(lines)
+
+
+Hook = Callable[[ir.Module], None]
+
+
+def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook] | None = None) -> None:
+    """Lower ``module`` in place. ``hooks`` maps a pass name to a function run on the module
+    right before the first pass whose name starts with it. On failure, rerun pass by pass
+    on a copy to find the culprit."""
+    source = str(module)
+    hooks = hooks or {}
+    cuts = sorted({next(i for i, p in enumerate(pipeline.passes) if p.startswith(name)): hook
+                   for name, hook in hooks.items() if any(p.startswith(name) for p in pipeline.passes)}.items())
+    bounds = [0] + [i for i, _ in cuts] + [len(pipeline.passes)]
+    try:
+        with module.context:
+            for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+                if k > 0:
+                    cuts[k - 1][1](module)
+                if hi > lo:
+                    PassManager.parse("builtin.module(" + ",".join(pipeline.passes[lo:hi]) + ")").run(module.operation)
+        return
+    except ir.MLIRError as error:
+        whole = _diagnostics(error)
+    except ValueError as error:  # the pipeline text itself does not parse
+        raise LoweringError(f"pipeline {pipeline.name} does not parse: {error}") from None
+    with ir.Context() as context:
+        probe = ir.Module.parse(source)
+        starts = dict(cuts)
+        for i, name in enumerate(pipeline.passes, 1):
+            if i - 1 in starts:
+                starts[i - 1](probe)
+            try:
+                PassManager.parse("builtin.module(" + name + ")", context).run(probe.operation)
+            except ir.MLIRError as error:
+                raise LoweringError(
+                    f"pipeline {pipeline.name}: pass {i} '{name}' failed:\n{_diagnostics(error)}"
+                ) from None
+    raise LoweringError(f"pipeline {pipeline.name} failed:\n{whole}")
+
+
+def non_llvm_ops(module: ir.Module) -> list[str]:
+    """Names of ops that the LLVM translation cannot take (anything outside the llvm dialect)."""
+    found: set[str] = set()
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if not op.name.startswith("llvm.") and op.name != "builtin.module":
+            found.add(op.name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return sorted(found)
+
+
+def check_lowered_to_llvm(module: ir.Module, pipeline: Pipeline) -> None:
+    leftover = non_llvm_ops(module)
+    if leftover:
+        raise LoweringError(f"pipeline {pipeline.name} did not lower everything to the LLVM dialect; "
+                            f"left: {', '.join(leftover[:8])}")

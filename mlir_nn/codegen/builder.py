@@ -1,0 +1,120 @@
+"""FunctionBuilder: the linalg building blocks that op lowerings are written with.
+
+Operands are either tensor ``ir.Value``s or Python floats (``const`` nodes): constants
+stay scalars and are folded into the bodies of the ops that use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from mlir import ir
+from mlir.dialects import arith, linalg, tensor
+
+from mlir_nn.codegen.maps import broadcast_map, identity_map, matmul_maps
+from mlir_nn.codegen.tensor_types import element_type
+from mlir_nn.ir.shapes import BATCH, Shape
+
+Operand = ir.Value | float
+ScalarFn = Callable[..., ir.Value]
+
+PARALLEL = linalg.IteratorType.parallel
+REDUCTION = linalg.IteratorType.reduction
+
+
+class FunctionBuilder:
+    """Builds ops at the current insertion point of one function body."""
+
+    def __init__(self, dtype: str, batch: ir.Value | None) -> None:
+        self.dtype = dtype
+        self.element = element_type(dtype)
+        self.batch = batch  # index Value holding the run-time batch size, if the graph has one
+        self.source_of_transpose: dict[object, ir.Value] = {}  # transpose node -> its input tensor
+
+    # ------------------------------------------------------------------ scalars and sizes
+
+    def scalar(self, value: float) -> ir.Value:
+        return arith.constant(self.element, float(value))
+
+    def index(self, value: int) -> ir.Value:
+        return arith.constant(ir.IndexType.get(), value)
+
+    def sizes(self, shape: Shape) -> list[int | ir.Value]:
+        """Sizes for tensor.empty: ints, and the batch Value for the batch symbol."""
+        if BATCH in shape and self.batch is None:
+            raise ValueError(f"codegen: shape {shape} has the batch dimension but the graph has no batch input")
+        return [self.batch if d == BATCH else int(d) for d in shape]
+
+    def count(self, dims: Sequence[int | str]) -> ir.Value:
+        """Product of ``dims`` as a floating-point scalar, taken at run time for the batch dim."""
+        static = 1
+        batched = 0
+        for d in dims:
+            if d == BATCH:
+                batched += 1
+            else:
+                static *= int(d)
+        if batched == 0:
+            return self.scalar(float(static))
+        n = self.index(static)
+        for _ in range(batched):
+            n = arith.muli(n, self.batch)
+        i64 = ir.IntegerType.get_signless(64)
+        return arith.sitofp(self.element, arith.index_cast(i64, n))
+
+    # ------------------------------------------------------------------ tensors
+
+    def empty(self, shape: Shape) -> ir.Value:
+        return tensor.empty(self.sizes(shape), self.element)
+
+    def filled(self, shape: Shape, value: float) -> ir.Value:
+        return linalg.fill(self.scalar(value), outs=[self.empty(shape)])
+
+    def tensor_of(self, operand: Operand, shape: Shape) -> ir.Value:
+        """A tensor for ops that need one: constants are filled to ``shape``."""
+        return self.filled(shape, operand) if isinstance(operand, float) else operand
+
+    # ------------------------------------------------------------------ linalg ops
+
+    def elementwise(self, out_shape: Shape, operands: Sequence[Operand], shapes: Sequence[Shape],
+                    fn: ScalarFn, init: ir.Value | None = None) -> ir.Value:
+        """One linalg.generic computing ``fn(*scalars)`` with numpy broadcasting.
+
+        ``fn`` receives one scalar per operand (constants as arith.constant). ``init``
+        is the tensor written into (a fresh tensor.empty when None).
+        """
+        rank = len(out_shape)
+        tensors = [(i, v) for i, v in enumerate(operands) if not isinstance(v, float)]
+        maps = [broadcast_map(shapes[i], out_shape) for i, _ in tensors] + [identity_map(rank)]
+        out = self.empty(out_shape) if init is None else init
+
+        @linalg.generic([v for _, v in tensors], [out], maps, [PARALLEL] * rank)
+        def result(*args: ir.Value) -> ir.Value:
+            scalars: list[ir.Value | None] = [None] * len(operands)
+            for (i, _), arg in zip(tensors, args):
+                scalars[i] = arg
+            for i, v in enumerate(operands):
+                if isinstance(v, float):
+                    scalars[i] = self.scalar(v)
+            return fn(*scalars)
+
+        return result
+
+    def reduce(self, out_shape: Shape, operands: Sequence[ir.Value], in_maps: Sequence[ir.AffineMap],
+               out_map: ir.AffineMap, iterators: Sequence[linalg.IteratorType], fn: ScalarFn) -> ir.Value:
+        """Sum ``fn(*scalars)`` into a zero-filled tensor of ``out_shape``."""
+        acc = self.filled(out_shape, 0.0)
+
+        @linalg.generic(list(operands), [acc], list(in_maps) + [out_map], list(iterators))
+        def result(*args: ir.Value) -> ir.Value:
+            *ins, total = args
+            return arith.addf(total, fn(*ins))
+
+        return result
+
+    def matmul(self, a: ir.Value, b: ir.Value, out_shape: Shape, transpose_a: bool, transpose_b: bool) -> ir.Value:
+        """op(a) @ op(b) into a zero-filled accumulator (transposes via indexing maps)."""
+        acc = self.filled(out_shape, 0.0)
+        if not transpose_a and not transpose_b:
+            return linalg.matmul(a, b, outs=[acc])
+        return linalg.matmul(a, b, outs=[acc], indexing_maps=matmul_maps(transpose_a, transpose_b))

@@ -1,0 +1,75 @@
+"""Graph -> MLIR module: one ``func.func`` on tensors, built with the MLIR Python bindings."""
+
+from __future__ import annotations
+
+import re
+
+from mlir import ir
+from mlir.dialects import arith, func, tensor
+
+from mlir_nn.codegen.builder import FunctionBuilder, Operand
+from mlir_nn.codegen.lowering import LOWERINGS
+from mlir_nn.codegen.tensor_types import tensor_type
+from mlir_nn.ir import BATCH, Graph, Node
+
+
+def symbol_name(graph: Graph) -> str:
+    """The function's symbol: the graph's name with anything but [A-Za-z0-9_] replaced by '_'."""
+    name = re.sub(r"\W", "_", graph.name, flags=re.ASCII) or "step"
+    return name if not name[0].isdigit() else "_" + name
+
+
+def graph_dtype(graph: Graph) -> str:
+    dtypes = {n.dtype for n in graph.nodes} | {n.dtype for n in graph.inputs + graph.params}
+    if len(dtypes) != 1:
+        raise TypeError(f"codegen: graph {graph.name} mixes dtypes {sorted(dtypes)}; expected one dtype")
+    return dtypes.pop()
+
+
+def _batch_size(args: list[tuple[Node, ir.Value]]) -> ir.Value | None:
+    """tensor.dim of the first argument that has the batch dimension."""
+    for node, value in args:
+        if BATCH in node.shape:
+            position = arith.constant(ir.IndexType.get(), node.shape.index(BATCH))
+            return tensor.dim(value, position)
+    return None
+
+
+def emit_into(module: ir.Module, graph: Graph) -> func.FuncOp:
+    """Append the step function of ``graph`` to ``module`` (inside its context)."""
+    missing = sorted({n.op for n in graph.nodes} - set(LOWERINGS) - {"input", "param", "const"})
+    if missing:
+        raise NotImplementedError(f"codegen: no lowering for op(s) {', '.join(missing)}")
+    dtype = graph_dtype(graph)
+    leaves = list(graph.inputs) + list(graph.params)
+    results = list(graph.outputs) + [node for _, node in graph.updates]
+    signature = ir.FunctionType.get([tensor_type(n.shape, n.dtype) for n in leaves],
+                                    [tensor_type(n.shape, n.dtype) for n in results])
+    with ir.InsertionPoint(module.body):
+        fn = func.FuncOp(symbol_name(graph), signature)
+        fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        entry = fn.add_entry_block()
+    with ir.InsertionPoint(entry):
+        values: dict[Node, Operand] = dict(zip(leaves, entry.arguments))
+        b = FunctionBuilder(dtype, _batch_size(list(zip(leaves, entry.arguments))))
+        for node in graph.nodes:
+            if node in values:
+                continue
+            if node.op == "const":
+                values[node] = float(node.attr("value"))
+                continue
+            with ir.Location.name(f"{node.op}{list(node.shape)}"):
+                values[node] = LOWERINGS[node.op](b, node, [values[i] for i in node.inputs])
+        func.ReturnOp([b.tensor_of(values[n], n.shape) for n in results])
+    return fn
+
+
+def emit_linalg(graph: Graph, context: ir.Context | None = None) -> ir.Module:
+    """The MLIR module of ``graph`` (see the package docstring for the function convention)."""
+    context = context or ir.Context()
+    with context, ir.Location.unknown():
+        module = ir.Module.create()
+        emit_into(module, graph)
+        if not module.operation.verify():
+            raise RuntimeError(f"codegen: the module emitted for {graph.name} does not verify")
+    return module

@@ -1,0 +1,209 @@
+"""One lowering rule per op of the registry: Node + operands -> tensor Value (or float).
+
+A rule is ``rule(b, node, operands)`` where ``b`` is the FunctionBuilder and ``operands``
+are the values of ``node.inputs`` (tensor Values, or floats for ``const`` inputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mlir import ir
+from mlir.dialects import arith, linalg, math, tensor
+
+from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
+from mlir_nn.codegen.maps import dims_map, identity_map, permutation_map, reduction_map
+from mlir_nn.codegen.tensor_types import tensor_type
+from mlir_nn.ir import Node
+from mlir_nn.ir.ops import sum_to_axes
+
+Rule = Callable[[FunctionBuilder, Node, list[Operand]], ir.Value | float]
+OGT = arith.CmpFPredicate.OGT
+
+
+def _ewise(fn: Callable[..., ir.Value]) -> Rule:
+    """Rule for an op computed element by element (with numpy broadcasting)."""
+
+    def rule(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+        return b.elementwise(node.shape, xs, [i.shape for i in node.inputs], fn)
+
+    return rule
+
+
+def _pow(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    e = float(node.attr("exponent"))
+    if e == 2.0:
+        return b.elementwise(node.shape, xs, [node.inputs[0].shape], lambda x: arith.mulf(x, x))
+    return b.elementwise(node.shape, xs, [node.inputs[0].shape], lambda x: math.powf(x, b.scalar(e)))
+
+
+def _sigmoid(b: FunctionBuilder, x: ir.Value) -> ir.Value:
+    """Stable sigmoid: exp only sees -|x|; x >= 0 ? 1 / (1 + e) : e / (1 + e)."""
+    e = math.exp(arith.negf(math.absf(x)))
+    denom = arith.addf(b.scalar(1.0), e)
+    positive = arith.cmpf(arith.CmpFPredicate.OGE, x, b.scalar(0.0))
+    return arith.select(positive, arith.divf(b.scalar(1.0), denom), arith.divf(e, denom))
+
+
+def _relu_grad(b: FunctionBuilder, x: ir.Value, g: ir.Value) -> ir.Value:
+    return arith.select(arith.cmpf(OGT, x, b.scalar(0.0)), g, b.scalar(0.0))
+
+
+def _fused_matmul(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    """op(a) @ op(b) of a matmul-based node, reading through 2-D transposes of its operands.
+
+    A transpose operand's own value is still computed (and later removed as dead code
+    when the product was its only user); the product reads the untransposed tensor.
+    """
+    operands, flags = [], []
+    for value, src, flag in zip(xs[:2], node.inputs[:2], ("transpose_a", "transpose_b")):
+        flipped = bool(node.attr(flag))
+        if src.op == "transpose" and tuple(src.attr("perm")) == (1, 0) and src.inputs[0].op != "const":
+            value = b.source_of_transpose[src]
+            flipped = not flipped
+        operands.append(value)
+        flags.append(flipped)
+    return b.matmul(operands[0], operands[1], node.shape, flags[0], flags[1])
+
+
+def _transpose(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    x = b.tensor_of(xs[0], node.inputs[0].shape)
+    b.source_of_transpose[node] = x
+    rank = len(node.shape)
+
+    @linalg.generic([x], [b.empty(node.shape)], [permutation_map(tuple(node.attr("perm"))), identity_map(rank)],
+                    [PARALLEL] * rank)
+    def result(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return result
+
+
+def _reshape(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    x = b.tensor_of(xs[0], node.inputs[0].shape)
+    index = ir.IndexType.get()
+    sizes = [s if isinstance(s, ir.Value) else b.index(s) for s in b.sizes(node.shape)]
+    shape = tensor.from_elements(ir.RankedTensorType.get([len(sizes)], index), sizes)
+    return tensor.reshape(tensor_type(node.shape, node.dtype), x, shape)
+
+
+def _broadcast_to(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    return b.elementwise(node.shape, xs, [node.inputs[0].shape], lambda v: v)
+
+
+def _sum_to(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    src = node.inputs[0].shape
+    x = b.tensor_of(xs[0], src)
+    axes, lead = sum_to_axes(src, node.shape)
+    out = [None if lead + j in axes else lead + j for j in range(len(node.shape))]
+    iterators = [REDUCTION if i in axes else PARALLEL for i in range(len(src))]
+    return b.reduce(node.shape, [x], [identity_map(len(src))], dims_map(len(src), out), iterators, lambda v: v)
+
+
+def _sum(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    src = node.inputs[0].shape
+    x = b.tensor_of(xs[0], src)
+    axes = tuple(node.attr("axes"))
+    iterators = [REDUCTION if i in axes else PARALLEL for i in range(len(src))]
+    out_map = reduction_map(len(src), axes, bool(node.attr("keepdims")))
+    return b.reduce(node.shape, [x], [identity_map(len(src))], out_map, iterators, lambda v: v)
+
+
+def _mean(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    total = _sum(b, node, xs)
+    count = b.count([node.inputs[0].shape[a] for a in node.attr("axes")])
+    return b.elementwise(node.shape, [total], [node.shape], lambda v: arith.divf(v, count))
+
+
+def _mean_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    count = b.count([node.shape[a] for a in node.attr("axes")])
+    return b.elementwise(node.shape, xs, [node.inputs[0].shape], lambda g: arith.divf(g, count))
+
+
+def _mse(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    shape = node.inputs[0].shape
+    rank = len(shape)
+    p, y = (b.tensor_of(v, shape) for v in xs)
+
+    def square_diff(pv: ir.Value, yv: ir.Value) -> ir.Value:
+        d = arith.subf(pv, yv)
+        return arith.mulf(d, d)
+
+    total = b.reduce((), [p, y], [identity_map(rank)] * 2, dims_map(rank, []), [REDUCTION] * rank, square_diff)
+    count = b.count(shape)
+    return b.elementwise((), [total], [()], lambda v: arith.divf(v, count))
+
+
+def _mse_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    count = b.count(node.shape)  # reference divides by max(numel, 1); the batch is never empty
+
+    def grad(p: ir.Value, y: ir.Value, g: ir.Value) -> ir.Value:
+        scale = arith.divf(arith.mulf(b.scalar(2.0), g), count)
+        return arith.mulf(arith.subf(p, y), scale)
+
+    return b.elementwise(node.shape, xs, [i.shape for i in node.inputs], grad)
+
+
+def _linear(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    product = _fused_matmul(b, node, xs)
+    relu = node.attr("activation", "none") == "relu"
+
+    def epilogue(acc: ir.Value, bias: ir.Value) -> ir.Value:
+        s = arith.addf(acc, bias)
+        return arith.maximumf(s, b.scalar(0.0)) if relu else s
+
+    return b.elementwise(node.shape, [product, xs[2]], [node.shape, node.inputs[2].shape], epilogue, init=product)
+
+
+def _gemm(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    product = _fused_matmul(b, node, xs)
+    alpha, beta = float(node.attr("alpha")), float(node.attr("beta"))
+
+    def epilogue(acc: ir.Value, c: ir.Value) -> ir.Value:
+        return arith.addf(arith.mulf(b.scalar(alpha), acc), arith.mulf(b.scalar(beta), c))
+
+    return b.elementwise(node.shape, [product, xs[2]], [node.shape, node.inputs[2].shape], epilogue, init=product)
+
+
+def _matmul_relu_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    product = _fused_matmul(b, node, xs)
+    return b.elementwise(node.shape, [product, xs[2]], [node.shape, node.inputs[2].shape],
+                         lambda acc, z: _relu_grad(b, z, acc), init=product)
+
+
+LOWERINGS: dict[str, Rule] = {
+    "add": _ewise(arith.addf),
+    "sub": _ewise(arith.subf),
+    "mul": _ewise(arith.mulf),
+    "div": _ewise(arith.divf),
+    "neg": _ewise(arith.negf),
+    "pow": _pow,
+    "relu": lambda b, n, xs: b.elementwise(n.shape, xs, [n.inputs[0].shape],
+                                           lambda x: arith.maximumf(x, b.scalar(0.0))),
+    "tanh": _ewise(math.tanh),
+    "sigmoid": lambda b, n, xs: b.elementwise(n.shape, xs, [n.inputs[0].shape], lambda x: _sigmoid(b, x)),
+    "exp": _ewise(math.exp),
+    "log": _ewise(math.log),
+    "sqrt": _ewise(math.sqrt),
+    "relu_grad": lambda b, n, xs: b.elementwise(n.shape, xs, [i.shape for i in n.inputs],
+                                                lambda x, g: _relu_grad(b, x, g)),
+    "tanh_grad": lambda b, n, xs: b.elementwise(
+        n.shape, xs, [i.shape for i in n.inputs],
+        lambda y, g: arith.mulf(g, arith.subf(b.scalar(1.0), arith.mulf(y, y)))),
+    "sigmoid_grad": lambda b, n, xs: b.elementwise(
+        n.shape, xs, [i.shape for i in n.inputs],
+        lambda y, g: arith.mulf(arith.mulf(g, y), arith.subf(b.scalar(1.0), y))),
+    "matmul": _fused_matmul,
+    "transpose": _transpose,
+    "reshape": _reshape,
+    "broadcast_to": _broadcast_to,
+    "sum_to": _sum_to,
+    "sum": _sum,
+    "mean": _mean,
+    "mean_grad": _mean_grad,
+    "mse": _mse,
+    "mse_grad": _mse_grad,
+    "linear": _linear,
+    "gemm": _gemm,
+    "matmul_relu_grad": _matmul_relu_grad,
+}

@@ -1,0 +1,298 @@
+"""The compiled CPU backend against the NumPy reference.
+
+Tolerances: float32 rtol 2e-4 / atol 2e-5 (sums are accumulated in a different order
+than NumPy's pairwise sums; libm's tanhf/expf differ by an ulp); float64 rtol 1e-9 /
+atol 1e-11. Whole-step runs over 200 steps: float32 atol 2e-4 on the parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlir_nn.backends import get_backend
+from mlir_nn.backends.compile_cache import cache_dir
+from mlir_nn.backends.cpu import CpuBackend, clear_memory_cache, compile_kernel
+from mlir_nn.backends.lowering import LoweringError
+from mlir_nn.backends.reference import evaluate
+from mlir_nn.ir import DTypeError, Graph, ShapeError, make_node
+from mlir_nn.pipelines import load_pipeline, parse_pipeline
+from tests.codegen.zoo import arguments, elementwise_zoo, matmul_zoo
+
+TOL = {"float32": dict(rtol=2e-4, atol=2e-5), "float64": dict(rtol=1e-9, atol=1e-11)}
+_COMPILED: dict = {}
+
+
+def compiled(graph: Graph):
+    key = str(graph)
+    if key not in _COMPILED:
+        _COMPILED[key] = get_backend("cpu").compile(graph)
+    return _COMPILED[key]
+
+
+def check_against_reference(graph: Graph, batch: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    inputs, params = arguments(graph, batch, rng)
+    want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
+    got = compiled(graph).run(inputs, params)
+    dtype = graph.inputs[0].dtype
+    for node, g, w in zip(graph.outputs, got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, node
+        np.testing.assert_allclose(g, w, **TOL[dtype], err_msg=f"{node.op} {dict(node.attrs)}")
+
+
+@settings(max_examples=12)
+@given(width=st.sampled_from([1, 3, 8]), dtype=st.sampled_from(["float32", "float64"]),
+       batch=st.sampled_from([1, 2, 7, 33]), seed=st.integers(0, 2**31))
+def test_elementwise_broadcast_layout_and_reduction_ops(width, dtype, batch, seed):
+    check_against_reference(elementwise_zoo(width, dtype), batch, seed)
+
+
+@settings(max_examples=12)
+@given(km=st.sampled_from([(1, 1), (3, 5), (7, 2)]), dtype=st.sampled_from(["float32", "float64"]),
+       batch=st.sampled_from([1, 4, 9, 65]), seed=st.integers(0, 2**31))
+def test_matmuls_and_fused_ops(km, dtype, batch, seed):
+    check_against_reference(matmul_zoo(*km, dtype), batch, seed)
+
+
+def test_one_compiled_step_serves_every_batch_size():
+    graph = matmul_zoo(3, 5, "float32")
+    first = compiled(graph)
+    for batch in (1, 2, 100, 3):
+        check_against_reference(graph, batch, batch)
+    assert compiled(graph) is first
+
+
+# ---------------------------------------------------------------------------- whole steps
+
+
+def make_step(sizes, optimizer, backend, seed, **opt_args):
+    from mlir_nn import jit
+    from mlir_nn.losses import mse_loss
+    from mlir_nn.nn import MLP
+    from mlir_nn.optim import SGD, Adam
+
+    np.random.seed(seed)
+    model = MLP(sizes[0], sizes[1:])
+    opt = (SGD if optimizer == "sgd" else Adam)(model.parameters(), **opt_args)
+
+    def train(x, y):
+        loss = mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return jit(train, backend=backend), model, opt
+
+
+@pytest.mark.parametrize("optimizer, sizes, opt_args", [
+    ("sgd", [3, 8, 5, 1], dict(lr=0.02, momentum=0.9, weight_decay=0.01)),
+    ("adam", [2, 7, 2], dict(lr=0.01, weight_decay=0.001)),
+])
+def test_200_training_steps_match_the_reference(optimizer, sizes, opt_args):
+    fast, fast_model, fast_opt = make_step(sizes, optimizer, "cpu", 1, **opt_args)
+    slow, slow_model, slow_opt = make_step(sizes, optimizer, "numpy", 1, **opt_args)
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((96, sizes[0])).astype(np.float32)
+    Y = np.sin(X.sum(axis=1, keepdims=True) * np.ones((1, sizes[-1]), np.float32))
+    for step in range(200):
+        lo = (step * 13) % 80
+        batch = slice(lo, lo + 1 + step % 16)  # batch sizes 1..16, so many short batches
+        a, b = fast(X[batch], Y[batch]), slow(X[batch], Y[batch])
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+    for p, q in zip(fast_model.parameters(), slow_model.parameters()):
+        np.testing.assert_allclose(p.data, q.data, atol=2e-4)
+    state = fast.lower(X[:2], Y[:2]).captured
+    reference_state = slow.lower(X[:2], Y[:2]).captured
+    assert len(state) > len(sizes)  # optimizer buffers are part of the compiled state
+    for p, q in zip(state, reference_state):
+        np.testing.assert_allclose(p.data, q.data, atol=2e-4, rtol=1e-3)
+
+
+def test_adam_updates_moments_and_weights_from_the_old_state_in_one_step():
+    x = make_node("input", [], name="x", shape=("N", 2), dtype="float64")
+    w = make_node("param", [], name="w", shape=(2, 2), dtype="float64")
+    m = make_node("param", [], name="m", shape=(2, 2), dtype="float64")
+    v = make_node("param", [], name="v", shape=(2, 2), dtype="float64")
+    c = lambda value: make_node("const", [], value=value, dtype="float64")  # noqa: E731
+    h = make_node("matmul", [x, make_node("transpose", [w], perm=(1, 0))])  # reads the old w, transposed
+    g = make_node("matmul", [h, x], transpose_a=True)
+    new_m = make_node("add", [make_node("mul", [c(0.9), m]), make_node("mul", [c(0.1), g])])
+    new_v = make_node("add", [make_node("mul", [c(0.999), v]), make_node("mul", [c(0.001), make_node("mul", [g, g])])])
+    step = make_node("div", [new_m, make_node("add", [make_node("sqrt", [new_v]), c(1e-8)])])
+    new_w = make_node("sub", [w, make_node("mul", [c(0.1), step])])
+    graph = Graph((x,), (w, m, v), (make_node("sum", [w], axes=(0, 1), keepdims=False),),
+                  (("w", new_w), ("m", new_m), ("v", new_v)), name="adam_like")
+    rng = np.random.default_rng(0)
+    params = [rng.standard_normal((2, 2)) for _ in range(3)]
+    params[2] = np.abs(params[2])
+    xs = rng.standard_normal((5, 2))
+    (old_sum,), want = evaluate(graph, [xs], [p.copy() for p in params], 5)
+    buffers = [p.ctypes.data for p in params]
+    (got_sum,) = compiled(graph).run([xs], params)
+    np.testing.assert_allclose(got_sum, old_sum)  # the output reads the weights before the update
+    for p, q in zip(params, want):
+        np.testing.assert_allclose(p, q, rtol=1e-12)
+    assert [p.ctypes.data for p in params] == buffers  # updated in the user's own buffers
+
+
+def test_parameter_returned_as_output_is_the_old_value():
+    w = make_node("param", [], name="w", shape=(3,), dtype="float32")
+    x = make_node("input", [], name="x", shape=("N", 3), dtype="float32")
+    new_w = make_node("add", [w, make_node("sum_to", [x], shape=(3,))])
+    graph = Graph((x,), (w,), (w, new_w), (("w", new_w),), name="echo")
+    params = [np.arange(3, dtype=np.float32)]
+    old, new = compiled(graph).run([np.ones((2, 3), np.float32)], params)
+    np.testing.assert_array_equal(old, [0, 1, 2])
+    np.testing.assert_array_equal(new, [2, 3, 4])
+    np.testing.assert_array_equal(params[0], [2, 3, 4])
+
+
+def test_the_default_backend_and_the_trainer_use_cpu():
+    from mlir_nn.jit import DEFAULT_BACKEND
+    from mlir_nn.nn import MLP
+    from mlir_nn.optim import SGD
+    from mlir_nn.trainer import Trainer
+
+    assert DEFAULT_BACKEND == "cpu"
+    model = MLP(2, [4, 1])
+    assert Trainer(model, SGD(model.parameters()))._step.backend == "cpu"
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture(scope="module")
+def linear_step():
+    return compiled(matmul_zoo(3, 5, "float32"))
+
+
+@pytest.mark.parametrize("mutate, error, message", [
+    (lambda i, p: i.__setitem__(0, i[0][:, :2]), ShapeError, "input x has shape"),
+    (lambda i, p: i.__setitem__(1, i[1][:2]), ShapeError, "batch size 2 but an earlier input has"),
+    (lambda i, p: i.__setitem__(0, i[0].astype(np.float64)), DTypeError, "dtype float64, expected float32"),
+    (lambda i, p: i[2].__setitem__((0, 0), np.nan), ValueError, "NaN or infinite"),
+    (lambda i, p: i[0].__setitem__((1, 1), np.inf), ValueError, "NaN or infinite"),
+    (lambda i, p: p.__setitem__(0, p[0][:2]), ShapeError, "parameter w has shape"),
+    (lambda i, p: p.__setitem__(1, p[1].astype(np.float64)), DTypeError, "parameter bias"),
+    (lambda i, p: i.pop(), TypeError, "expected 3 inputs"),
+    (lambda i, p: p[2].setflags(write=False), ValueError, "read-only"),
+    (lambda i, p: p.__setitem__(0, np.asfortranarray(p[0])), ValueError, "not C-contiguous"),
+    (lambda i, p: p.__setitem__(2, p[0]), ValueError, "share memory"),
+])
+def test_bad_input_raises_before_native_code_and_keeps_parameters(linear_step, mutate, error, message):
+    rng = np.random.default_rng(0)
+    inputs, params = arguments(linear_step.graph, 4, rng)
+    linear_step.run(inputs, params)  # bind these arrays first: the fast path must notice the change
+    before = [p.copy() for p in params]
+    mutate(inputs, params)
+    with pytest.raises(error, match=message):
+        linear_step.run(inputs, params)
+    for p, q in zip(params[:2] + params[3:], before[:2] + before[3:]):
+        if p.shape == q.shape and p.dtype == q.dtype:
+            np.testing.assert_array_equal(p, q)
+    fresh_inputs, fresh_params = arguments(linear_step.graph, 4, rng)
+    linear_step.run(fresh_inputs, fresh_params)  # still usable afterwards
+
+
+def test_input_that_views_a_parameter_reads_the_old_value():
+    graph = matmul_zoo(3, 3, "float64")
+    rng = np.random.default_rng(1)
+    inputs, params = arguments(graph, 3, rng)
+    inputs[0] = params[2][:, :]  # x is a view of the parameter c (3x3)
+    want, _ = evaluate(graph, [a.copy() for a in inputs], [p.copy() for p in params], 3)
+    got = compiled(graph).run(inputs, params)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-9)
+
+
+# ---------------------------------------------------------------------------- pipelines, errors, cache
+
+
+def test_a_failing_pass_is_named():
+    graph = matmul_zoo(1, 1, "float32")
+    bad = parse_pipeline("canonicalize\nconvert-func-to-llvm{index-bitwidth=-3}\n", "bad")
+    with pytest.raises(LoweringError, match="convert-func-to-llvm"):
+        CpuBackend(bad).compile(graph)
+
+
+def test_a_pipeline_that_stops_short_of_llvm_is_an_error_not_a_crash():
+    with pytest.raises(LoweringError, match="did not lower everything to the LLVM dialect; left: .*func.func"):
+        CpuBackend(parse_pipeline("canonicalize\n", "short")).compile(matmul_zoo(1, 1, "float32"))
+
+
+def test_user_pipeline_file(tmp_path):
+    text = load_pipeline("cpu").text.replace("linalg-fuse-elementwise-ops\n", "")
+    path = tmp_path / "mine.pipeline"
+    path.write_text("# no elementwise fusion\n" + text)
+    assert "linalg-fuse-elementwise-ops" not in load_pipeline(str(path)).passes
+    graph = matmul_zoo(2, 3, "float64")
+    rng = np.random.default_rng(3)
+    inputs, params = arguments(graph, 5, rng)
+    want, _ = evaluate(graph, inputs, [p.copy() for p in params], 5)
+    for g, w in zip(CpuBackend(str(path)).compile(graph).run(inputs, params), want):
+        np.testing.assert_allclose(g, w, rtol=1e-9)
+
+
+def _tiny_graph(scale: float) -> Graph:
+    x = make_node("input", [], name="x", shape=("N", 2), dtype="float32")
+    w = make_node("param", [], name="w", shape=(2,), dtype="float32")
+    y = make_node("mul", [make_node("add", [x, w]), make_node("const", [], value=scale, dtype="float32")])
+    return Graph((x,), (w,), (y,), (("w", make_node("sum_to", [y], shape=(2,))),), name="tiny")
+
+
+def _check_tiny(kernel_graph: Graph, scale: float) -> None:
+    exe = get_backend("cpu").compile(kernel_graph)
+    w = np.array([1.0, 2.0], np.float32)
+    (y,) = exe.run([np.ones((3, 2), np.float32)], [w])
+    np.testing.assert_allclose(y, np.full((3, 2), [2.0, 3.0]) * scale, rtol=1e-6)
+    np.testing.assert_allclose(w, [6 * scale, 9 * scale], rtol=1e-6)
+
+
+def test_memory_and_disk_cache_and_corrupt_entries():
+    graph = _tiny_graph(0.123)
+    first = compile_kernel(graph)
+    assert first.source in ("compiled", "disk")
+    assert compile_kernel(graph).source == "memory"
+    clear_memory_cache()
+    assert compile_kernel(graph).source == "disk"
+    _check_tiny(graph, 0.123)
+    entries = [p for p in cache_dir().iterdir() if (p / "meta.json").exists()]
+    entry = next(p for p in entries if json.loads((p / "meta.json").read_text())["symbol"] == "tiny"
+                 and "1.230000e-01" in (p / "linalg.mlir").read_text())
+    library = entry / "step.so"
+    damaged = library.read_bytes()[:100] + b"garbage"
+    library.unlink()  # a new file: the loaded library stays mapped, as after an atomic replace
+    library.write_bytes(damaged)  # corrupt: checksum mismatch
+    clear_memory_cache()
+    assert compile_kernel(graph).source == "compiled"
+    meta = json.loads((entry / "meta.json").read_text())
+    (entry / "meta.json").write_text(json.dumps(dict(meta, key="0" * 64)))  # stale metadata
+    clear_memory_cache()
+    assert compile_kernel(graph).source == "compiled"
+    (entry / "meta.json").write_text("{not json")
+    clear_memory_cache()
+    assert compile_kernel(graph).source == "compiled"
+    clear_memory_cache()
+    assert compile_kernel(graph).source == "disk"
+    _check_tiny(graph, 0.123)
+
+
+def test_a_second_process_loads_the_step_from_disk():
+    graph = _tiny_graph(0.5)
+    compile_kernel(graph)
+    program = (
+        "from tests.backends.test_cpu import _tiny_graph, _check_tiny\n"
+        "from mlir_nn.backends.cpu import compile_kernel\n"
+        "g = _tiny_graph(0.5); print(compile_kernel(g).source); _check_tiny(g, 0.5)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "disk"

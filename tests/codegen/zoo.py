@@ -1,0 +1,74 @@
+"""Graphs that hold many ops at once, so one compile checks a whole family of ops."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlir_nn.ir import Graph, Node, make_node
+
+
+def _leaf(kind: str, name: str, shape: tuple, dtype: str) -> Node:
+    return make_node(kind, [], name=name, shape=shape, dtype=dtype)
+
+
+def const(value: float, dtype: str) -> Node:
+    return make_node("const", [], value=value, dtype=dtype)
+
+
+def elementwise_zoo(width: int, dtype: str) -> Graph:
+    """Every elementwise, broadcast, layout and reduction op on (N, width) operands."""
+    x = _leaf("input", "x", ("N", width), dtype)
+    y = _leaf("input", "y", ("N", width), dtype)  # y > 0 (log, sqrt, div)
+    b = _leaf("param", "b", (width,), dtype)
+    s = _leaf("param", "s", (), dtype)
+    n = make_node
+    outs = [
+        n("add", [x, b]), n("sub", [b, x]), n("mul", [x, const(1.5, dtype)]), n("div", [x, y]),
+        n("add", [x, s]), n("neg", [x]), n("pow", [x], exponent=2.0), n("pow", [x], exponent=3.0),
+        n("pow", [y], exponent=0.5), n("relu", [x]), n("tanh", [x]), n("sigmoid", [x]), n("exp", [x]),
+        n("log", [y]), n("sqrt", [y]), n("relu_grad", [x, y]), n("tanh_grad", [x, y]),
+        n("sigmoid_grad", [x, y]), n("broadcast_to", [b], shape=("N", width)),
+        n("sum_to", [x], shape=(width,)), n("sum_to", [x], shape=(1, width)),
+        n("sum", [x], axes=(0,), keepdims=False), n("sum", [x], axes=(1,), keepdims=True),
+        n("sum", [x], axes=(0, 1), keepdims=False), n("mean", [x], axes=(0,), keepdims=True),
+        n("mean", [x], axes=(1,), keepdims=False), n("mean", [x], axes=(0, 1), keepdims=False),
+        n("mean_grad", [n("reshape", [b], shape=(1, width))], shape=("N", width), axes=(0,)),
+        n("mean_grad", [s], shape=("N", width), axes=(0, 1)),
+        n("mse", [x, y]), n("mse_grad", [x, y, s]), n("mse_grad", [x, y, const(1.0, dtype)]),
+        n("transpose", [x], perm=(1, 0)), n("reshape", [x], shape=(width, "N")),
+        n("reshape", [n("sum", [x], axes=(0, 1), keepdims=False)], shape=(1, 1)),
+    ]
+    return Graph((x, y), (b, s), tuple(outs), name="elementwise_zoo")
+
+
+def matmul_zoo(k: int, m: int, dtype: str) -> Graph:
+    """matmul in every transpose combination and the fused ops, x: (N, k), w: (k, m)."""
+    x = _leaf("input", "x", ("N", k), dtype)
+    g = _leaf("input", "g", ("N", m), dtype)
+    z = _leaf("input", "z", ("N", k), dtype)
+    w = _leaf("param", "w", (k, m), dtype)
+    bias = _leaf("param", "bias", (m,), dtype)
+    c = _leaf("param", "c", (k, m), dtype)
+    n = make_node
+    outs = [
+        n("matmul", [x, w]),
+        n("matmul", [x, g], transpose_a=True),
+        n("matmul", [g, w], transpose_b=True),
+        n("matmul", [w, x], transpose_a=True, transpose_b=True),
+        n("matmul", [n("transpose", [x], perm=(1, 0)), g]),  # read through a transpose node
+        n("linear", [x, w, bias], activation="relu"),
+        n("linear", [x, w, bias], activation="none"),
+        n("gemm", [x, g, c], transpose_a=True, alpha=-0.25, beta=1.0),
+        n("matmul_relu_grad", [g, w, z], transpose_b=True),
+    ]
+    return Graph((x, g, z), (w, bias, c), tuple(outs), name="matmul_zoo")
+
+
+def arguments(graph: Graph, batch: int, rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Random arguments; the input named y is positive and away from zero."""
+    def draw(node: Node) -> np.ndarray:
+        shape = tuple(batch if d == "N" else d for d in node.shape)
+        value = rng.standard_normal(shape).astype(node.dtype)
+        return np.abs(value) + 0.5 if node.attr("name") == "y" else value
+
+    return [draw(i) for i in graph.inputs], [draw(p) for p in graph.params]
