@@ -42,7 +42,8 @@ def _find_func(module: Module, name: str | None) -> Operation:
     for f in funcs:
         if name is None or f.attributes["sym_name"].value == name:
             return f
-    raise ValueError(f"cuda: no func.func @{name} in the module (have {[f.attributes['sym_name'].value for f in funcs]})")
+    have = [f.attributes["sym_name"].value for f in funcs]
+    raise ValueError(f"cuda: no func.func @{name} in the module (have {have})")
 
 
 def _apply_transform(module: Module, script: str, entry: str) -> Module:

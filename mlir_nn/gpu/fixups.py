@@ -84,8 +84,8 @@ def alloc_to_workgroup_attributions(func: Operation) -> int:
             alloc.erase()
             moved += 1
         if allocs:
-            attr = launch.attributes["workgroup_attributions"] if "workgroup_attributions" in launch.attributes else None
-            count = IntegerAttr(attr).value if attr is not None else 0
+            has = "workgroup_attributions" in launch.attributes
+            count = IntegerAttr(launch.attributes["workgroup_attributions"]).value if has else 0
             launch.attributes["workgroup_attributions"] = IntegerAttr.get(
                 IntegerType.get_signless(64), count + len(allocs))
     return moved

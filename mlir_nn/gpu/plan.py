@@ -62,6 +62,7 @@ def extract_plan(func: Operation) -> dict[str, Any]:
         rec: dict[str, Any] = {"op": kind, "operands": [name(v) for v in op.operands]}
         if op.results:
             rec["res"] = name(op.results[0])
+            rec["type"] = str(op.results[0].type)
         if kind == "func.return":
             results = rec["operands"]
             continue

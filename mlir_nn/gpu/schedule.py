@@ -110,7 +110,8 @@ def tiling_script(plans: list[OpSchedule]) -> str:
             continue
         body += _match(f"%op{p.tag}", TAG, p.tag)
         if p.kind == "contraction":
-            body += f"    transform.include @mlirnn_contraction failures(propagate) (%op{p.tag}) : (!transform.any_op) -> ()\n"
+            body += (f"    transform.include @mlirnn_contraction failures(propagate) (%op{p.tag})"
+                     " : (!transform.any_op) -> ()\n")
         else:
             body += _parallel_tiling(p)
     return _module(SCHEDULE_FILE.read_text() + (
