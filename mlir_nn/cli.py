@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 STAGES = ("tensor",)
+CUDA_STAGES = ("gpu", "ptx", "cubin")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,8 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
     c.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay (default 0)")
     c.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="element type")
-    c.add_argument("--emit", choices=STAGES, default="tensor",
-                   help="stage to print: tensor (the traced IR)")
+    c.add_argument("--emit", choices=STAGES + CUDA_STAGES, default=None,
+                   help="stage to print: tensor (the traced IR, the default); for CUDA: gpu (kernels after "
+                        "outlining), ptx, cubin (one file per kernel module into the -o directory)")
+    c.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="code to generate; with cuda and no --emit, -o FILE gets the .mlirnn artifact")
+    c.add_argument("--arch", default="sm_90", help="CUDA arch for --target cuda (default sm_90; also sm_80)")
     c.add_argument("-o", "--output", metavar="FILE", help="write the stage to FILE instead of stdout")
     c.add_argument("--stats", action="store_true", help="print node counts and time per stage to stderr")
     c.add_argument("--seed", type=int, default=0, help="random seed for the weights (default 0)")
@@ -98,6 +103,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     graph, _, _ = trace_step(step, [x, y], ["x", "y"])
     trace_time = time.perf_counter() - start
+    if args.target == "cuda" or args.emit in CUDA_STAGES:
+        from mlir_nn.gpu.cli import emit_cuda
+
+        return emit_cuda(graph, args)
     text = str(graph)
     if args.output:
         with open(args.output, "w") as f:

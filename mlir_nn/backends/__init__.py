@@ -30,4 +30,13 @@ def _reference() -> Backend:
 
 register_backend("numpy", _reference)
 
+
+def _cuda() -> Backend:
+    from mlir_nn.backends.cuda import CudaBackend
+
+    return CudaBackend()
+
+
+register_backend("cuda", _cuda)
+
 __all__ = ["Backend", "Executable", "check_arguments", "get_backend", "register_backend"]

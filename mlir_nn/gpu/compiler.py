@@ -25,6 +25,7 @@ class GpuProgram:
     """Everything the CUDA backend makes of one function."""
 
     func: str
+    linalg_text: str  # the input: the step on tensors (the `linalg` stage)
     gpu_text: str  # host + gpu.module kernels after outlining (the `gpu` stage)
     plan: dict[str, Any]
     ptx: dict[str, dict[str, str]] = field(default_factory=dict)  # arch -> binary name -> PTX
@@ -111,7 +112,7 @@ def compile_linalg(text: str, func: str | None = None, archs: tuple[str, ...] = 
                    cubin: bool = True) -> GpuProgram:
     """Compile a tensor-level function to kernels for every arch in ``archs``."""
     gpu_text, plan, counts, timings = lower_to_gpu(text, func)
-    program = GpuProgram(plan["func"], gpu_text, plan, schedules=counts, timings=timings)
+    program = GpuProgram(plan["func"], text, gpu_text, plan, schedules=counts, timings=timings)
     for arch in archs:
         t = time.perf_counter()
         program.ptx[arch] = {k: v.decode() for k, v in device_binaries(gpu_text, arch, "isa").items()}
