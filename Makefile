@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint clean gpu-artifacts kernels
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,14 @@ lint: $(VENV)/.installed
 
 test: $(VENV)/.installed lint
 	MPLBACKEND=Agg $(PY) -m pytest -q
+
+# CUDA artifacts + NumPy references for benchmarks/gpu_check.py (compiled here, no GPU needed).
+gpu-artifacts: $(VENV)/.installed
+	$(PY) benchmarks/make_gpu_artifacts.py benchmarks/artifacts --arch sm_90
+
+# The hand-written CUDA reference kernels (needs nvcc and cmake, not a GPU).
+kernels:
+	cmake -S . -B build/kernels -DCMAKE_BUILD_TYPE=Release && cmake --build build/kernels && ctest --test-dir build/kernels
 
 clean:
 	rm -rf $(VENV) output .pytest_cache .hypothesis

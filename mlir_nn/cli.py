@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 STAGES = ("tensor", "optimized", "linalg", "llvm")
-TARGETS = ("cpu",)
+CUDA_STAGES = ("gpu", "ptx", "cubin")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,12 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
     c.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay (default 0)")
     c.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="element type")
-    c.add_argument("--emit", choices=STAGES, default="tensor",
-                   help="stage to print: tensor (the traced IR), optimized (after the e-graph optimizer), "
-                        "linalg (MLIR on tensors), llvm (MLIR LLVM dialect after the target's pass pipeline)")
-    c.add_argument("--target", choices=TARGETS, default="cpu", help="code generation target (default cpu)")
+    c.add_argument("--emit", choices=STAGES + CUDA_STAGES, default=None,
+                   help="stage to print: tensor (the traced IR, the default), optimized (after the e-graph "
+                        "optimizer), linalg (MLIR on tensors), llvm (MLIR LLVM dialect after the CPU pass "
+                        "pipeline); for CUDA: gpu (kernels after outlining), ptx, cubin (one file per kernel "
+                        "module into the -o directory)")
+    c.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="code to generate (default cpu); with cuda and no --emit, -o FILE gets the .mlirnn artifact")
+    c.add_argument("--arch", default="sm_90", help="CUDA arch for --target cuda (default sm_90; also sm_80)")
     c.add_argument("--pipeline", metavar="FILE",
-                   help="pass pipeline file (one pass per line) instead of the target's shipped one")
+                   help="CPU pass pipeline file (one pass per line) instead of the shipped one")
     c.add_argument("-o", "--output", metavar="FILE", help="write the stage to FILE instead of stdout")
     c.add_argument("--stats", action="store_true", help="print node counts and time per stage to stderr")
     c.add_argument("--no-egraph", action="store_true", help="skip the e-graph optimizer")
@@ -116,6 +120,17 @@ def stage_text(graph: Any, args: argparse.Namespace, timings: dict[str, float]) 
     return stages["llvm"]
 
 
+def print_stats(args: argparse.Namespace, graph: Any, report: Any, timings: dict[str, float]) -> None:
+    """With --stats: node counts, the optimizer's report and time per stage, on stderr."""
+    if not args.stats:
+        return
+    counts = ", ".join(f"{op}={n}" for op, n in sorted(graph.op_counts().items()))
+    print(f"tensor IR: {len(graph.compute_nodes)} compute nodes ({counts})", file=sys.stderr)
+    if report is not None:
+        print(report, file=sys.stderr)
+    print("time: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items()), file=sys.stderr)
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from mlir_nn.jit import trace_step
 
@@ -123,14 +138,21 @@ def cmd_compile(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     graph, _, _ = trace_step(step, [x, y], ["x", "y"])
     timings = {"trace": time.perf_counter() - start}
+    cuda = args.target == "cuda" or args.emit in CUDA_STAGES
+    emit = args.emit or ("tensor" if not cuda else None)
     optimized, report = graph, None
-    if not args.no_egraph and (args.emit != "tensor" or args.stats):
+    if not args.no_egraph and (emit != "tensor" or args.stats):
         from mlir_nn.egraph import optimize
 
         optimized, report = optimize(graph, batch_estimate=args.batch)
         timings["egraph"] = report.seconds
+    if cuda:
+        from mlir_nn.gpu.cli import emit_cuda
+
+        print_stats(args, graph, report, timings)
+        return emit_cuda(optimized, args)
     try:
-        text = str(graph) if args.emit == "tensor" else stage_text(optimized, args, timings)
+        text = str(graph) if emit == "tensor" else stage_text(optimized, args, timings)
     except (RuntimeError, ValueError, OSError) as error:
         print(f"mlir-nn: error: {error}", file=sys.stderr)
         return 1
@@ -139,12 +161,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             f.write(text)
     else:
         sys.stdout.write(text)
-    if args.stats:
-        counts = ", ".join(f"{op}={n}" for op, n in sorted(graph.op_counts().items()))
-        print(f"tensor IR: {len(graph.compute_nodes)} compute nodes ({counts})", file=sys.stderr)
-        if report is not None:
-            print(report, file=sys.stderr)
-        print("time: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items()), file=sys.stderr)
+    print_stats(args, graph, report, timings)
     return 0
 
 

@@ -37,4 +37,13 @@ def _cpu() -> Backend:
 register_backend("numpy", _reference)
 register_backend("cpu", _cpu)
 
+
+def _cuda() -> Backend:
+    from mlir_nn.backends.cuda import CudaBackend
+
+    return CudaBackend()
+
+
+register_backend("cuda", _cuda)
+
 __all__ = ["Backend", "Executable", "check_arguments", "get_backend", "register_backend"]

@@ -1,0 +1,205 @@
+"""One prepared visit to a GPU machine: check the precompiled artifacts, then time them.
+
+Needs numpy, cuda-bindings and (for the peers) PyTorch with CUDA; not MLIR or egglog.
+Usage: ``python benchmarks/gpu_check.py RESULTS_DIR [--artifacts benchmarks/artifacts]``
+(artifacts from ``make gpu-artifacts``). For every case and batch size it runs one step
+through ``mlir_nn.runtime.cuda`` and compares the outputs and updated parameters with
+the saved NumPy reference; only then it times the step against PyTorch CUDA and, for
+single ops, the hand-written kernels (``libmlirnn_kernels.so``, built here with CMake
+when nvcc is present). Results go to RESULTS_DIR/gpu_check.json and stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gpu_cases import CASES, inputs_for, sample_positions  # noqa: E402
+
+from mlir_nn.runtime.artifact import Artifact  # noqa: E402
+from mlir_nn.runtime.cuda import CudaStep  # noqa: E402
+from mlir_nn.runtime.driver import Device  # noqa: E402
+
+RTOL, ATOL = 2e-3, 2e-4  # float32, sums of up to ~1000 products in a different order
+
+
+def timed(fn, sync, repeat: int = 20, warmup: int = 3) -> float:
+    """Median seconds of ``fn`` (synchronized)."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def check_case(name: str, case: dict, step: CudaStep, ref: dict) -> dict:
+    params = [ref[f"param{i}"] for i in range(len(step.artifact.signature["params"]))]
+    result = {}
+    for batch in case["batches"]:
+        step.upload_params([p.copy() for p in params])
+        outputs = step.step(inputs_for(case, batch))
+        got_params = step.download_params()
+        errors = []
+        for i, o in enumerate(outputs):
+            want = ref[f"b{batch}_out{i}"]
+            errors.append(("output", i, float(np.max(np.abs(o - want), initial=0.0)), np.allclose(o, want, RTOL, ATOL)))
+        for i, slot in enumerate(step.update_slots):
+            got = got_params[slot].ravel()[sample_positions(got_params[slot].size)]
+            want = ref[f"b{batch}_update{i}"]
+            errors.append(("update", i, float(np.max(np.abs(got - want), initial=0.0)),
+                           np.allclose(got, want, RTOL, ATOL)))
+        result[str(batch)] = {"ok": all(e[3] for e in errors), "max_abs_err": max((e[2] for e in errors), default=0.0),
+                              "failures": [f"{k}{i}" for k, i, _, ok in errors if not ok]}
+    return result
+
+
+def torch_step(case: dict, params: list[np.ndarray], inputs: list[np.ndarray]):
+    import torch
+
+    dev = torch.device("cuda")
+    ps = [torch.tensor(p, device=dev, requires_grad=case["kind"] == "mlp_step") for p in params]
+
+    def run():
+        xs = [torch.from_numpy(a).to(dev) for a in inputs]
+        if case["kind"] == "mlp_step":
+            h = xs[0]
+            for layer in range(len(ps) // 2):
+                h = h @ ps[2 * layer] + ps[2 * layer + 1]
+                if layer < len(ps) // 2 - 1:
+                    h = torch.relu(h)
+            loss = torch.mean((h - xs[1]) ** 2)
+            grads = torch.autograd.grad(loss, ps)
+            with torch.no_grad():
+                for p, g in zip(ps, grads):
+                    p -= case["lr"] * g
+            return loss.item()
+        if case["op"] == "matmul":
+            return (xs[0] @ ps[0]).cpu()
+        if case["op"] == "linear_relu":
+            return torch.relu(xs[0] @ ps[0] + ps[1]).cpu()
+        return torch.mean((xs[0] - xs[1]) ** 2).item()
+
+    return run, torch.cuda.synchronize
+
+
+def handwritten_op(case: dict, params: list[np.ndarray], inputs: list[np.ndarray], lib_path: Path | None):
+    """The op through libmlirnn_kernels.so on torch-allocated device memory (inputs already on device)."""
+    import torch
+
+    from mlir_nn.runtime.kernels import ReferenceKernels
+
+    k = ReferenceKernels(lib_path)
+    dev = torch.device("cuda")
+    xs = [torch.from_numpy(a).to(dev) for a in inputs]
+    ps = [torch.from_numpy(p).to(dev) for p in params]
+    m = xs[0].shape[0]
+    if case["op"] == "mse":
+        loss = torch.empty((), device=dev)
+        return lambda: k.mse(xs[0].data_ptr(), xs[1].data_ptr(), loss.data_ptr(), xs[0].numel()), k.synchronize
+    kdim, n = ps[0].shape
+    out = torch.empty((m, n), device=dev)
+    tmp = torch.empty((m, n), device=dev)
+
+    def run():
+        k.matmul_tiled(xs[0].data_ptr(), ps[0].data_ptr(), out.data_ptr(), m, n, kdim)
+        if case["op"] == "linear_relu":
+            k.bias_add(out.data_ptr(), ps[1].data_ptr(), tmp.data_ptr(), m, n)
+            k.relu(tmp.data_ptr(), out.data_ptr(), m * n)
+
+    return run, k.synchronize
+
+
+def build_kernels(results: Path) -> Path | None:
+    """Build libmlirnn_kernels.so with CMake if nvcc is here; else use $MLIRNN_KERNELS_LIB."""
+    if os.environ.get("MLIRNN_KERNELS_LIB"):
+        return Path(os.environ["MLIRNN_KERNELS_LIB"])
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if not nvcc or not shutil.which("cmake"):
+        return None
+    build = results / "kernels-build"
+    env = dict(os.environ, PATH=f"{Path(nvcc).parent}:{os.environ.get('PATH', '')}")
+    for cmd in (["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"],
+                ["cmake", "--build", str(build), "-j8"], ["ctest", "--test-dir", str(build), "--output-on-failure"]):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        (results / "kernels-build.log").open("a").write(proc.stdout + proc.stderr)
+        if proc.returncode:
+            print(f"kernel build step {' '.join(cmd[:2])} failed; see kernels-build.log")
+            return None
+    return build / "libmlirnn_kernels.so"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--artifacts", type=Path, default=ROOT / "benchmarks" / "artifacts")
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+    args.results.mkdir(parents=True, exist_ok=True)
+    device = Device()
+    report: dict = {"device": device.name, "arch": device.arch, "cases": {}}
+    print(f"device: {device.name} ({device.arch})")
+    lib = build_kernels(args.results)
+    report["handwritten_lib"] = str(lib) if lib else None
+    for name, case in CASES.items():
+        entry: dict = {}
+        report["cases"][name] = entry
+        try:
+            artifact = Artifact.read(args.artifacts / f"{name}.mlirnn")
+            ref = dict(np.load(args.artifacts / f"{name}.npz"))
+            step = CudaStep(artifact, device)
+            entry["kernels"] = artifact.info.get("kernels")
+            entry["check"] = check_case(name, case, step, ref)
+            entry["ok"] = all(r["ok"] for r in entry["check"].values())
+            print(f"{name}: numerics {'OK' if entry['ok'] else 'MISMATCH'} {entry['check']}")
+            if not entry["ok"]:
+                continue
+            batch = case["batches"][0]
+            params = [ref[f"param{i}"] for i in range(len(artifact.signature["params"]))]
+            inputs = inputs_for(case, batch)
+            step.upload_params([p.copy() for p in params])
+            entry["mlir_s"] = timed(functools.partial(step.step, inputs), lambda: None, args.repeat)
+            try:
+                run, sync = torch_step(case, params, inputs)
+                entry["torch_s"] = timed(run, sync, args.repeat)
+            except Exception as e:  # a missing or CPU-only torch is reported, not fatal
+                entry["torch_error"] = repr(e)
+            if case["kind"] == "op" and lib:
+                try:
+                    run, sync = handwritten_op(case, params, inputs, lib)
+                    entry["handwritten_kernels_s"] = timed(run, sync, args.repeat)
+                except Exception as e:
+                    entry["handwritten_error"] = repr(e)
+            timed_peers = [k for k in ("torch_s", "handwritten_kernels_s") if k in entry]
+            entry["mlir_over"] = {k: entry["mlir_s"] / entry[k] for k in timed_peers}
+            peers = ", ".join(f"{k} {entry[k] * 1e6:.0f} us" for k in timed_peers)
+            print(f"{name} (batch {batch}): mlir {entry['mlir_s'] * 1e6:.0f} us; {peers}")
+            step.close()
+        except Exception as e:
+            entry["error"] = "".join(traceback.format_exception(e))
+            print(f"{name}: ERROR {e}")
+    (args.results / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.results / 'gpu_check.json'}")
+    return 0 if all(c.get("ok") for c in report["cases"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Compile the GPU check's cases to .mlirnn artifacts and save NumPy reference results.
+
+Runs where MLIR is installed (no GPU needed): ``make gpu-artifacts`` or
+``python benchmarks/make_gpu_artifacts.py benchmarks/artifacts --arch sm_90``.
+For each case it writes ``<case>.mlirnn`` and ``<case>.npz`` (initial parameters, and per
+batch size the expected outputs and updated parameters from the reference backend).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_cases import CASES, inputs_for, sample_positions  # noqa: E402
+
+from mlir_nn.backends.cuda import build_artifact  # noqa: E402
+from mlir_nn.backends.reference import evaluate  # noqa: E402
+from mlir_nn.engine import Tensor  # noqa: E402
+from mlir_nn.jit import trace_step  # noqa: E402
+from mlir_nn.losses import mse_loss  # noqa: E402
+from mlir_nn.nn import MLP  # noqa: E402
+from mlir_nn.optim import SGD  # noqa: E402
+
+
+def step_function(case: dict) -> tuple:
+    np.random.seed(0)
+    sizes = case["sizes"]
+    if case["kind"] == "mlp_step":
+        model = MLP(sizes[0], sizes[1:])
+        opt = SGD(model.parameters(), lr=case["lr"])
+
+        def step(x, y):
+            loss = mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step, ["x", "y"]
+    if case["op"] == "mse":
+        return (lambda p, y: mse_loss(p, y)), ["p", "y"]
+    w = Tensor(np.random.randn(*sizes) / np.sqrt(sizes[0]), dtype="float32")
+    b = Tensor(np.random.randn(sizes[1]), dtype="float32")
+    if case["op"] == "matmul":
+        return (lambda x: x @ w), ["x"]
+    return (lambda x: (x @ w + b).relu()), ["x"]
+
+
+def build_case(name: str, case: dict, out: Path, arch: str) -> dict:
+    fn, names = step_function(case)
+    first = inputs_for(case, case["batches"][0])
+    graph, captured, _ = trace_step(fn, first, names)
+    start = time.perf_counter()
+    artifact = build_artifact(graph, arch)
+    seconds = time.perf_counter() - start
+    artifact.write(out / f"{name}.mlirnn")
+    params = [t.data.copy() for t in captured]
+    ref: dict[str, np.ndarray] = {f"param{i}": p for i, p in enumerate(params)}
+    for batch in case["batches"]:
+        inputs = inputs_for(case, batch)
+        outputs, updates = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        for i, o in enumerate(outputs):
+            ref[f"b{batch}_out{i}"] = np.asarray(o)
+        for i, u in enumerate(updates):
+            ref[f"b{batch}_update{i}"] = np.asarray(u).ravel()[sample_positions(np.size(u))]
+    np.savez_compressed(out / f"{name}.npz", **ref)
+    return {"kernels": artifact.info["kernels"], "compile_s": round(seconds, 2),
+            "artifact_bytes": (out / f"{name}.mlirnn").stat().st_size}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--cases", nargs="*", default=list(CASES))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = {name: build_case(name, CASES[name], args.out, args.arch) for name in args.cases}
+    (args.out / "cases.json").write_text(json.dumps({"arch": args.arch, "cases": summary}, indent=1))
+    for name, s in summary.items():
+        print(f"{name}: {s['kernels']} kernels, compiled in {s['compile_s']} s, {s['artifact_bytes']} bytes")
+
+
+if __name__ == "__main__":
+    main()

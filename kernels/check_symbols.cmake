@@ -1,0 +1,11 @@
+# ctest helper: fail unless every symbol in SYMBOLS is exported (dynamic symbol table) by LIB.
+execute_process(COMMAND nm -D --defined-only ${LIB} OUTPUT_VARIABLE table RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "nm failed on ${LIB}")
+endif()
+foreach(sym IN LISTS SYMBOLS)
+  if(NOT table MATCHES " T ${sym}\n")
+    message(FATAL_ERROR "${LIB} does not export ${sym}")
+  endif()
+endforeach()
+message(STATUS "all ${SYMBOLS} exported")

@@ -1,0 +1,77 @@
+"""The CUDA backend: Graph -> linalg -> kernels (cubin) + launch plan -> artifact -> device.
+
+Compiling needs MLIR (and ptxas for cubins), not a GPU; running needs a GPU and
+cuda-bindings, not MLIR. ``build_artifact`` is the first half, ``mlir_nn.runtime.cuda``
+the second; ``CudaBackend`` joins them for ``jit(fn, backend="cuda")`` and ``Trainer``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mlir_nn.ir import Graph
+from mlir_nn.runtime.artifact import Artifact, signature_of
+
+
+def graph_to_linalg(graph: Graph) -> tuple[str, str]:
+    """(MLIR text of the step on tensors, function name): the shared tensor-level codegen."""
+    from mlir_nn.codegen import emit_linalg, symbol_name
+
+    return str(emit_linalg(graph)), symbol_name(graph)
+
+
+def compile_graph(graph: Graph, archs: tuple[str, ...], cubin: bool = True) -> Any:
+    """The ``GpuProgram`` of ``graph`` (gpu text, plan, PTX and cubins per arch)."""
+    from mlir_nn.gpu import compile_linalg
+
+    text, func = graph_to_linalg(graph)
+    return compile_linalg(text, func, archs, cubin)
+
+
+def artifact_of(graph: Graph, program: Any, arch: str) -> Artifact:
+    """Package one arch of a compiled program with the graph's signature."""
+    from mlir_nn import __version__
+
+    info = {"schedules": program.schedules, "kernels": program.kernel_count,
+            "compile_seconds": {k: round(v, 4) for k, v in program.timings.items()}}
+    return Artifact(arch, graph.fingerprint(), signature_of(graph), program.plan, program.cubin[arch],
+                    program.ptx[arch], __version__, info)
+
+
+def build_artifact(graph: Graph, arch: str) -> Artifact:
+    """Compile ``graph`` for ``arch`` into an artifact (needs MLIR and ptxas, no GPU)."""
+    return artifact_of(graph, compile_graph(graph, (arch,)), arch)
+
+
+class CudaExecutable:
+    """A compiled step on the GPU, with the compiler's stage texts."""
+
+    def __init__(self, graph: Graph, step: Any, stages: dict[str, str]) -> None:
+        self.graph = graph
+        self.step = step
+        self.stages = stages
+
+    def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
+        return self.step.run(inputs, params)
+
+
+class CudaBackend:
+    """Runs steps on the first GPU; constructing it fails with the reason if it cannot."""
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        from mlir_nn.runtime.driver import Device
+
+        self.device = Device()
+
+    def compile(self, graph: Graph) -> CudaExecutable:
+        from mlir_nn.runtime.cuda import CudaStep
+
+        arch = self.device.arch
+        program = compile_graph(graph, (arch,))
+        stages = {"linalg": program.linalg_text, "gpu": program.gpu_text,
+                  "ptx": "\n".join(program.ptx[arch].values())}
+        return CudaExecutable(graph, CudaStep(artifact_of(graph, program, arch), self.device), stages)

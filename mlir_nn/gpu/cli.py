@@ -1,0 +1,47 @@
+"""``mlir-nn compile --target cuda``: write the artifact or print a CUDA stage."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mlir_nn.ir import Graph
+
+
+def emit_cuda(graph: Graph, args: argparse.Namespace) -> int:
+    """Compile ``graph`` for ``args.arch`` and write what ``args.emit`` asks for."""
+    from mlir_nn.backends.cuda import artifact_of, compile_graph
+    from mlir_nn.gpu import ARCH_FEATURES
+
+    if args.arch not in ARCH_FEATURES:
+        print(f"mlir-nn: error: unknown --arch {args.arch}; expected one of {', '.join(ARCH_FEATURES)}",
+              file=sys.stderr)
+        return 2
+    emit = args.emit or "artifact"
+    if emit in ("artifact", "cubin") and not args.output:
+        what = "the .mlirnn artifact" if emit == "artifact" else "cubins (a directory)"
+        print(f"mlir-nn: error: --target cuda writes {what}; give -o", file=sys.stderr)
+        return 2
+    program = compile_graph(graph, (args.arch,), cubin=emit in ("artifact", "cubin"))
+    if emit == "artifact":
+        artifact_of(graph, program, args.arch).write(args.output)
+    elif emit == "cubin":
+        out = Path(args.output)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, blob in program.cubin[args.arch].items():
+            (out / f"{name}.cubin").write_bytes(blob)
+    else:
+        if emit == "gpu":
+            text = program.gpu_text
+        else:
+            modules = program.ptx[args.arch].items()
+            text = "".join(f"// ---- kernel module {name} ----\n{ptx}\n" for name, ptx in modules)
+        if args.output:
+            Path(args.output).write_text(text)
+        else:
+            sys.stdout.write(text)
+    if args.stats:
+        seconds = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in program.timings.items())
+        print(f"cuda: {program.kernel_count} kernels, schedules {program.schedules}; {seconds}", file=sys.stderr)
+    return 0

@@ -1,0 +1,134 @@
+"""Which transform schedule each linalg op gets, written as one transform script.
+
+Every linalg op (after bufferization) is tagged with ``mlirnn.op = i`` and tiled:
+
+* contractions (``C[m, n] += A * B``, 2 parallel + 1 reduction loop, a multiply-add
+  body) include ``@mlirnn_contraction`` from ``passes/cuda_schedule.mlir``;
+* ops with parallel loops are tiled over them (the innermost parallel loop across
+  ``thread<x>`` so neighbouring threads touch neighbouring elements); reduction loops
+  stay whole inside each thread;
+* ops with no parallel loop (a full reduction to a scalar) are left for
+  ``fixups.wrap_sequential_ops``: one thread runs them.
+
+Block-level loops become ``scf.parallel`` (a dynamic batch size then maps to the grid);
+``thread_mapping_script`` then maps each launch's thread loops with its block size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlir.ir import ArrayAttr, IntegerAttr, IntegerType, Operation
+
+TAG = "mlirnn.op"
+LAUNCH_TAG = "mlirnn.launch"
+THREADS_1D = 256
+THREADS_2D = (8, 32)  # (y, x)
+SCHEDULE_FILE = Path(__file__).resolve().parents[2] / "passes" / "cuda_schedule.mlir"
+
+
+@dataclass(frozen=True)
+class OpSchedule:
+    tag: int
+    kind: str  # "contraction", "parallel" or "sequential"
+    block_tiles: tuple[int, ...]  # per loop, 0 = not tiled
+    thread_mapping: tuple[str, ...]  # per tiled loop, e.g. ("thread<y>", "thread<x>")
+    block: tuple[int, int, int]
+
+
+def iterator_kinds(op: Operation) -> list[str]:
+    """'parallel' / 'reduction' per loop of a linalg.generic."""
+    return [str(a).split("<")[-1].rstrip(">") for a in ArrayAttr(op.attributes["iterator_types"])]
+
+
+def is_contraction(op: Operation, kinds: list[str]) -> bool:
+    if kinds != ["parallel", "parallel", "reduction"] or len(op.operands) != 3:
+        return False
+    body = [o.operation.name for o in op.regions[0].blocks[0].operations]
+    return body in (["arith.mulf", "arith.addf", "linalg.yield"],)
+
+
+def plan_op(op: Operation, tag: int) -> OpSchedule:
+    kinds = iterator_kinds(op)
+    parallel = [i for i, k in enumerate(kinds) if k == "parallel"]
+    if is_contraction(op, kinds):
+        return OpSchedule(tag, "contraction", (16, 16, 0), ("thread<y>", "thread<x>"), (16, 16, 1))
+    if not parallel:
+        return OpSchedule(tag, "sequential", (), (), (1, 1, 1))
+    tiles = [0] * len(kinds)
+    if len(parallel) == 1:
+        tiles[parallel[0]] = THREADS_1D
+        return OpSchedule(tag, "parallel", tuple(tiles), ("thread<x>",), (THREADS_1D, 1, 1))
+    for d in parallel[:-2]:
+        tiles[d] = 1  # outer parallel loops: one block per index
+    tiles[parallel[-2]], tiles[parallel[-1]] = THREADS_2D
+    mapping = ("thread<y>", "thread<x>")
+    return OpSchedule(tag, "parallel", tuple(tiles), mapping, (THREADS_2D[1], THREADS_2D[0], 1))
+
+
+def tag_linalg_ops(func: Operation) -> list[OpSchedule]:
+    """Tag the top-level linalg ops of ``func`` and choose a schedule for each."""
+    plans = []
+    for op in func.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name == "linalg.generic":
+            tag = len(plans)
+            op.attributes[TAG] = IntegerAttr.get(IntegerType.get_signless(64), tag)
+            plans.append(plan_op(op, tag))
+        elif op.name.startswith("linalg."):
+            raise NotImplementedError(f"cuda: {op.name} was not generalized; cannot schedule it")
+    return plans
+
+
+def _match(handle: str, attr: str, value: int) -> str:
+    return (f"    {handle} = transform.structured.match attributes{{{attr} = {value} : i64}} in %root"
+            " : (!transform.any_op) -> !transform.any_op\n")
+
+
+def _parallel_tiling(p: OpSchedule) -> str:
+    """Tile one op over its parallel loops: blocks (-> scf.parallel) then threads."""
+    h = f"%op{p.tag}"
+    sizes = ", ".join(map(str, p.block_tiles))
+    mapped = [t for t in p.block_tiles if t > 1]
+    threads = ", ".join(str(t if t > 1 else 0) for t in p.block_tiles)
+    mapping = ", ".join(f"#gpu.{m}" for m in p.thread_mapping[-len(mapped):])
+    return (
+        f"    %t{p.tag}, %b{p.tag} = transform.structured.tile_using_forall {h} tile_sizes [{sizes}]"
+        " : (!transform.any_op) -> (!transform.any_op, !transform.any_op)\n"
+        f"    %tt{p.tag}, %th{p.tag} = transform.structured.tile_using_forall %t{p.tag} num_threads [{threads}]"
+        f" (mapping = [{mapping}]) : (!transform.any_op) -> (!transform.any_op, !transform.any_op)\n"
+        f"    %g{p.tag} = transform.loop.forall_to_parallel %b{p.tag} : (!transform.any_op) -> !transform.any_op\n"
+    )
+
+
+def tiling_script(plans: list[OpSchedule]) -> str:
+    """The transform module tiling every scheduled op (entry ``@mlirnn_tile``)."""
+    body = ""
+    for p in plans:
+        if p.kind == "sequential":
+            continue
+        body += _match(f"%op{p.tag}", TAG, p.tag)
+        if p.kind == "contraction":
+            body += (f"    transform.include @mlirnn_contraction failures(propagate) (%op{p.tag})"
+                     " : (!transform.any_op) -> ()\n")
+        else:
+            body += _parallel_tiling(p)
+    return _module(SCHEDULE_FILE.read_text() + (
+        "transform.named_sequence @mlirnn_tile(%root: !transform.any_op {transform.readonly}) {\n"
+        + body + "    transform.yield\n}\n"))
+
+
+def thread_mapping_script(blocks: list[tuple[int, int, int]]) -> str:
+    """Map the thread loops inside launch ``i`` (tagged ``mlirnn.launch = i``) to ``blocks[i]``."""
+    body = ""
+    for i, (x, y, z) in enumerate(blocks):
+        body += _match(f"%l{i}", LAUNCH_TAG, i)
+        body += (f"    %m{i} = transform.gpu.map_nested_forall_to_threads %l{i} block_dims = [{x}, {y}, {z}]"
+                 " : (!transform.any_op) -> !transform.any_op\n")
+    return _module("transform.named_sequence @mlirnn_threads(%root: !transform.any_op {transform.readonly}) {\n"
+                   + body + "    transform.yield\n}\n")
+
+
+def _module(sequences: str) -> str:
+    return "module attributes {transform.with_named_sequence} {\n" + sequences + "}\n"

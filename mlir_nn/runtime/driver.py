@@ -1,0 +1,134 @@
+"""A thin, checked layer over the CUDA driver API of ``cuda-bindings``.
+
+Every call's status is checked: a failure raises ``CudaError`` naming what was being
+done (the kernel, for launches) and the driver's error name and string; running out
+of memory raises ``CudaOutOfMemory`` with the sizes asked for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+INSTALL_HINT = "install it with: pip install 'mlir-nn[cuda]' (the cuda-bindings package)"
+
+
+class CudaUnavailable(RuntimeError):
+    """The CUDA backend cannot run here (no cuda-bindings, no driver or no GPU)."""
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed."""
+
+
+class CudaOutOfMemory(CudaError, MemoryError):
+    """Device memory ran out."""
+
+
+def load_driver() -> Any:
+    """The ``cuda.bindings.driver`` module, initialized; CudaUnavailable says why not."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as e:
+        raise CudaUnavailable(f"the CUDA backend needs the cuda-bindings package, which is not importable ({e}); "
+                              f"{INSTALL_HINT}") from None
+    (err,) = driver.cuInit(0)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CudaUnavailable(f"the CUDA driver could not be initialized: cuInit failed with {_describe(driver, err)} "
+                              "(is there an NVIDIA GPU and driver on this machine?)")
+    err, count = driver.cuDeviceGetCount()
+    if err != driver.CUresult.CUDA_SUCCESS or count == 0:
+        raise CudaUnavailable("the CUDA driver reports no GPU device on this machine")
+    return driver
+
+
+def _describe(driver: Any, err: Any) -> str:
+    _, name = driver.cuGetErrorName(err)
+    _, text = driver.cuGetErrorString(err)
+    return f"{_text(name)} ({_text(text)})"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Device:
+    """One GPU's primary context (shared with PyTorch/CuPy in the same process)."""
+
+    def __init__(self, ordinal: int = 0) -> None:
+        self.cu = load_driver()
+        cu = self.cu
+        self.device = self.check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+        self.context = self.check(cu.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        self.check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        attr = cu.CUdevice_attribute
+        self.capability = (
+            self.check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "attr"),
+            self.check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "attr"),
+        )
+        raw = self.check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        self.name = _text(raw).split("\x00")[0]
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.capability[0]}{self.capability[1]}"
+
+    def check(self, result: tuple, what: str, nbytes: int | None = None) -> Any:
+        """Raise on a failed status; return the call's value (None, one value or a tuple)."""
+        err, rest = result[0], result[1:]
+        if err != self.cu.CUresult.CUDA_SUCCESS:
+            if err == self.cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+                free, total = self.memory_info()
+                asked = f" asking for {nbytes} bytes" if nbytes is not None else ""
+                raise CudaOutOfMemory(f"{what}: out of device memory{asked} ({free} of {total} bytes free on "
+                                      f"{self.name})")
+            raise CudaError(f"{what}: {_describe(self.cu, err)}")
+        return None if not rest else rest[0] if len(rest) == 1 else rest
+
+    def memory_info(self) -> tuple[int, int]:
+        err, free, total = self.cu.cuMemGetInfo()
+        return (int(free), int(total)) if err == self.cu.CUresult.CUDA_SUCCESS else (-1, -1)
+
+    def activate(self) -> None:
+        self.check(self.cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+    def alloc(self, nbytes: int, what: str) -> int:
+        ptr = self.check(self.cu.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc for {what}", nbytes)
+        return int(ptr)
+
+    def free(self, ptr: int) -> None:
+        self.check(self.cu.cuMemFree(self.cu.CUdeviceptr(ptr)), "cuMemFree")
+
+    def upload(self, ptr: int, array: np.ndarray, what: str) -> None:
+        array = np.ascontiguousarray(array)
+        self.check(self.cu.cuMemcpyHtoD(self.cu.CUdeviceptr(ptr), array.ctypes.data, array.nbytes),
+                   f"copy of {what} to the device")
+
+    def download(self, array: np.ndarray, ptr: int, what: str) -> None:
+        """Copy into ``array`` (C-contiguous, writable) from the device."""
+        self.check(self.cu.cuMemcpyDtoH(array.ctypes.data, self.cu.CUdeviceptr(ptr), array.nbytes),
+                   f"copy of {what} from the device")
+
+    def copy(self, dst: int, src: int, nbytes: int, what: str) -> None:
+        self.check(self.cu.cuMemcpyDtoD(self.cu.CUdeviceptr(dst), self.cu.CUdeviceptr(src), nbytes), what)
+
+    def load_module(self, image: bytes, what: str) -> Any:
+        data = np.frombuffer(image, dtype=np.uint8).copy()
+        module = self.check(self.cu.cuModuleLoadData(data.ctypes.data), f"cuModuleLoadData of {what}")
+        return module
+
+    def function(self, module: Any, name: str, what: str) -> Any:
+        return self.check(self.cu.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction {what}")
+
+    def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+               params: ctypes.Array, what: str) -> None:
+        self.check(self.cu.cuLaunchKernel(function, *grid, *block, smem, self.cu.CUstream(0),
+                                          ctypes.addressof(params), 0), f"launch of kernel {what}")
+
+    def synchronize(self, what: str) -> None:
+        self.check(self.cu.cuCtxSynchronize(), what)
+
+    def unload(self, module: Any) -> None:
+        self.check(self.cu.cuModuleUnload(module), "cuModuleUnload")
