@@ -11,10 +11,12 @@ inputs, then its params, then one caller-allocated buffer per output.
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,7 @@ class Kernel:
 
 
 _MEMORY: dict[str, Kernel] = {}
+_BACKEND_SOURCES = ("cpu.py", "lowering.py", "native.py")
 
 
 def _version() -> str:
@@ -50,10 +53,27 @@ def _version() -> str:
     return __version__
 
 
+@cache
+def codegen_digest() -> str:
+    """sha256 of what turns a graph into machine code besides the pipeline text: the
+    sources of the code generator and of this backend, the matmul schedule, and the host's
+    register block. Part of the cache key, so no entry survives a code-generator change."""
+    from mlir_nn.codegen import cpu_matmul
+
+    package = Path(__file__).resolve().parent.parent
+    sources = sorted((package / "codegen").glob("*.py")) + [package / "backends" / n for n in _BACKEND_SOURCES]
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(cpu_matmul.schedule_source().encode())
+    digest.update(repr(cpu_matmul.register_block(4) + cpu_matmul.register_block(8)).encode())
+    return digest.hexdigest()
+
+
 def lower(graph: Graph, pipeline: Pipeline) -> tuple[object, dict[str, str], dict[str, float]]:
     """Emit linalg, make updates in place and run ``pipeline``: (LLVM module, stages, timings)."""
     from mlir_nn.codegen import emit_linalg
-    from mlir_nn.codegen.cpu_matmul import matmuls_to_loop_friendly_generics
+    from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
     from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
 
     timings: dict[str, float] = {}
@@ -63,7 +83,7 @@ def lower(graph: Graph, pipeline: Pipeline) -> tuple[object, dict[str, str], dic
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]
     write_updates_in_place(module, fn, len(graph.outputs), [slot[name] for name, _ in graph.updates])
-    matmuls_to_loop_friendly_generics(module)
+    rewrite_matmuls(module)
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
     run_pipeline(module, pipeline, {"buffer-results-to-out-params": copy_repeated_results})
@@ -77,7 +97,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     from mlir_nn.codegen import symbol_name
 
     pipeline = pipeline or load_pipeline(TARGET)
-    key = cache_key(graph.fingerprint(), pipeline.text, TARGET, _version(), OPT_LEVEL)
+    key = cache_key(graph.fingerprint(), pipeline.text, TARGET, f"{_version()}+{codegen_digest()}", OPT_LEVEL)
     if key in _MEMORY:
         cached = _MEMORY[key]
         return Kernel(cached.native, cached.stages, {}, "memory")

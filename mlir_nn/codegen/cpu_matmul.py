@@ -1,23 +1,53 @@
-"""CPU loop order for matrix products: rewrite each ``linalg.matmul`` as a ``linalg.generic``.
+"""CPU code for matrix products: register-blocked vector kernels for large ones, loops for small ones.
 
-``convert-linalg-to-loops`` nests loops in iteration-dim order. linalg.matmul iterates
-(m, n, k), so the innermost loop walks a column of B with a stride: slow and not
-vectorizable. Here each product gets the order whose innermost loop runs over
-contiguous memory: (m, k, n) when B is (k, n) (a row update, which LLVM vectorizes),
-(m, n, k) when B is transposed or rows are short (a dot product, whose sum is marked
-``reassoc`` so LLVM vectorizes the reduction).
+``linalg.matmul`` ops are rewritten before the CPU pipeline runs:
+
+* a large product (static column count, enough static work) becomes a plain
+  ``linalg.matmul`` on row-major operands (transposed operands are first copied into
+  row-major order, an O(size) copy against O(size^1.5) work) tagged for the transform
+  schedule ``passes/cpu_matmul.mlir`` (register blocks of ``tm`` x ``tn``, vectorized to
+  FMAs). Columns that do not fill a whole block go to a second, narrow product;
+* a small product becomes a ``linalg.generic`` in the loop order whose innermost loop
+  runs over contiguous memory: (m, k, n) when B is (k, n) (a row update, which LLVM
+  vectorizes), (m, n, k) when B is transposed or rows are short (a dot product whose
+  sum is marked ``reassoc`` so LLVM vectorizes the reduction).
 """
 
 from __future__ import annotations
 
+from functools import cache
+
 from mlir import ir
-from mlir.dialects import arith, linalg
+from mlir.dialects import arith, linalg, tensor
+from mlir.dialects.transform import interpreter
 
 from mlir_nn.codegen.maps import dims_map, matmul_maps
+from mlir_nn.pipelines import shipped_dir
 
 PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
-ROW_MIN = 64
+ROW_MIN = 64  # shorter rows keep the dot-product loop order
+TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims count as 1) from which a product is tiled
+SCHEDULE = "cpu_matmul.mlir"
+WIDE, NARROW = "mlirnn.tiled", "mlirnn.narrow"
+
+
+@cache
+def vector_bytes() -> int:
+    """Width of the host's vector registers: 64 with AVX-512, 32 with AVX2, else 16."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+
+
+def register_block(itemsize: int) -> tuple[int, int]:
+    """(rows, columns) of one register block: two vector registers per row of accumulators."""
+    width = vector_bytes()
+    rows = 12 if width == 64 else 6 if width == 32 else 4  # accumulators fill about 3/4 of the registers
+    return rows, 2 * width // itemsize
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -32,11 +62,28 @@ def _transposes(op: ir.Operation) -> tuple[bool, bool]:
     return _operand_dims(maps[0]) == [2, 0], _operand_dims(maps[1]) == [1, 2]
 
 
+def _sizes(op: ir.Operation) -> tuple[int, int, int]:
+    """(m, n, k) with MLIR's dynamic-size marker for the batch dim."""
+    ta, _ = _transposes(op)
+    a = ir.RankedTensorType(op.operands[0].type).shape
+    c = ir.RankedTensorType(op.operands[2].type).shape
+    return c[0], c[1], a[0] if ta else a[1]
+
+
+def _is_large(op: ir.Operation) -> bool:
+    m, n, k = _sizes(op)
+    if ir.ShapedType.is_dynamic_size(n):
+        return False
+    work = n
+    for d in (m, k):
+        work *= 1 if ir.ShapedType.is_dynamic_size(d) else d
+    return work >= TILED_WORK_MIN
+
+
 def _as_generic(op: ir.Operation) -> ir.Value:
     a, b, c = op.operands
     ta, tb = _transposes(op)
     # matmul_maps use dims (m, n, k) = (0, 1, 2); choose the loop order, then renumber.
-    # Short rows (n < ROW_MIN) gain nothing from the row update: keep the dot-product order.
     n = ir.RankedTensorType(c.type).shape[1]
     row_update = not tb and (ir.ShapedType.is_dynamic_size(n) or n >= ROW_MIN)
     order = [0, 2, 1] if row_update else [0, 1, 2]
@@ -52,8 +99,79 @@ def _as_generic(op: ir.Operation) -> ir.Value:
     return product
 
 
-def matmuls_to_loop_friendly_generics(module: ir.Module) -> int:
-    """Rewrite every linalg.matmul in ``module``; returns how many were rewritten."""
+def _dim_sizes(value: ir.Value) -> list[int | ir.Value]:
+    kind = ir.RankedTensorType(value.type)
+    return [tensor.dim(value, arith.constant(ir.IndexType.get(), i)) if kind.is_dynamic_dim(i) else d
+            for i, d in enumerate(kind.shape)]
+
+
+def _row_major(value: ir.Value) -> ir.Value:
+    """A row-major copy of the transpose of a 2-D tensor."""
+    rows, cols = _dim_sizes(value)
+    out = tensor.empty([cols, rows], ir.RankedTensorType(value.type).element_type)
+    return linalg.transpose(value, outs=[out], permutation=[1, 0]).results[0]
+
+
+def _columns(value: ir.Value, start: int, width: int) -> ir.Value:
+    """Columns [start, start + width) of a 2-D tensor."""
+    rows, _ = _dim_sizes(value)
+    dynamic = [rows] if isinstance(rows, ir.Value) else []
+    static_rows = ir.ShapedType.get_dynamic_size() if dynamic else rows
+    kind = ir.RankedTensorType.get([static_rows, width], ir.RankedTensorType(value.type).element_type)
+    return tensor.extract_slice(kind, value, [], dynamic, [], [0, start], [static_rows, width], [1, 1])
+
+
+def _insert_columns(part: ir.Value, into: ir.Value, start: int) -> ir.Value:
+    rows, width = _dim_sizes(part)
+    dynamic = [rows] if isinstance(rows, ir.Value) else []
+    static_rows = ir.ShapedType.get_dynamic_size() if dynamic else rows
+    return tensor.insert_slice(part, into, [], dynamic, [], [0, start], [static_rows, width], [1, 1])
+
+
+def _tagged(a: ir.Value, b: ir.Value, c: ir.Value, tag: str, transpose_a: bool) -> ir.Value:
+    maps = matmul_maps(transpose_a, False) if transpose_a else None
+    product = linalg.matmul(a, b, outs=[c], indexing_maps=maps) if maps else linalg.matmul(a, b, outs=[c])
+    product.owner.attributes[tag] = ir.UnitAttr.get()
+    return product
+
+
+def _as_blocked(op: ir.Operation) -> ir.Value:
+    """Tagged products (B row-major): whole column blocks, then the narrower rest."""
+    a, b, c = op.operands
+    ta, tb = _transposes(op)
+    b = _row_major(b) if tb else b
+    _, n, _ = _sizes(op)
+    _, tn = register_block(ir.FloatType(ir.RankedTensorType(c.type).element_type).width // 8)
+    wide = n - n % tn
+    if wide in (0, n):
+        return _tagged(a, b, c, WIDE if wide else NARROW, ta)
+    left = _tagged(a, _columns(b, 0, wide), _columns(c, 0, wide), WIDE, ta)
+    right = _tagged(a, _columns(b, wide, n - wide), _columns(c, wide, n - wide), NARROW, ta)
+    return _insert_columns(right, _insert_columns(left, c, 0), wide)
+
+
+def _schedule_text(itemsize: int) -> str:
+    tm, tn = register_block(itemsize)
+    return (shipped_dir() / SCHEDULE).read_text().replace("{tm}", str(tm)).replace("{tn}", str(tn))
+
+
+def schedule_source() -> str:
+    """The schedule file's text (part of the compile cache key)."""
+    return (shipped_dir() / SCHEDULE).read_text()
+
+
+def _apply_schedule(module: ir.Module, itemsize: int) -> None:
+    schedule = ir.Module.parse(_schedule_text(itemsize), module.context)
+    entry = next(op for op in schedule.body.operations
+                 if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")
+    try:
+        interpreter.apply_named_sequence(module.operation, entry, schedule)
+    except ValueError as error:
+        raise RuntimeError(f"codegen: the CPU matmul schedule {SCHEDULE} failed: {error}") from None
+
+
+def rewrite_matmuls(module: ir.Module) -> tuple[int, int]:
+    """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts."""
     matmuls: list[ir.Operation] = []
 
     def collect(op: ir.Operation) -> ir.WalkResult:
@@ -62,10 +180,17 @@ def matmuls_to_loop_friendly_generics(module: ir.Module) -> int:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(collect)
+    blocked, itemsize = 0, 4
     with module.context:
         for op in matmuls:
+            large = _is_large(op)
+            if large:
+                itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
             with ir.InsertionPoint(op), op.location:
-                replacement = _as_generic(op)
+                replacement = _as_blocked(op) if large else _as_generic(op)
             op.result.replace_all_uses_with(replacement)
             op.erase()
-    return len(matmuls)
+            blocked += large
+        if blocked:
+            _apply_schedule(module, itemsize)
+    return blocked, len(matmuls) - blocked
