@@ -62,7 +62,14 @@ module attributes {transform.with_named_sequence} {
     // Keep each block's accumulators in registers across the k loop.
     %loops = transform.structured.match ops{["scf.for"]} in %root : (!transform.any_op) -> !transform.op<"scf.for">
     transform.loop.hoist_loop_invariant_subsets %loops : !transform.op<"scf.for">
+    // Transposed copies of B in 16x16 tiles: vector loads, in-register shuffles, vector stores.
+    %transposes = transform.structured.match ops{["linalg.transpose"]} attributes {mlirnn.tiled_transpose} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %tiles, %tile_rows, %tile_cols = transform.structured.tile_using_for %transposes tile_sizes [16, 16]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    transform.structured.vectorize %tiles : !transform.any_op
     transform.apply_patterns to %root {
+      transform.apply_patterns.vector.lower_transpose lowering_strategy = "shuffle_16x16"
       transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct"
       transform.apply_patterns.vector.lower_outerproduct
       transform.apply_patterns.canonicalization

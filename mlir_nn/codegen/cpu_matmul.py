@@ -30,6 +30,7 @@ ROW_MIN = 64  # shorter rows keep the dot-product loop order
 TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims count as 1) from which a product is tiled
 SCHEDULE = "cpu_matmul.mlir"
 WIDE, NARROW = "mlirnn.tiled", "mlirnn.narrow"
+TILED_TRANSPOSE, TRANSPOSE_TILE = "mlirnn.tiled_transpose", 16
 
 
 @cache
@@ -106,10 +107,13 @@ def _dim_sizes(value: ir.Value) -> list[int | ir.Value]:
 
 
 def _row_major(value: ir.Value) -> ir.Value:
-    """A row-major copy of the transpose of a 2-D tensor."""
+    """A row-major copy of the transpose of a 2-D tensor (in square tiles when the sizes allow)."""
     rows, cols = _dim_sizes(value)
     out = tensor.empty([cols, rows], ir.RankedTensorType(value.type).element_type)
-    return linalg.transpose(value, outs=[out], permutation=[1, 0]).results[0]
+    copy = linalg.transpose(value, outs=[out], permutation=[1, 0])
+    if all(isinstance(d, int) and d % TRANSPOSE_TILE == 0 for d in (rows, cols)):
+        copy.attributes[TILED_TRANSPOSE] = ir.UnitAttr.get()
+    return copy.results[0]
 
 
 def _columns(value: ir.Value, start: int, width: int) -> ir.Value:
