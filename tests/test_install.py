@@ -35,3 +35,19 @@ def test_egglog_saturates():
     expr = egraph.let("e", Num(0) + Num(1))
     egraph.run(rules.saturate())
     egraph.check(expr == Num(1))
+
+
+def test_the_wheel_ships_every_package_and_the_pass_files():
+    """pyproject lists packages explicitly (passes/ is mapped to mlir_nn.passes): none may be missed."""
+    import tomllib
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {".".join(p.parent.relative_to(root).parts) for p in (root / "mlir_nn").rglob("__init__.py")}
+    assert on_disk | {"mlir_nn.passes"} == set(config["packages"])
+    assert config["package-dir"] == {"mlir_nn.passes": "passes"}
+    patterns = config["package-data"]["mlir_nn.passes"]
+    pass_files = [p.name for p in (root / "passes").iterdir() if p.is_file()]
+    assert pass_files and all(any(fnmatch(name, pat) for pat in patterns) for name in pass_files)

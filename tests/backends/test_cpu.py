@@ -296,3 +296,32 @@ def test_a_second_process_loads_the_step_from_disk():
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "disk"
+
+
+# ---------------------------------------------------------------------------- blocked matmuls
+
+
+@pytest.mark.parametrize("k, m, dtype", [
+    (181, 197, "float32"),  # odd sizes: full 32-column blocks plus a 5-column rest; rows of 12 plus a rest
+    (181, 197, "float64"),
+    (2000, 20, "float64"),  # fewer columns than one block
+    (64, 1024, "float32"),  # whole blocks only; B^T copied in 16x16 tiles
+])
+def test_large_matmuls_take_the_blocked_kernels_and_match_the_reference(k, m, dtype):
+    from mlir_nn.codegen.cpu_matmul import NARROW, WIDE
+
+    graph = matmul_zoo(k, m, dtype)
+    linalg_text = compiled(graph).stages["llvm"]
+    assert "llvm.intr.fmuladd" in linalg_text or "llvm.intr.fma" in linalg_text  # vector FMAs were emitted
+    assert WIDE not in linalg_text and NARROW not in linalg_text
+    for batch in (1, 11, 12, 13, 25):
+        check_against_reference(graph, batch, batch)
+
+
+def test_which_matmuls_are_blocked():
+    from mlir_nn.codegen import emit_linalg
+    from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
+
+    assert rewrite_matmuls(emit_linalg(matmul_zoo(3, 5, "float32"))) == (0, 9)
+    blocked, looped = rewrite_matmuls(emit_linalg(matmul_zoo(181, 197, "float32")))
+    assert blocked > 0 and looped > 0  # w^T @ x^T has the batch as its column count: looped
