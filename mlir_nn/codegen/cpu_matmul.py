@@ -8,9 +8,10 @@
   schedule ``passes/cpu_matmul.mlir`` (register blocks of ``tm`` x ``tn``, vectorized to
   FMAs). Columns that do not fill a whole block go to a second, narrow product;
 * a small product becomes a ``linalg.generic`` in the loop order whose innermost loop
-  runs over contiguous memory: (m, k, n) when B is (k, n) (a row update, which LLVM
-  vectorizes), (m, n, k) when B is transposed or rows are short (a dot product whose
-  sum is marked ``reassoc`` so LLVM vectorizes the reduction).
+  runs over contiguous memory: (k, m, n) when A is transposed and B is not (row
+  updates of C), (m, k, n) when B is (k, n) (a row update, which LLVM vectorizes),
+  (m, n, k) when B is transposed or rows are short (a dot product whose sum is marked
+  ``reassoc`` so LLVM vectorizes the reduction).
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def _as_generic(op: ir.Operation) -> ir.Value:
     # matmul_maps use dims (m, n, k) = (0, 1, 2); choose the loop order, then renumber.
     n = ir.RankedTensorType(c.type).shape[1]
     row_update = not tb and (ir.ShapedType.is_dynamic_size(n) or n >= ROW_MIN)
-    order = [0, 2, 1] if row_update else [0, 1, 2]
+    # A transposed (k, m) and B (k, n), e.g. a weight gradient: k outermost, so that every
+    # inner loop reads rows (A[k, m] is a scalar, B[k, :] and C[m, :] contiguous).
+    order = [2, 0, 1] if ta and not tb else [0, 2, 1] if row_update else [0, 1, 2]
     position = {dim: i for i, dim in enumerate(order)}
     maps = [dims_map(3, [position[d] for d in _operand_dims(m)]) for m in matmul_maps(ta, tb)]
     iterators = [REDUCTION if d == 2 else PARALLEL for d in order]
