@@ -23,12 +23,13 @@ import numpy as np
 
 from mlir_nn.backends.base import check_arguments
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
+from mlir_nn.backends.cpu_target import register_block
 from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
 from mlir_nn.backends.memref_args import ArgumentBlock
 from mlir_nn.backends.native import OPT_LEVEL, NativeError, NativeFunction, jit, link_shared_object, load_shared_object
 from mlir_nn.ir import BATCH, Graph
 from mlir_nn.ir.shapes import resolve
-from mlir_nn.pipelines import Pipeline, load_pipeline
+from mlir_nn.pipelines import Pipeline, load_pipeline, shipped_dir
 
 TARGET = "cpu"
 
@@ -44,7 +45,8 @@ class Kernel:
 
 
 _MEMORY: dict[str, Kernel] = {}
-_BACKEND_SOURCES = ("cpu.py", "lowering.py", "native.py")
+_BACKEND_SOURCES = ("cpu.py", "cpu_target.py", "lowering.py", "native.py")
+SCHEDULE = "cpu_matmul.mlir"  # the transform schedule mlir_nn.codegen.cpu_matmul applies
 
 
 def _version() -> str:
@@ -58,15 +60,13 @@ def codegen_digest() -> str:
     """sha256 of what turns a graph into machine code besides the pipeline text: the
     sources of the code generator and of this backend, the matmul schedule, and the host's
     register block. Part of the cache key, so no entry survives a code-generator change."""
-    from mlir_nn.codegen import cpu_matmul
-
     package = Path(__file__).resolve().parent.parent
     sources = sorted((package / "codegen").glob("*.py")) + [package / "backends" / n for n in _BACKEND_SOURCES]
     digest = hashlib.sha256()
     for path in sources:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    digest.update(cpu_matmul.schedule_source().encode())
-    digest.update(repr(cpu_matmul.register_block(4) + cpu_matmul.register_block(8)).encode())
+    digest.update((shipped_dir() / SCHEDULE).read_bytes())
+    digest.update(repr(register_block(4) + register_block(8)).encode())
     return digest.hexdigest()
 
 

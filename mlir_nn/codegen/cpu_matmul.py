@@ -16,12 +16,11 @@
 
 from __future__ import annotations
 
-from functools import cache
-
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 from mlir.dialects.transform import interpreter
 
+from mlir_nn.backends.cpu_target import register_block
 from mlir_nn.codegen.maps import dims_map, matmul_maps
 from mlir_nn.pipelines import shipped_dir
 
@@ -32,24 +31,6 @@ TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims count as 1) from whic
 SCHEDULE = "cpu_matmul.mlir"
 WIDE, NARROW = "mlirnn.tiled", "mlirnn.narrow"
 TILED_TRANSPOSE, TRANSPOSE_TILE = "mlirnn.tiled_transpose", 16
-
-
-@cache
-def vector_bytes() -> int:
-    """Width of the host's vector registers: 64 with AVX-512, 32 with AVX2, else 16."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
-
-
-def register_block(itemsize: int) -> tuple[int, int]:
-    """(rows, columns) of one register block: two vector registers per row of accumulators."""
-    width = vector_bytes()
-    rows = 12 if width == 64 else 6 if width == 32 else 4  # accumulators fill about 3/4 of the registers
-    return rows, 2 * width // itemsize
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -160,11 +141,6 @@ def _as_blocked(op: ir.Operation) -> ir.Value:
 def _schedule_text(itemsize: int) -> str:
     tm, tn = register_block(itemsize)
     return (shipped_dir() / SCHEDULE).read_text().replace("{tm}", str(tm)).replace("{tn}", str(tn))
-
-
-def schedule_source() -> str:
-    """The schedule file's text (part of the compile cache key)."""
-    return (shipped_dir() / SCHEDULE).read_text()
 
 
 def _apply_schedule(module: ir.Module, itemsize: int) -> None:
