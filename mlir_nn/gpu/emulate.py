@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 from mlir.execution_engine import ExecutionEngine
-from mlir.ir import Context, Module
+from mlir.ir import Context, Module, UnitAttr
 from mlir.passmanager import PassManager
 
 from mlir_nn.backends.memref_args import ArgumentBlock
@@ -51,12 +51,17 @@ class EmulatedStep:
         with self.context:
             # Shared memory is ordinary memory on the CPU.
             module = Module.parse(WORKGROUP.sub("", scheduled_text(text, func)))
-            self.arg_ranks = [len(a.type.shape) for a in _find_func(module, func).regions[0].blocks[0].arguments]
+            step = _find_func(module, func)
+            step.attributes["llvm.emit_c_interface"] = UnitAttr.get()
+            self.arg_ranks = [len(a.type.shape) for a in step.regions[0].blocks[0].arguments]
             PassManager.parse("builtin.module(" + ",".join(CPU_LOWERING) + ")").run(module.operation)
             self.engine = ExecutionEngine(module, opt_level=2, shared_libs=runtime_libs())
         self.result_ranks = result_ranks
         self.block = ArgumentBlock(self.arg_ranks + result_ranks)
-        self.call = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self.engine.raw_lookup("_mlir_ciface_" + func))
+        address = self.engine.raw_lookup("_mlir_ciface_" + func)
+        if not address:
+            raise RuntimeError(f"emulate: no entry point for {func} in the JIT-compiled module")
+        self.call = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
 
     def run(self, args: list[np.ndarray], result_shapes: list[tuple[int, ...]], dtype: Any) -> list[np.ndarray]:
         """Call the step on ``args`` (inputs then parameters); returns fresh result arrays."""

@@ -14,12 +14,12 @@ pytest.importorskip("mlir_nn.codegen", reason="the tensor-level codegen (mlir_nn
 STEPS = {"moons": ("2,32,32,16,1", 10), "large_mlp": ("784,1024,1024,10", 512)}
 
 
-def traced(mlp: str, batch: int, optimized: bool = False):
+def traced(mlp: str, batch: int, optimized: bool = False, extra: tuple[str, ...] = ()):
     from mlir_nn.cli import build_parser, build_step
     from mlir_nn.egraph import optimize
     from mlir_nn.jit import trace_step
 
-    args = build_parser().parse_args(["compile", "--mlp", mlp, "--batch", str(batch)])
+    args = build_parser().parse_args(["compile", "--mlp", mlp, "--batch", str(batch), *extra])
     step, x, y = build_step(args)
     graph, _, _ = trace_step(step, [x, y], ["x", "y"])
     return optimize(graph, batch_estimate=batch)[0] if optimized else graph
