@@ -20,12 +20,14 @@ def emulated(graph):
 
 def check_against_reference(graph, step, batches, seed=0):
     rng = np.random.default_rng(seed)
-    params = [rng.standard_normal([int(d) for d in n.shape]).astype(np.float32) for n in graph.params]
+    # in (0, 1), valid for Adam's moments and bias-correction powers; inputs keep both signs for the ReLUs
+    params = [rng.uniform(0.05, 0.95, [int(d) for d in n.shape]).astype(np.float32) for n in graph.params]
     for batch in batches:
         inputs = [rng.standard_normal([batch if d == "N" else d for d in n.shape]).astype(np.float32)
                   for n in graph.inputs]
         outputs, updates = evaluate(graph, inputs, [p.copy() for p in params], batch)
         want = [np.asarray(v) for v in outputs + updates]
+        assert all(np.isfinite(w).all() for w in want)
         got = step.run(inputs + params, [w.shape for w in want], np.float32)
         for i, (g, w) in enumerate(zip(got, want)):  # float32 sums in another order: relative to the scale
             scale = max(1.0, float(np.max(np.abs(w), initial=0.0)))
