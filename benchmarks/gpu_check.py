@@ -7,6 +7,9 @@ through ``mlir_nn.runtime.cuda`` and compares the outputs and updated parameters
 the saved NumPy reference; only then it times the step against PyTorch CUDA and, for
 single ops, the hand-written kernels (``libmlirnn_kernels.so``, built here with CMake
 when nvcc is present). Results go to RESULTS_DIR/gpu_check.json and stdout.
+``--dry-run`` does everything that needs no GPU (load each artifact, bind its plan for every
+batch size, check every launch against the PTX, check the saved references), so a machine
+without one can check that the payload is complete.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from gpu_cases import CASES, inputs_for, sample_positions  # noqa: E402
 from mlir_nn.runtime.artifact import Artifact  # noqa: E402
 from mlir_nn.runtime.cuda import CudaStep  # noqa: E402
 from mlir_nn.runtime.driver import Device  # noqa: E402
+from mlir_nn.runtime.plan import bind, check_launch_abi  # noqa: E402
 
 RTOL, ATOL = 2e-3, 2e-4  # float32, sums of up to ~1000 products in a different order
 
@@ -69,6 +73,29 @@ def check_case(name: str, case: dict, step: CudaStep, ref: dict) -> dict:
                            np.allclose(got, want, RTOL, ATOL)))
         result[str(batch)] = {"ok": all(e[3] for e in errors), "max_abs_err": max((e[2] for e in errors), default=0.0),
                               "failures": [f"{k}{i}" for k, i, _, ok in errors if not ok]}
+    return result
+
+
+def dry_check(case: dict, artifact: Artifact, ref: dict) -> dict:
+    """What check_case reads and launches, without a device: plans, ABI, reference arrays."""
+    sig = artifact.signature
+    params = [ref[f"param{i}"] for i in range(len(sig["params"]))]
+    for p, d in zip(params, sig["params"]):
+        if list(p.shape) != d["shape"] or p.dtype != np.dtype(d["dtype"]):
+            raise ValueError(f"reference parameter {d['name']} is {p.dtype}{p.shape}, artifact wants {d}")
+    result = {}
+    for batch in case["batches"]:
+        inputs = inputs_for(case, batch)
+        bound = bind(artifact.plan, [a.shape for a in inputs] + [p.shape for p in params])
+        launches = [a for a in bound.actions if hasattr(a, "kernel")]
+        for launch in launches:
+            check_launch_abi(launch, artifact.ptx[launch.binary])
+        outs = [ref[f"b{batch}_out{i}"] for i in range(len(sig["outputs"]))]
+        updates = [ref[f"b{batch}_update{i}"] for i in range(len(sig["updates"]))]
+        for view, want in zip(bound.results, outs):
+            if view.shape != want.shape:
+                raise ValueError(f"batch {batch}: output {view.shape} vs reference {want.shape}")
+        result[str(batch)] = {"launches": len(launches), "outputs": len(outs), "updates": len(updates)}
     return result
 
 
@@ -152,14 +179,19 @@ def main() -> int:
     parser.add_argument("results", type=Path)
     parser.add_argument("--artifacts", type=Path, default=ROOT / "benchmarks" / "artifacts")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--dry-run", action="store_true", help="check the payload without a GPU")
     args = parser.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:
+        return dry_run(args)
     device = Device()
     report: dict = {"device": device.name, "arch": device.arch, "cases": {}}
     print(f"device: {device.name} ({device.arch})")
     lib = build_kernels(args.results)
     report["handwritten_lib"] = str(lib) if lib else None
-    for name, case in CASES.items():
+    for name in args.cases:
+        case = CASES[name]
         entry: dict = {}
         report["cases"][name] = entry
         try:
@@ -199,6 +231,22 @@ def main() -> int:
     (args.results / "gpu_check.json").write_text(json.dumps(report, indent=1))
     print(f"wrote {args.results / 'gpu_check.json'}")
     return 0 if all(c.get("ok") for c in report["cases"].values()) else 1
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    report: dict = {"dry_run": True, "cases": {}}
+    for name in args.cases:
+        try:
+            artifact = Artifact.read(args.artifacts / f"{name}.mlirnn")
+            ref = dict(np.load(args.artifacts / f"{name}.npz"))
+            check = dry_check(CASES[name], artifact, ref)
+            entry = {"ok": True, "kernels": artifact.info.get("kernels"), "check": check}
+        except Exception as e:
+            entry = {"ok": False, "error": "".join(traceback.format_exception(e))}
+        report["cases"][name] = entry
+        print(f"{name}: {'payload OK' if entry['ok'] else 'ERROR ' + entry['error']} {entry.get('check', '')}")
+    (args.results / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    return 0 if all(c["ok"] for c in report["cases"].values()) else 1
 
 
 if __name__ == "__main__":

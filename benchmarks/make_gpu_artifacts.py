@@ -4,6 +4,9 @@ Runs where MLIR is installed (no GPU needed): ``make gpu-artifacts`` or
 ``python benchmarks/make_gpu_artifacts.py benchmarks/artifacts --arch sm_90``.
 For each case it writes ``<case>.mlirnn`` and ``<case>.npz`` (initial parameters, and per
 batch size the expected outputs and updated parameters from the reference backend).
+Like ``mlir_nn.jit``, it compiles the e-graph-optimized graph (fused ``linear``/``gemm``/
+``matmul_relu_grad`` kernels); the references come from the traced graph, so the GPU
+check covers the optimizer's rewrites too.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from gpu_cases import CASES, inputs_for, sample_positions  # noqa: E402
 
 from mlir_nn.backends.cuda import build_artifact  # noqa: E402
 from mlir_nn.backends.reference import evaluate  # noqa: E402
+from mlir_nn.egraph import optimize  # noqa: E402
 from mlir_nn.engine import Tensor  # noqa: E402
 from mlir_nn.jit import trace_step  # noqa: E402
 from mlir_nn.losses import mse_loss  # noqa: E402
 from mlir_nn.nn import MLP  # noqa: E402
 from mlir_nn.optim import SGD  # noqa: E402
+from mlir_nn.runtime.artifact import signature_of  # noqa: E402
 
 
 def step_function(case: dict) -> tuple:
@@ -59,7 +64,12 @@ def build_case(name: str, case: dict, out: Path, arch: str) -> dict:
     first = inputs_for(case, case["batches"][0])
     graph, captured, _ = trace_step(fn, first, names)
     start = time.perf_counter()
-    artifact = build_artifact(graph, arch)
+    optimized, report = optimize(graph, batch_estimate=case["batches"][0])
+    if signature_of(optimized) != signature_of(graph):
+        raise RuntimeError(f"{name}: the optimized graph changed the step's signature")
+    artifact = build_artifact(optimized, arch)
+    artifact.info["egraph"] = {"kernels_before": report.kernels_before, "kernels_after": report.kernels_after,
+                               "ok": report.error is None}
     seconds = time.perf_counter() - start
     artifact.write(out / f"{name}.mlirnn")
     params = [t.data.copy() for t in captured]

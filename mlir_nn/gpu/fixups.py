@@ -23,6 +23,14 @@ def top_level(func: Operation) -> list[Operation]:
     return [o.operation for o in func.regions[0].blocks[0].operations]
 
 
+def erase_self_copies(func: Operation) -> int:
+    """Drop ``memref.copy %x, %x`` (left by bufferizing a tile loop that wrote its tile in place)."""
+    copies = [o for o in walk(func) if o.name == "memref.copy" and o.operands[0] == o.operands[1]]
+    for op in copies:
+        op.erase()
+    return len(copies)
+
+
 def wrap_sequential_ops(func: Operation, plans: list[OpSchedule]) -> int:
     """Put each op without parallel loops in a one-iteration ``scf.parallel`` (one GPU thread)."""
     sequential = {p.tag for p in plans if p.kind == "sequential"}

@@ -2,7 +2,11 @@
 
 Every linalg op (after bufferization) is tagged with ``mlirnn.op = i`` and tiled:
 
-* contractions (``C[m, n] += A * B``, 2 parallel + 1 reduction loop, a multiply-add
+* fused groups (a block loop made on tensors by ``mlir_nn.gpu.fusion``, holding a fill,
+  a contraction and maybe an epilogue) keep their block loop; inside it the fill and
+  epilogue are spread over the threads (``@mlirnn_block_elementwise``) and the
+  contraction is staged through shared memory (``@mlirnn_block_contraction``);
+* other contractions (``C[m, n] += A * B``, 2 parallel + 1 reduction loop, a multiply-add
   body) include ``@mlirnn_contraction`` from ``passes/cuda_schedule.mlir``;
 * ops with parallel loops are tiled over them (the innermost parallel loop across
   ``thread<x>`` so neighbouring threads touch neighbouring elements); reduction loops
@@ -23,6 +27,8 @@ from mlir.ir import ArrayAttr, IntegerAttr, IntegerType, Operation
 
 TAG = "mlirnn.op"
 LAUNCH_TAG = "mlirnn.launch"
+FUSED = "mlirnn.fused"  # on a tile loop made by mlir_nn.gpu.fusion: how many linalg ops it holds
+TILE = 16  # output tile of a contraction per block (rows, columns), as in passes/cuda_schedule.mlir
 THREADS_1D = 256
 THREADS_2D = (8, 32)  # (y, x)
 SCHEDULE_FILE = Path(__file__).resolve().parents[2] / "passes" / "cuda_schedule.mlir"
@@ -31,10 +37,11 @@ SCHEDULE_FILE = Path(__file__).resolve().parents[2] / "passes" / "cuda_schedule.
 @dataclass(frozen=True)
 class OpSchedule:
     tag: int
-    kind: str  # "contraction", "parallel" or "sequential"
+    kind: str  # "fused", "contraction", "parallel" or "sequential"
     block_tiles: tuple[int, ...]  # per loop, 0 = not tiled
     thread_mapping: tuple[str, ...]  # per tiled loop, e.g. ("thread<y>", "thread<x>")
     block: tuple[int, int, int]
+    fused_ops: int = 0  # kind "fused": linalg ops in the tile loop (fill, contraction[, epilogue])
 
 
 def iterator_kinds(op: Operation) -> list[str]:
@@ -67,22 +74,38 @@ def plan_op(op: Operation, tag: int) -> OpSchedule:
     return OpSchedule(tag, "parallel", tuple(tiles), mapping, (THREADS_2D[1], THREADS_2D[0], 1))
 
 
+def _fused_ops(loop: Operation) -> list[Operation]:
+    ops = [o.operation for o in loop.regions[0].blocks[0].operations if o.operation.name.startswith("linalg.")]
+    if len(ops) != IntegerAttr(loop.attributes[FUSED]).value or any(o.name != "linalg.generic" for o in ops):
+        raise NotImplementedError(f"cuda: a fused tile loop holds {[o.name for o in ops]}; expected "
+                                  f"{IntegerAttr(loop.attributes[FUSED]).value} linalg.generic ops")
+    return ops
+
+
 def tag_linalg_ops(func: Operation) -> list[OpSchedule]:
-    """Tag the top-level linalg ops of ``func`` and choose a schedule for each."""
+    """Tag the top-level linalg ops and fused loops of ``func`` and choose a schedule for each."""
     plans = []
+    i64 = IntegerType.get_signless(64)
     for op in func.regions[0].blocks[0].operations:
         op = op.operation
+        tag = len(plans)
         if op.name == "linalg.generic":
-            tag = len(plans)
-            op.attributes[TAG] = IntegerAttr.get(IntegerType.get_signless(64), tag)
+            op.attributes[TAG] = IntegerAttr.get(i64, tag)
             plans.append(plan_op(op, tag))
+        elif op.name == "scf.forall" and FUSED in op.attributes:
+            inner = _fused_ops(op)
+            del op.attributes["mapping"]  # #gpu.block kept canonicalize from folding it; the grid is mapped later
+            for o in [op, *inner]:
+                o.attributes[TAG] = IntegerAttr.get(i64, tag)
+            plans.append(OpSchedule(tag, "fused", (), ("thread<y>", "thread<x>"), (TILE, TILE, 1), len(inner)))
         elif op.name.startswith("linalg."):
             raise NotImplementedError(f"cuda: {op.name} was not generalized; cannot schedule it")
     return plans
 
 
-def _match(handle: str, attr: str, value: int) -> str:
-    return (f"    {handle} = transform.structured.match attributes{{{attr} = {value} : i64}} in %root"
+def _match(handle: str, attr: str, value: int, op: str | None = None) -> str:
+    ops = f'ops{{["{op}"]}} ' if op else ""
+    return (f"    {handle} = transform.structured.match {ops}attributes{{{attr} = {value} : i64}} in %root"
             " : (!transform.any_op) -> !transform.any_op\n")
 
 
@@ -102,14 +125,33 @@ def _parallel_tiling(p: OpSchedule) -> str:
     )
 
 
+def _fused_tiling(p: OpSchedule) -> str:
+    """Fill and epilogue over the threads, the contraction through shared memory, blocks to the grid."""
+    t, any_op = p.tag, "!transform.any_op"
+    parts = [f"%fill{t}", f"%mm{t}", f"%epi{t}"][:p.fused_ops]
+    script = (
+        f"    %ops{t} = transform.structured.match ops{{[\"linalg.generic\"]}} in %op{t} : ({any_op}) -> {any_op}\n"
+        f"    {', '.join(parts)} = transform.split_handle %ops{t}"
+        f" : ({any_op}) -> ({', '.join([any_op] * len(parts))})\n"
+        f"    transform.include @mlirnn_block_elementwise failures(propagate) (%fill{t}) : ({any_op}) -> ()\n"
+        f"    transform.include @mlirnn_block_contraction failures(propagate) (%op{t}, %mm{t})"
+        f" : ({any_op}, {any_op}) -> ()\n"
+    )
+    if p.fused_ops == 3:
+        script += f"    transform.include @mlirnn_block_elementwise failures(propagate) (%epi{t}) : ({any_op}) -> ()\n"
+    return script + f"    %g{t} = transform.loop.forall_to_parallel %op{t} : ({any_op}) -> {any_op}\n"
+
+
 def tiling_script(plans: list[OpSchedule]) -> str:
     """The transform module tiling every scheduled op (entry ``@mlirnn_tile``)."""
     body = ""
     for p in plans:
         if p.kind == "sequential":
             continue
-        body += _match(f"%op{p.tag}", TAG, p.tag)
-        if p.kind == "contraction":
+        body += _match(f"%op{p.tag}", TAG, p.tag, "scf.forall" if p.kind == "fused" else None)
+        if p.kind == "fused":
+            body += _fused_tiling(p)
+        elif p.kind == "contraction":
             body += (f"    transform.include @mlirnn_contraction failures(propagate) (%op{p.tag})"
                      " : (!transform.any_op) -> ()\n")
         else:

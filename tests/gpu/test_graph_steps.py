@@ -14,12 +14,12 @@ pytest.importorskip("mlir_nn.codegen", reason="the tensor-level codegen (mlir_nn
 STEPS = {"moons": ("2,32,32,16,1", 10), "large_mlp": ("784,1024,1024,10", 512)}
 
 
-def traced(mlp: str, batch: int, optimized: bool = False):
+def traced(mlp: str, batch: int, optimized: bool = False, extra: tuple[str, ...] = ()):
     from mlir_nn.cli import build_parser, build_step
     from mlir_nn.egraph import optimize
     from mlir_nn.jit import trace_step
 
-    args = build_parser().parse_args(["compile", "--mlp", mlp, "--batch", str(batch)])
+    args = build_parser().parse_args(["compile", "--mlp", mlp, "--batch", str(batch), *extra])
     step, x, y = build_step(args)
     graph, _, _ = trace_step(step, [x, y], ["x", "y"])
     return optimize(graph, batch_estimate=batch)[0] if optimized else graph
@@ -32,6 +32,12 @@ def test_step_compiles_for_sm80_and_sm90(name, optimized, tmp_path):
 
     graph = traced(*STEPS[name], optimized=optimized)
     program = compile_graph(graph, ("sm_80", "sm_90"))
+    # every matmul-based node is one fused kernel (fill + matmul + epilogue), none left on its own
+    products = sum(n.op in ("matmul", "linear", "gemm", "matmul_relu_grad") for n in graph.nodes)
+    assert program.schedules["fused"] == products and "contraction" not in program.schedules
+    if optimized:
+        epilogues = sum(n.op in ("linear", "gemm", "matmul_relu_grad") for n in graph.nodes)
+        assert epilogues == products and program.kernel_count <= {"moons": 31, "large_mlp": 24}[name]
     batch = STEPS[name][1]
     shapes = [tuple(batch if d == "N" else d for d in n.shape) for n in graph.inputs + graph.params]
     bound = bind(program.plan, shapes)
