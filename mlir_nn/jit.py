@@ -84,6 +84,9 @@ def trace_step(fn: Callable[..., Any], arrays: list[np.ndarray], names: list[str
     return graph, [trace.captured[i] for i in keep], single
 
 
+NOT_PLAIN = object()  # CompiledStep.call_if_plain: the arguments need the general path
+
+
 class CompiledStep:
     """One traced and compiled signature of a step; ``stages`` holds each stage's text.
 
@@ -114,7 +117,18 @@ class CompiledStep:
             raise ValueError(f"stage {stage!r} not available; have {', '.join(self.stages)}") from None
 
     def __call__(self, arrays: list[np.ndarray]) -> Any:
-        outputs = self.executable.run(arrays, [t.data for t in self.captured])
+        return self._result(self.executable.run(arrays, [t.data for t in self.captured]))
+
+    def call_if_plain(self, args: tuple) -> Any:
+        """Run when the backend confirms ``args`` fit this step exactly (its quick check);
+        otherwise return NOT_PLAIN so the caller takes the general path."""
+        run_plain = getattr(self.executable, "run_plain", None)
+        if run_plain is None:
+            return NOT_PLAIN
+        outputs = run_plain(args, [t.data for t in self.captured])
+        return NOT_PLAIN if outputs is None else self._result(outputs)
+
+    def _result(self, outputs: list[np.ndarray]) -> Any:
         if self.single:
             return outputs[0]
         return tuple(outputs) if outputs else None
@@ -132,6 +146,8 @@ class JitFunction:
         params = list(inspect.signature(fn).parameters)
         self._names = params
         self._cache: dict[Signature, CompiledStep] = {}
+        self._fast: dict[tuple, CompiledStep] = {}  # same steps, keyed for the call fast path
+        self._last: CompiledStep | None = None  # the step of the previous call, tried first
 
     def _arrays(self, args: tuple) -> list[np.ndarray]:
         names = [self._names[i] if i < len(self._names) else f"arg{i}" for i in range(len(args))]
@@ -141,9 +157,7 @@ class JitFunction:
         dynamic = self.dynamic_batch and batch_is_shared(arrays)
         return tuple(((BATCH,) + a.shape[1:] if dynamic else a.shape, a.dtype.name) for a in arrays)
 
-    def lower(self, *args: Any) -> CompiledStep:
-        """Trace and compile for these arguments' signature (cached)."""
-        arrays = self._arrays(args)
+    def _lower_arrays(self, arrays: list[np.ndarray]) -> CompiledStep:
         key = self._signature(arrays)
         if key not in self._cache:
             names = [self._names[i] if i < len(self._names) else f"arg{i}" for i in range(len(arrays))]
@@ -152,12 +166,37 @@ class JitFunction:
             self._cache[key] = CompiledStep(graph, captured, single, self.backend, self.optimize, batch)
         return self._cache[key]
 
+    def lower(self, *args: Any) -> CompiledStep:
+        """Trace and compile for these arguments' signature (cached)."""
+        return self._lower_arrays(self._arrays(args))
+
     def trace(self, *args: Any) -> Graph:
         return self.lower(*args).graph
 
+    def _fast_key(self, args: tuple) -> tuple | None:
+        """A cheap signature for plain float C-contiguous ndarray arguments, else None."""
+        for a in args:
+            if type(a) is not np.ndarray or a.dtype.kind != "f" or not a.flags.c_contiguous:
+                return None
+        shared = self.dynamic_batch and batch_is_shared(args)  # type: ignore[arg-type]
+        return shared, tuple((a.dtype, a.ndim, a.shape[1:] if shared else a.shape) for a in args)
+
     def __call__(self, *args: Any) -> Any:
+        last = self._last
+        if last is not None:
+            result = last.call_if_plain(args)
+            if result is not NOT_PLAIN:
+                return result
+        key = self._fast_key(args)
+        step = self._fast.get(key) if key is not None else None
+        if step is not None:
+            return step(list(args))
         arrays = self._arrays(args)
-        return self.lower(*arrays)(arrays)
+        step = self._lower_arrays(arrays)
+        if key is not None:
+            self._fast[key] = step
+        self._last = step
+        return step(arrays)
 
 
 def jit(fn: Callable[..., Any] | None = None, *, backend: str | None = None, dynamic_batch: bool = True,

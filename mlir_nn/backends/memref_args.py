@@ -46,6 +46,11 @@ class ArgumentBlock:
         o, r = self.offsets[i], self.ranks[i]
         self.words[o + 3:o + 3 + 2 * r] = (0, *inner, *contiguous_strides((1, *inner)))
 
+    def set_static_layout(self, i: int, shape: Sequence[int]) -> None:
+        """Sizes and strides of a fixed-shape argument; then only its pointer changes per call."""
+        o, r = self.offsets[i], self.ranks[i]
+        self.words[o + 2:o + 3 + 2 * r] = (0, *shape, *contiguous_strides(shape))
+
     def bind_batch_major(self, i: int, pointer: int, batch: int) -> None:
         """Fast path for an (N, *inner) array after ``set_batch_major_layout``: pointer and N."""
         o = self.offsets[i]

@@ -27,7 +27,7 @@ from mlir_nn.pipelines import shipped_dir
 PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
 ROW_MIN = 64  # shorter rows keep the dot-product loop order
-TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims count as 1) from which a product is tiled
+TILED_WORK_MIN = 64  # static m * n * k (dynamic dims count as 1) from which a product is tiled
 SCHEDULE = "cpu_matmul.mlir"
 WIDE, NARROW = "mlirnn.tiled", "mlirnn.narrow"
 TILED_TRANSPOSE, TRANSPOSE_TILE = "mlirnn.tiled_transpose", 16

@@ -325,3 +325,62 @@ def test_which_matmuls_are_blocked():
     assert rewrite_matmuls(emit_linalg(matmul_zoo(3, 5, "float32"))) == (0, 9)
     blocked, looped = rewrite_matmuls(emit_linalg(matmul_zoo(181, 197, "float32")))
     assert blocked > 0 and looped > 0  # w^T @ x^T has the batch as its column count: looped
+
+
+# ---------------------------------------------------------------------------- the call fast path
+
+
+@pytest.fixture
+def mlp_step():
+    """A jitted MLP training step whose arguments all take the fast path (batch-major)."""
+    from mlir_nn import jit
+    from mlir_nn.losses import mse_loss
+    from mlir_nn.nn import MLP
+    from mlir_nn.optim import SGD
+
+    model = MLP(3, [5, 5, 2])
+    opt = SGD(model.parameters(), lr=0.1)
+
+    def step(x, y):
+        loss = mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = jit(step, backend="cpu")
+    x, y = np.ones((4, 3), np.float32), np.ones((4, 2), np.float32)
+    fn(x, y)
+    return fn, model, x, y
+
+
+@pytest.mark.parametrize("mutate, error, message", [
+    (lambda m: m.parameters()[0].data.setflags(write=False), ValueError, "read-only"),
+    (lambda m: setattr(m.parameters()[0], "_data", np.asfortranarray(m.parameters()[0].data)), ValueError,
+     "not C-contiguous"),
+    (lambda m: setattr(m.parameters()[1], "_data", m.parameters()[3].data), ValueError, "share memory"),
+    (lambda m: setattr(m.parameters()[2], "_data", np.ones((4, 2), np.float32)), ShapeError, "parameter p2"),
+])
+def test_fast_path_notices_changed_parameters(mlp_step, mutate, error, message):
+    fn, model, x, y = mlp_step
+    buffers = [p.data for p in model.parameters()] + [p.data for p in model.parameters()]
+    mutate(model)
+    buffers[len(buffers) // 2:] = [p.data for p in model.parameters()]
+    before = [b.copy() for b in buffers]
+    with pytest.raises(error, match=message):
+        fn(x, y)
+    for buffer, copy in zip(buffers, before):  # no buffer, old or new, was written
+        np.testing.assert_array_equal(buffer, copy)
+
+
+def test_fast_path_reads_read_only_inputs_and_fresh_arrays(mlp_step):
+    fn, model, x, y = mlp_step
+    reference = [p.data.copy() for p in model.parameters()]
+    x_ro = np.random.default_rng(0).standard_normal((7, 3)).astype(np.float32)
+    x_ro.setflags(write=False)
+    y7 = np.ones((7, 2), np.float32)
+    loss = fn(x_ro, y7)
+    graph = fn.lower(x_ro, y7).optimized_graph
+    (want,), _ = evaluate(graph, [x_ro, y7], reference, 7)
+    np.testing.assert_allclose(loss, want, rtol=2e-4)
+    assert fn(np.ones((2, 3, 1), np.float32).reshape(2, 3), np.ones((2, 2), np.float32)).shape == ()
