@@ -103,9 +103,9 @@ class CompiledStep:
         self.backend = backend
         self.optimized_graph, self.optimize_report = graph, None
         if optimize:
-            from mlir_nn.egraph import optimize as optimize_graph
+            from mlir_nn.egraph.cache import optimize_cached
 
-            self.optimized_graph, self.optimize_report = optimize_graph(graph, batch_estimate)
+            self.optimized_graph, self.optimize_report = optimize_cached(graph, batch_estimate)
         self.executable: Executable = get_backend(backend).compile(self.optimized_graph)
         self.stages: dict[str, str] = {"tensor": str(graph), "optimized": str(self.optimized_graph)}
         self.stages.update(getattr(self.executable, "stages", {}))

@@ -19,7 +19,9 @@ from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
 PackedFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-OPT_LEVEL = int(os.environ.get("MLIR_NN_OPT_LEVEL", "3"))  # LLVM -O level of the JIT
+# LLVM -O level of the JIT. 2, not 3: the matrix products are already explicit vector code, so
+# -O3 bought no speed in benchmarks/step_time.py but cost ~0.3 s per cold compile.
+OPT_LEVEL = int(os.environ.get("MLIR_NN_OPT_LEVEL", "2"))
 
 
 class NativeError(RuntimeError):
@@ -58,7 +60,7 @@ def packed_symbol(name: str) -> str:
 
 
 def jit(module: ir.Module, name: str) -> tuple[NativeFunction, ExecutionEngine]:
-    """JIT-compile the LLVM-dialect ``module`` at -O3; the engine can also dump an object."""
+    """JIT-compile the LLVM-dialect ``module`` at ``OPT_LEVEL``; the engine can also dump an object."""
     try:
         engine = ExecutionEngine(module, opt_level=OPT_LEVEL, shared_libs=runtime_libs(), enable_pic=True)
         address = engine.raw_lookup("_mlir_ciface_" + name)

@@ -45,6 +45,10 @@ class Node:
             and self.inputs == other.inputs
         )
 
+    def __reduce__(self) -> tuple:
+        # Rebuild through __init__ so the hash is recomputed: str hashes differ per process.
+        return Node, (self.op, self.inputs, self.attrs, self.shape, self.dtype)
+
     def attr(self, name: str, default: AttrValue = None) -> AttrValue:
         """Value of attribute ``name``."""
         for key, value in self.attrs:

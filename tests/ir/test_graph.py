@@ -70,3 +70,14 @@ def test_verifier_rejects_broken_graphs():
         verify(Graph((), (), (make_node("relu", (x,)),)))
     with pytest.raises(VerifyError, match="no parameter"):
         verify(Graph((x,), (), (), (("q", x),)))
+
+
+def test_graphs_pickle_with_fresh_hashes():
+    import pickle
+
+    graph = trace_mlp()
+    copy = pickle.loads(pickle.dumps(graph))
+    assert copy == graph and str(copy) == str(graph)
+    node = graph.nodes[-1]
+    clone = pickle.loads(pickle.dumps(node))
+    assert clone == node and hash(clone) == hash(node) and {clone: 1}[node] == 1

@@ -1,0 +1,96 @@
+"""Optimizer results on disk, so a new process skips egglog for a step it has optimized before.
+
+Key: sha256 of (format, traced graph fingerprint, batch estimate, a digest of the
+optimizer's sources). An entry is ``<cache dir>/egraph/<key>.pickle``: a sha256 of the
+payload, then the pickled (optimized graph, report). An entry that fails the checksum,
+does not unpickle to a graph that verifies, or changes the step's signature is ignored
+and recomputed; it is never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mlir_nn.backends.compile_cache import cache_dir
+from mlir_nn.ir import Graph, VerifyError, verify
+
+if TYPE_CHECKING:
+    from mlir_nn.egraph.report import Report
+
+FORMAT = 1
+DIGEST_SIZE = 32
+
+
+@cache
+def optimizer_digest() -> str:
+    """sha256 of every source file of the optimizer and of the op registry."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")) + [package.parent / "ir" / "ops.py"]:
+        digest.update(str(path.relative_to(package.parent)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def entry_path(graph: Graph, batch_estimate: int | None) -> Path:
+    parts = [f"format={FORMAT}", graph.fingerprint(), str(batch_estimate), optimizer_digest()]
+    return cache_dir() / "egraph" / (hashlib.sha256("\0".join(parts).encode()).hexdigest() + ".pickle")
+
+
+def _same_signature(a: Graph, b: Graph) -> bool:
+    return (a.inputs, a.params, len(a.outputs), [n for n, _ in a.updates]) == (
+        b.inputs, b.params, len(b.outputs), [n for n, _ in b.updates])
+
+
+def load(graph: Graph, batch_estimate: int | None) -> tuple[Graph, Report] | None:
+    """The cached result for ``graph``, or None when there is none or it does not check out."""
+    try:
+        data = entry_path(graph, batch_estimate).read_bytes()
+    except OSError:
+        return None
+    digest, payload = data[:DIGEST_SIZE], data[DIGEST_SIZE:]
+    if hashlib.sha256(payload).digest() != digest:
+        return None
+    try:
+        optimized, report = pickle.loads(payload)
+        if not isinstance(optimized, Graph) or not _same_signature(graph, optimized):
+            return None
+        verify(optimized)
+    except (pickle.UnpicklingError, VerifyError, ValueError, TypeError, AttributeError, EOFError):
+        return None
+    return optimized, report
+
+
+def store(graph: Graph, batch_estimate: int | None, result: tuple[Graph, Report]) -> None:
+    """Write the entry atomically; a failure only costs the next process an optimizer run."""
+    path = entry_path(graph, batch_estimate)
+    try:
+        payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    except RecursionError:  # an extremely deep graph: not worth caching
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(hashlib.sha256(payload).digest() + payload)
+        os.replace(tmp, path)
+    except OSError:
+        return
+
+
+def optimize_cached(graph: Graph, batch_estimate: int | None = None) -> tuple[Graph, Report]:
+    """``optimize(graph, batch_estimate)``, from the disk cache when this step was seen before."""
+    cached = load(graph, batch_estimate)
+    if cached is not None:
+        return cached
+    from mlir_nn.egraph.driver import optimize
+
+    result = optimize(graph, batch_estimate)
+    if result[1].error is None:
+        store(graph, batch_estimate, result)
+    return result
