@@ -98,16 +98,21 @@ def _default_dtype(data: Any) -> str:
     return "float32"
 
 
-def _to_array(data: Any, dtype: str | None, what: str = "Tensor") -> np.ndarray:
+def numeric_array(data: Any, what: str) -> np.ndarray:
+    """``data`` (a Tensor, number, nested lists or array) as an array of bools, ints or floats."""
     if isinstance(data, Tensor):
         data = data.data
     try:
         raw = np.asarray(data)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"{what}: data must be numeric (a number, nested lists or a numpy array): {e}") from None
+        raise TypeError(f"{what} must be numeric (a number, nested lists or a numpy array): {e}") from None
     if raw.dtype.kind not in "biuf":
-        raise TypeError(f"{what}: data must be numeric, got dtype {raw.dtype} ({type(data).__name__})")
-    return np.array(raw, dtype=dtype or _default_dtype(data), copy=True)
+        raise TypeError(f"{what} must be numeric, got dtype {raw.dtype} ({type(data).__name__})")
+    return raw
+
+
+def _to_array(data: Any, dtype: str | None) -> np.ndarray:
+    return np.array(numeric_array(data, "Tensor: data"), dtype=dtype or _default_dtype(data), copy=True)
 
 
 class Tensor:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.backends import Executable, get_backend
-from mlir_nn.engine import Tensor, Trace, set_trace
+from mlir_nn.engine import Tensor, Trace, numeric_array, set_trace
 from mlir_nn.ir import BATCH, Graph, verify
 from mlir_nn.ir.shapes import dtype_name
 
@@ -30,16 +30,9 @@ DEFAULT_BACKEND = "cpu"
 
 
 def _to_input_array(value: Any, name: str) -> np.ndarray:
-    if isinstance(value, Tensor):
-        value = value.data
-    try:
-        array = np.asarray(value)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"jit: argument {name} is not numeric: {e}") from None
-    if array.dtype.kind in "biu":
-        array = array.astype(np.float32)
+    array = numeric_array(value, f"jit: argument {name}")
     if array.dtype.kind != "f":
-        raise TypeError(f"jit: argument {name} must be numeric, got dtype {array.dtype}")
+        array = array.astype(np.float32)
     dtype_name(array.dtype)
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
