@@ -10,7 +10,7 @@ from mlir.dialects import gpu
 from mlir.ir import ArrayAttr, Context, Module, Operation
 from mlir.passmanager import PassManager
 
-from mlir_nn.gpu import fixups, fusion, schedule
+from mlir_nn.gpu import fixups, fusion, reduction, schedule
 from mlir_nn.gpu.pipeline import read_sections, run_section
 from mlir_nn.gpu.plan import extract_plan
 
@@ -83,6 +83,7 @@ def schedule_module(module: Module, func: str | None, timings: dict[str, float])
     t = time.perf_counter()
     run_section(module, sections, "bufferize")
     fixups.erase_self_copies(_find_func(module, func))
+    reduction.split_reductions(_find_func(module, func))
     plans = schedule.tag_linalg_ops(_find_func(module, func))
     timings["bufferize"] = time.perf_counter() - t
     t = time.perf_counter()

@@ -11,7 +11,9 @@ Every linalg op (after bufferization) is tagged with ``mlirnn.op = i`` and tiled
 * ops with parallel loops are tiled over them (the innermost parallel loop across
   ``thread<x>`` so neighbouring threads touch neighbouring elements); reduction loops
   stay whole inside each thread;
-* ops with no parallel loop (a full reduction to a scalar) are left for
+* sums over the batch into few outputs (the loss, small bias gradients) were already
+  rewritten by ``mlir_nn.gpu.reduction`` into two kernels' loops (kind "reduction");
+* other ops with no parallel loop (a 0-d epilogue) are left for
   ``fixups.wrap_sequential_ops``: one thread runs them.
 
 Block-level loops become ``scf.parallel`` (a dynamic batch size then maps to the grid);
@@ -28,6 +30,7 @@ from mlir.ir import ArrayAttr, IntegerAttr, IntegerType, Operation
 TAG = "mlirnn.op"
 LAUNCH_TAG = "mlirnn.launch"
 FUSED = "mlirnn.fused"  # on a tile loop made by mlir_nn.gpu.fusion: how many linalg ops it holds
+REDUCE = "mlirnn.reduce"  # on a block loop made by mlir_nn.gpu.reduction: its kernel (1 or 2)
 TILE = 16  # output tile of a contraction per block (rows, columns), as in passes/cuda_schedule.mlir
 THREADS_1D = 256
 THREADS_2D = (8, 32)  # (y, x)
@@ -37,7 +40,7 @@ SCHEDULE_FILE = Path(__file__).resolve().parents[2] / "passes" / "cuda_schedule.
 @dataclass(frozen=True)
 class OpSchedule:
     tag: int
-    kind: str  # "fused", "contraction", "parallel" or "sequential"
+    kind: str  # "fused", "contraction", "parallel", "reduction" or "sequential"
     block_tiles: tuple[int, ...]  # per loop, 0 = not tiled
     thread_mapping: tuple[str, ...]  # per tiled loop, e.g. ("thread<y>", "thread<x>")
     block: tuple[int, int, int]
@@ -98,9 +101,23 @@ def tag_linalg_ops(func: Operation) -> list[OpSchedule]:
             for o in [op, *inner]:
                 o.attributes[TAG] = IntegerAttr.get(i64, tag)
             plans.append(OpSchedule(tag, "fused", (), ("thread<y>", "thread<x>"), (TILE, TILE, 1), len(inner)))
+        elif op.name == "scf.parallel" and REDUCE in op.attributes:
+            for o in [op, *(o for o in _nested(op) if o.name == "scf.forall")]:
+                o.attributes[TAG] = IntegerAttr.get(i64, tag)
+            plans.append(OpSchedule(tag, "reduction", (), ("thread<x>",), (THREADS_1D, 1, 1)))
         elif op.name.startswith("linalg."):
             raise NotImplementedError(f"cuda: {op.name} was not generalized; cannot schedule it")
     return plans
+
+
+def _nested(op: Operation) -> list[Operation]:
+    """Every op nested in ``op``, pre-order."""
+    out = []
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                out += [child.operation, *_nested(child.operation)]
+    return out
 
 
 def _match(handle: str, attr: str, value: int, op: str | None = None) -> str:
@@ -146,7 +163,7 @@ def tiling_script(plans: list[OpSchedule]) -> str:
     """The transform module tiling every scheduled op (entry ``@mlirnn_tile``)."""
     body = ""
     for p in plans:
-        if p.kind == "sequential":
+        if p.kind in ("sequential", "reduction"):
             continue
         body += _match(f"%op{p.tag}", TAG, p.tag, "scf.forall" if p.kind == "fused" else None)
         if p.kind == "fused":

@@ -32,7 +32,8 @@ def test_artifacts_are_optimized_and_gpu_check_reads_them_without_mlir(tmp_path)
     proc = subprocess.run([*check, "--dry-run"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((res / "gpu_check.json").read_text())
-    assert report["cases"]["moons_step"]["check"]["7"]["launches"] == cases["moons_step"]["kernels"]
+    # at batch 7 the second kernel of each of the 5 reductions (loss, 4 bias gradients) is not launched
+    assert report["cases"]["moons_step"]["check"]["7"]["launches"] == cases["moons_step"]["kernels"] - 5
     # without --dry-run it gets as far as the driver: no cuda-bindings (or no GPU) here
     proc = subprocess.run(check, capture_output=True, text=True)
     if proc.returncode != 0:

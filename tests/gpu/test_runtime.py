@@ -85,7 +85,7 @@ def test_runtime_needs_neither_mlir_nor_egglog(artifact, tmp_path):
     artifact.write(path)
     proc = subprocess.run([sys.executable, "-c", BLOCKER, str(path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "11"
+    assert proc.stdout.strip() == "9"  # of 11 kernels, the reductions' second ones wait for larger batches
 
 
 @pytest.mark.skipif(has_gpu(), reason="a GPU is present; this checks the error without one")
