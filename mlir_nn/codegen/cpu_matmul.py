@@ -126,7 +126,7 @@ def _tagged(a: ir.Value, b: ir.Value, c: ir.Value, tag: str, transpose_a: bool) 
     return product
 
 
-def _as_blocked(op: ir.Operation) -> ir.Value:
+def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
     """Tagged products (B row-major): whole column blocks, then the narrower rest. The
     column blocks of a product with enough static work are also tagged to run their
     row blocks on several threads."""
@@ -136,7 +136,7 @@ def _as_blocked(op: ir.Operation) -> ir.Value:
     _, n, _ = _sizes(op)
     _, tn = register_block(ir.FloatType(ir.RankedTensorType(c.type).element_type).width // 8)
     wide = n - n % tn
-    parallel = wide and _static_work(op) >= PARALLEL_WORK_MIN
+    parallel = threads and wide and _static_work(op) >= PARALLEL_WORK_MIN
     if wide in (0, n):
         product = _tagged(a, b, c, WIDE if wide else NARROW, ta)
         if parallel:
@@ -164,8 +164,9 @@ def _apply_schedule(module: ir.Module, itemsize: int) -> None:
         raise RuntimeError(f"codegen: the CPU matmul schedule {SCHEDULE} failed: {error}") from None
 
 
-def rewrite_matmuls(module: ir.Module) -> tuple[int, int]:
-    """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts."""
+def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
+    """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts. With ``threads``,
+    products with enough work spread their row blocks over threads."""
     matmuls: list[ir.Operation] = []
 
     def collect(op: ir.Operation) -> ir.WalkResult:
@@ -181,7 +182,7 @@ def rewrite_matmuls(module: ir.Module) -> tuple[int, int]:
             if large:
                 itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
             with ir.InsertionPoint(op), op.location:
-                replacement = _as_blocked(op) if large else _as_generic(op)
+                replacement = _as_blocked(op, threads) if large else _as_generic(op)
             op.result.replace_all_uses_with(replacement)
             op.erase()
             blocked += large

@@ -93,3 +93,30 @@ def test_a_second_process_loads_and_runs_a_parallel_step_from_disk():
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "disk"
+
+
+def forked_child_runs_serial(k: int, m: int) -> None:
+    """Run in a new process: call a threaded step, fork, call it in the child (which has no
+    pool threads), compare with the parent's result; print what the child ran."""
+    import os
+
+    graph = matmul_zoo(k, m, "float32")
+    inputs, params = arguments(graph, 50, np.random.default_rng(5))
+    want = compiled(graph).run(inputs, [p.copy() for p in params])
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        got = compiled(graph).run(inputs, [p.copy() for p in params])
+        same = all(np.allclose(g, w, rtol=2e-4, atol=2e-4) for g, w in zip(got, want))
+        os.write(write, f"{compiled(graph).kernel.threaded} {same}".encode())
+        os._exit(0)
+    os.close(write)
+    print(os.read(read, 100).decode())
+    os.waitpid(pid, 0)
+
+
+def test_a_forked_child_runs_a_build_without_threads():
+    program = f"from tests.backends.test_cpu_parallel import forked_child_runs_serial as f; f({K}, {M})"
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False True"
