@@ -23,6 +23,12 @@ module attributes {transform.with_named_sequence} {
   }
 
   transform.named_sequence @mlirnn_cpu_matmul(%root: !transform.any_op {transform.readonly}) {
+    // Products with much work: one parallel iteration per {tm}-row block (the pipeline's
+    // async-parallel-for groups them into tasks at run time).
+    %parallel = transform.structured.match ops{["linalg.matmul"]} attributes {mlirnn.parallel} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %chunks, %forall = transform.structured.tile_using_forall %parallel tile_sizes [{tm}]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     %wide = transform.structured.match ops{["linalg.matmul"]} attributes {mlirnn.tiled} in %root
         : (!transform.any_op) -> !transform.any_op
     %narrow = transform.structured.match ops{["linalg.matmul"]} attributes {mlirnn.narrow} in %root

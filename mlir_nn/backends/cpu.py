@@ -7,6 +7,11 @@ call; parameters are updated in their own numpy buffers.
 
 Native calling convention (after ``passes/cpu.pipeline``): arguments are the graph's
 inputs, then its params, then one caller-allocated buffer per output.
+
+Threads: the row blocks of large matrix products run on MLIR's async runtime thread pool
+(``mlir_nn.codegen.cpu_matmul``). A fork copies only the calling thread, so a process
+forked after that pool started must not call such a kernel (it would wait forever for
+threads that do not exist there): it compiles and calls a build without threads instead.
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import math
+import os
 import tempfile
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
@@ -45,11 +51,19 @@ class Kernel:
     stages: dict[str, str]
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
     source: str = "compiled"  # "compiled", "disk" or "memory"
+    pipeline: Pipeline | None = None  # what it was lowered with
+
+    @property
+    def threaded(self) -> bool:
+        """True when some of its products run on the async runtime's threads."""
+        return PARALLEL_FN in self.stages.get("llvm", "")
 
 
 _MEMORY: dict[str, Kernel] = {}
 _BACKEND_SOURCES = ("cpu.py", "cpu_target.py", "lowering.py", "native.py")
 SCHEDULE = "cpu_matmul.mlir"  # the transform schedule mlir_nn.codegen.cpu_matmul applies
+PARALLEL_FN = "parallel_compute_fn"  # a parallel loop body outlined by the async-parallel-for pass
+THREAD_PASS = "async-parallel-for"
 
 
 def _version() -> str:
@@ -73,8 +87,9 @@ def codegen_digest() -> str:
     return digest.hexdigest()
 
 
-def lower(graph: Graph, pipeline: Pipeline) -> tuple[object, dict[str, str], dict[str, float]]:
-    """Emit linalg, make updates in place and run ``pipeline``: (LLVM module, stages, timings)."""
+def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[object, dict[str, str], dict[str, float]]:
+    """Emit linalg, make updates in place and run ``pipeline``: (LLVM module, stages, timings).
+    Large products use threads when ``threads`` is set and the pipeline has the async passes."""
     from mlir_nn.codegen import emit_linalg
     from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
     from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
@@ -86,7 +101,7 @@ def lower(graph: Graph, pipeline: Pipeline) -> tuple[object, dict[str, str], dic
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]
     write_updates_in_place(module, fn, len(graph.outputs), [slot[name] for name, _ in graph.updates])
-    rewrite_matmuls(module)
+    rewrite_matmuls(module, threads and any(p.startswith(THREAD_PASS) for p in pipeline.passes))
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
     run_pipeline(module, pipeline, {"buffer-results-to-out-params": copy_repeated_results})
@@ -95,15 +110,17 @@ def lower(graph: Graph, pipeline: Pipeline) -> tuple[object, dict[str, str], dic
     return module, stages, timings
 
 
-def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: bool = True) -> Kernel:
-    """Native code for ``graph`` from the memory cache, the disk cache, or a fresh compile."""
+def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: bool = True,
+                   threads: bool = True) -> Kernel:
+    """Native code for ``graph`` from the memory cache, the disk cache, or a fresh compile.
+    ``threads=False`` builds every product to run on the calling thread."""
     from mlir_nn.codegen import symbol_name
 
     pipeline = pipeline or load_pipeline(TARGET)
-    key = cache_key(graph.fingerprint(), pipeline.text, TARGET, f"{_version()}+{codegen_digest()}", OPT_LEVEL)
+    target = TARGET if threads else f"{TARGET}-serial"
+    key = cache_key(graph.fingerprint(), pipeline.text, target, f"{_version()}+{codegen_digest()}", OPT_LEVEL)
     if key in _MEMORY:
-        cached = _MEMORY[key]
-        return Kernel(cached.native, cached.stages, {}, "memory")
+        return replace(_MEMORY[key], timings={}, source="memory")
     name = symbol_name(graph)
     if use_disk:
         start = time.perf_counter()
@@ -114,10 +131,10 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
             except NativeError:
                 native = None
             if native is not None:
-                kernel = Kernel(native, entry.stages, {"load": time.perf_counter() - start}, "disk")
+                kernel = Kernel(native, entry.stages, {"load": time.perf_counter() - start}, "disk", pipeline)
                 _MEMORY[key] = kernel
                 return kernel
-    module, stages, timings = lower(graph, pipeline)
+    module, stages, timings = lower(graph, pipeline, threads)
     check_lowered_to_llvm(module, pipeline)
     start = time.perf_counter()
     native, engine = jit(module, name)
@@ -126,7 +143,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         start = time.perf_counter()
         _store(key, engine, name, stages)
         timings["cache-write"] = time.perf_counter() - start
-    kernel = Kernel(native, stages, timings, "compiled")
+    kernel = Kernel(native, stages, timings, "compiled", pipeline)
     _MEMORY[key] = kernel
     return kernel
 
@@ -147,6 +164,16 @@ def clear_memory_cache() -> None:
 
 
 _SUM = np.add.reduce
+_threads_started = False  # a threaded kernel was called: the async runtime's threads exist
+_threads_lost = False  # this process was forked after they started: here they do not
+
+
+def _after_fork_in_child() -> None:
+    global _threads_lost
+    _threads_lost = _threads_lost or _threads_started
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _address(array: np.ndarray) -> int:
@@ -166,7 +193,7 @@ class CpuExecutable:
         self.stages = kernel.stages
         leaves = list(graph.inputs) + list(graph.params) + list(graph.outputs)
         self._args = ArgumentBlock([len(n.shape) for n in leaves])
-        self._call = kernel.native.call
+        self._call = self._threaded_call if kernel.threaded else kernel.native.call
         self._n_inputs = len(graph.inputs)
         self._n_params = len(graph.params)
         self._bound: list[np.ndarray | None] = [None] * self._n_params
@@ -186,6 +213,18 @@ class CpuExecutable:
                 self._args.set_batch_major_layout(i, node.shape[1:])
             elif BATCH not in node.shape:
                 self._args.set_static_layout(i, node.shape)
+
+    def _threaded_call(self, address: int) -> None:
+        """Call a kernel that uses the async runtime's threads; in a process forked after they
+        started, switch to a build without threads (see the module docstring)."""
+        global _threads_started
+        if _threads_lost:
+            self.kernel = compile_kernel(self.graph, self.kernel.pipeline, threads=False)
+            self._call = self.kernel.native.call  # from now on, in this process
+            self._call(address)
+            return
+        _threads_started = True
+        self.kernel.native.call(address)
 
     @staticmethod
     def _batch_major(shape: tuple) -> bool:

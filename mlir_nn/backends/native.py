@@ -44,6 +44,24 @@ def runtime_libs() -> list[str]:
     return [str(runtime_lib_dir() / "libmlir_c_runner_utils.so")]
 
 
+ASYNC_RUNTIME = "mlir_async_runtime"
+
+
+@cache
+def load_async_runtime() -> ctypes.CDLL:
+    """MLIR's async runtime (the thread pool of parallel loops), loaded once with global symbols.
+
+    The JIT finds its ``mlirAsyncRuntime*`` functions among the process's symbols. It is not
+    given to the ExecutionEngine as a shared library: an engine calls the library's
+    ``__mlir_execution_engine_destroy`` when it is freed, which would tear down the thread
+    pool under every other compiled step."""
+    path = runtime_lib_dir() / f"lib{ASYNC_RUNTIME}.so"
+    try:
+        return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError as error:
+        raise NativeError(f"loading MLIR's async runtime {path} failed: {error}") from None
+
+
 class NativeFunction:
     """A callable packed-interface entry point plus what keeps its code alive."""
 
@@ -61,6 +79,7 @@ def packed_symbol(name: str) -> str:
 
 def jit(module: ir.Module, name: str) -> tuple[NativeFunction, ExecutionEngine]:
     """JIT-compile the LLVM-dialect ``module`` at ``OPT_LEVEL``; the engine can also dump an object."""
+    load_async_runtime()
     try:
         engine = ExecutionEngine(module, opt_level=OPT_LEVEL, shared_libs=runtime_libs(), enable_pic=True)
         address = engine.raw_lookup("_mlir_ciface_" + name)
@@ -79,7 +98,7 @@ def link_shared_object(engine: ExecutionEngine, path: Path) -> None:
     lib = runtime_lib_dir()
     # -Bsymbolic: calls inside the object bind to its own symbols (a step named "step" must
     # not call glibc's legacy step()).
-    command = [linker, "-shared", "-o", str(path), str(obj), f"-L{lib}", "-lmlir_c_runner_utils",
+    command = [linker, "-shared", "-o", str(path), str(obj), f"-L{lib}", "-lmlir_c_runner_utils", f"-l{ASYNC_RUNTIME}",
                f"-Wl,-rpath,{lib}", "-Wl,-Bsymbolic", "-lm"]
     result = subprocess.run(command, capture_output=True, text=True)
     obj.unlink(missing_ok=True)

@@ -28,8 +28,9 @@ PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
 ROW_MIN = 64  # shorter rows keep the dot-product loop order
 TILED_WORK_MIN = 64  # static m * n * k (dynamic dims count as 1) from which a product is tiled
+PARALLEL_WORK_MIN = 1 << 18  # static work from which a product's row blocks are spread over threads
 SCHEDULE = "cpu_matmul.mlir"
-WIDE, NARROW = "mlirnn.tiled", "mlirnn.narrow"
+WIDE, NARROW, PARALLEL_ROWS = "mlirnn.tiled", "mlirnn.narrow", "mlirnn.parallel"
 TILED_TRANSPOSE, TRANSPOSE_TILE = "mlirnn.tiled_transpose", 16
 
 
@@ -53,14 +54,16 @@ def _sizes(op: ir.Operation) -> tuple[int, int, int]:
     return c[0], c[1], a[0] if ta else a[1]
 
 
-def _is_large(op: ir.Operation) -> bool:
-    m, n, k = _sizes(op)
-    if ir.ShapedType.is_dynamic_size(n):
-        return False
-    work = n
-    for d in (m, k):
+def _static_work(op: ir.Operation) -> int:
+    """m * n * k with dynamic dims counted as 1."""
+    work = 1
+    for d in _sizes(op):
         work *= 1 if ir.ShapedType.is_dynamic_size(d) else d
-    return work >= TILED_WORK_MIN
+    return work
+
+
+def _is_large(op: ir.Operation) -> bool:
+    return not ir.ShapedType.is_dynamic_size(_sizes(op)[1]) and _static_work(op) >= TILED_WORK_MIN
 
 
 def _as_generic(op: ir.Operation) -> ir.Value:
@@ -123,17 +126,25 @@ def _tagged(a: ir.Value, b: ir.Value, c: ir.Value, tag: str, transpose_a: bool) 
     return product
 
 
-def _as_blocked(op: ir.Operation) -> ir.Value:
-    """Tagged products (B row-major): whole column blocks, then the narrower rest."""
+def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
+    """Tagged products (B row-major): whole column blocks, then the narrower rest. The
+    column blocks of a product with enough static work are also tagged to run their
+    row blocks on several threads."""
     a, b, c = op.operands
     ta, tb = _transposes(op)
     b = _row_major(b) if tb else b
     _, n, _ = _sizes(op)
     _, tn = register_block(ir.FloatType(ir.RankedTensorType(c.type).element_type).width // 8)
     wide = n - n % tn
+    parallel = threads and wide and _static_work(op) >= PARALLEL_WORK_MIN
     if wide in (0, n):
-        return _tagged(a, b, c, WIDE if wide else NARROW, ta)
+        product = _tagged(a, b, c, WIDE if wide else NARROW, ta)
+        if parallel:
+            product.owner.attributes[PARALLEL_ROWS] = ir.UnitAttr.get()
+        return product
     left = _tagged(a, _columns(b, 0, wide), _columns(c, 0, wide), WIDE, ta)
+    if parallel:
+        left.owner.attributes[PARALLEL_ROWS] = ir.UnitAttr.get()
     right = _tagged(a, _columns(b, wide, n - wide), _columns(c, wide, n - wide), NARROW, ta)
     return _insert_columns(right, _insert_columns(left, c, 0), wide)
 
@@ -153,8 +164,9 @@ def _apply_schedule(module: ir.Module, itemsize: int) -> None:
         raise RuntimeError(f"codegen: the CPU matmul schedule {SCHEDULE} failed: {error}") from None
 
 
-def rewrite_matmuls(module: ir.Module) -> tuple[int, int]:
-    """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts."""
+def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
+    """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts. With ``threads``,
+    products with enough work spread their row blocks over threads."""
     matmuls: list[ir.Operation] = []
 
     def collect(op: ir.Operation) -> ir.WalkResult:
@@ -170,7 +182,7 @@ def rewrite_matmuls(module: ir.Module) -> tuple[int, int]:
             if large:
                 itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
             with ir.InsertionPoint(op), op.location:
-                replacement = _as_blocked(op) if large else _as_generic(op)
+                replacement = _as_blocked(op, threads) if large else _as_generic(op)
             op.result.replace_all_uses_with(replacement)
             op.erase()
             blocked += large

@@ -1,0 +1,122 @@
+"""Large matrix products whose row blocks run on the async runtime's threads, against the reference.
+
+A product is split over threads when its static work (dynamic dims counted as 1) reaches
+``PARALLEL_WORK_MIN``; each row block is computed by exactly one task, so results do not
+depend on the thread count or the scheduling. Tolerances: float32 rtol 2e-4 / atol 2e-4
+(sums of ~500 products of unit normals cancel down to ~1e-2 at times), float64 as in
+test_cpu.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mlir_nn.backends.cpu import compile_kernel
+from mlir_nn.backends.reference import evaluate
+from mlir_nn.codegen.cpu_matmul import PARALLEL_WORK_MIN
+from tests.backends.test_cpu import compiled, make_step
+from tests.codegen.zoo import arguments, matmul_zoo
+
+PARALLEL_FN = "parallel_compute_fn"  # the row-block body outlined by async-parallel-for
+K, M = 517, 515  # odd sizes: k * m just above the threshold; 512 + 3 columns, rows of 12 plus a rest
+
+TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float64": dict(rtol=1e-9, atol=1e-11)}
+
+
+def check(graph, batch: int, seed: int) -> None:
+    inputs, params = arguments(graph, batch, np.random.default_rng(seed))
+    want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
+    for node, got, expected in zip(graph.outputs, compiled(graph).run(inputs, params), want):
+        assert got.shape == expected.shape and got.dtype == expected.dtype, node
+        np.testing.assert_allclose(got, expected, **TOL[graph.inputs[0].dtype], err_msg=f"{node.op} batch {batch}")
+
+
+def test_the_odd_sized_products_are_over_the_threshold():
+    assert K * M >= PARALLEL_WORK_MIN > 181 * 197
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_parallel_products_match_the_reference(dtype):
+    graph = matmul_zoo(K, M, dtype)
+    assert PARALLEL_FN in compiled(graph).stages["llvm"]
+    for batch in (1, 2, 11, 12, 13, 25, 100, 301):
+        check(graph, batch, batch)
+
+
+def test_small_products_stay_on_the_calling_thread():
+    assert PARALLEL_FN not in compiled(matmul_zoo(181, 197, "float32")).stages["llvm"]
+
+
+def test_parallel_results_are_deterministic():
+    graph = matmul_zoo(K, M, "float32")
+    inputs, params = arguments(graph, 257, np.random.default_rng(7))
+    first = compiled(graph).run(inputs, [p.copy() for p in params])
+    for _ in range(3):
+        again = compiled(graph).run(inputs, [p.copy() for p in params])
+        for a, b in zip(first, again):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_parallel_training_step_matches_the_reference_over_30_steps():
+    sizes = [37, 613, 521, 3]  # 613 * 521 and 37 * 613 * batch products: parallel; short batches too
+    fast, fast_model, _ = make_step(sizes, "sgd", "cpu", 1, lr=0.01, momentum=0.9)
+    slow, slow_model, _ = make_step(sizes, "sgd", "numpy", 1, lr=0.01, momentum=0.9)
+    for model in (fast_model, slow_model):  # uniform(-1, 1) weights scaled by 1/sqrt(fan-in): no blow-up
+        for p in model.parameters():
+            p.data *= 1 / np.sqrt(p.data.shape[0]) if p.data.ndim == 2 else 1
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((64, sizes[0])).astype(np.float32)
+    Y = np.tanh(X[:, :3])
+    assert PARALLEL_FN in fast.lower(X[:2], Y[:2]).stages["llvm"]
+    for step in range(30):
+        batch = slice(0, (64, 1, 13, 25, 12)[step % 5])
+        np.testing.assert_allclose(fast(X[batch], Y[batch]), slow(X[batch], Y[batch]), rtol=1e-3, atol=1e-5)
+    for p, q in zip(fast_model.parameters(), slow_model.parameters()):
+        np.testing.assert_allclose(p.data, q.data, atol=2e-4)
+
+
+def check_from_disk(k: int, m: int) -> None:
+    """Run in a new process: load the parallel step from the disk cache, check it, print its source."""
+    graph = matmul_zoo(k, m, "float32")
+    source = compile_kernel(graph).source
+    check(graph, 37, 0)
+    print(source)
+
+
+def test_a_second_process_loads_and_runs_a_parallel_step_from_disk():
+    compile_kernel(matmul_zoo(K, M, "float32"))
+    program = f"from tests.backends.test_cpu_parallel import check_from_disk; check_from_disk({K}, {M})"
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "disk"
+
+
+def forked_child_runs_serial(k: int, m: int) -> None:
+    """Run in a new process: call a threaded step, fork, call it in the child (which has no
+    pool threads), compare with the parent's result; print what the child ran."""
+    import os
+
+    graph = matmul_zoo(k, m, "float32")
+    inputs, params = arguments(graph, 50, np.random.default_rng(5))
+    want = compiled(graph).run(inputs, [p.copy() for p in params])
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        got = compiled(graph).run(inputs, [p.copy() for p in params])
+        same = all(np.allclose(g, w, rtol=2e-4, atol=2e-4) for g, w in zip(got, want))
+        os.write(write, f"{compiled(graph).kernel.threaded} {same}".encode())
+        os._exit(0)
+    os.close(write)
+    print(os.read(read, 100).decode())
+    os.waitpid(pid, 0)
+
+
+def test_a_forked_child_runs_a_build_without_threads():
+    program = f"from tests.backends.test_cpu_parallel import forked_child_runs_serial as f; f({K}, {M})"
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False True"
