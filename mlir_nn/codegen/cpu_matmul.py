@@ -27,7 +27,7 @@ from mlir_nn.pipelines import shipped_dir
 PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
 ROW_MIN = 64  # shorter rows keep the dot-product loop order
-TILED_WORK_MIN = 64  # static m * n * k (dynamic dims count as 1) from which a product is tiled
+TILED_WORK_MIN = 256  # static m * n * k (dynamic dims count as 1) from which a product is tiled
 PARALLEL_WORK_MIN = 1 << 18  # static work from which a product's row blocks are spread over threads
 SCHEDULE = "cpu_matmul.mlir"
 WIDE, NARROW, PARALLEL_ROWS = "mlirnn.tiled", "mlirnn.narrow", "mlirnn.parallel"
