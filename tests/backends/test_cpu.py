@@ -384,3 +384,17 @@ def test_fast_path_reads_read_only_inputs_and_fresh_arrays(mlp_step):
     (want,), _ = evaluate(graph, [x_ro, y7], reference, 7)
     np.testing.assert_allclose(loss, want, rtol=2e-4)
     assert fn(np.ones((2, 3, 1), np.float32).reshape(2, 3), np.ones((2, 2), np.float32)).shape == ()
+
+
+def test_huge_batches_do_not_grow_the_stack():
+    """Blocked products once kept per-iteration stack buffers: a batch of 40,000 crashed."""
+    from mlir_nn import jit
+    from mlir_nn.nn import MLP
+
+    model = MLP(2, [32, 32, 16, 1])
+    forward = jit(lambda x: model(x), backend="cpu")
+    x = np.random.default_rng(0).standard_normal((200_000, 2)).astype(np.float32)
+    assert "llvm.alloca" not in forward.lower(x[:10]).as_text("llvm")
+    out = forward(x)
+    (want,), _ = evaluate(forward.lower(x).optimized_graph, [x], [p.data for p in model.parameters()], len(x))
+    np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-4)
