@@ -1,0 +1,21 @@
+"""The examples run end to end, as `make demo` runs them (compiled CPU backend)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_moons_example_trains_and_writes_its_plots(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "moons.py")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    accuracy = float(re.search(r"Final accuracy: ([0-9.]+)", result.stdout).group(1))
+    assert accuracy >= 0.95
+    assert "on backend 'cpu'" in result.stdout
+    for name in ("training_progress.png", "decision_boundary.png"):
+        assert (tmp_path / "output" / name).stat().st_size > 1000
