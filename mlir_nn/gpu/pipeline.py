@@ -7,7 +7,9 @@ from pathlib import Path
 from mlir.ir import Module
 from mlir.passmanager import PassManager
 
-PIPELINE_FILE = Path(__file__).resolve().parents[2] / "passes" / "cuda.pipeline"
+from mlir_nn.pipelines import shipped_dir
+
+PIPELINE_FILE = shipped_dir() / "cuda.pipeline"
 
 
 def read_sections(path: Path = PIPELINE_FILE) -> dict[str, list[str]]:
