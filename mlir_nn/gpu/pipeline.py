@@ -17,7 +17,7 @@ def read_sections(path: Path = PIPELINE_FILE) -> dict[str, list[str]]:
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
     for raw in path.read_text().splitlines():
-        line = raw.split("#", 1)[0].strip() if raw.lstrip().startswith("#") else raw.strip()
+        line = "" if raw.lstrip().startswith("#") else raw.strip()  # whole-line comments only
         if not line:
             continue
         if line.startswith("[") and line.endswith("]"):
