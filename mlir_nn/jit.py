@@ -136,15 +136,17 @@ class JitFunction:
         get_backend(backend)  # fail early on an unknown backend
         functools.update_wrapper(self, fn)
         self.fn, self.backend, self.dynamic_batch, self.optimize = fn, backend, dynamic_batch, optimize
-        params = list(inspect.signature(fn).parameters)
-        self._names = params
+        self._names = list(inspect.signature(fn).parameters)
         self._cache: dict[Signature, CompiledStep] = {}
         self._fast: dict[tuple, CompiledStep] = {}  # same steps, keyed for the call fast path
         self._last: CompiledStep | None = None  # the step of the previous call, tried first
 
+    def _arg_names(self, count: int) -> list[str]:
+        """The step's parameter names for ``count`` arguments (``argI`` past its signature)."""
+        return [self._names[i] if i < len(self._names) else f"arg{i}" for i in range(count)]
+
     def _arrays(self, args: tuple) -> list[np.ndarray]:
-        names = [self._names[i] if i < len(self._names) else f"arg{i}" for i in range(len(args))]
-        return [_to_input_array(a, n) for a, n in zip(args, names)]
+        return [_to_input_array(a, n) for a, n in zip(args, self._arg_names(len(args)))]
 
     def _signature(self, arrays: list[np.ndarray]) -> Signature:
         dynamic = self.dynamic_batch and batch_is_shared(arrays)
@@ -153,8 +155,7 @@ class JitFunction:
     def _lower_arrays(self, arrays: list[np.ndarray]) -> CompiledStep:
         key = self._signature(arrays)
         if key not in self._cache:
-            names = [self._names[i] if i < len(self._names) else f"arg{i}" for i in range(len(arrays))]
-            graph, captured, single = trace_step(self.fn, arrays, names, self.dynamic_batch)
+            graph, captured, single = trace_step(self.fn, arrays, self._arg_names(len(arrays)), self.dynamic_batch)
             batch = arrays[0].shape[0] if arrays and arrays[0].ndim else None
             self._cache[key] = CompiledStep(graph, captured, single, self.backend, self.optimize, batch)
         return self._cache[key]

@@ -51,3 +51,28 @@ def test_the_wheel_ships_every_package_and_the_pass_files():
     patterns = config["package-data"]["mlir_nn.passes"]
     pass_files = [p.name for p in (root / "passes").iterdir() if p.is_file()]
     assert pass_files and all(any(fnmatch(name, pat) for pat in patterns) for name in pass_files)
+
+
+def test_pass_files_are_found_in_the_installed_layout(tmp_path):
+    """Installed, passes/ lies at mlir_nn/passes (not beside the package): every module that
+    reads a shipped pass or schedule file must find it there."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    shutil.copytree(root / "mlir_nn", tmp_path / "mlir_nn", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "passes", tmp_path / "mlir_nn" / "passes")
+    probe = (
+        "from mlir_nn.gpu import pipeline, schedule\n"
+        "from mlir_nn.pipelines import load_pipeline, shipped_dir\n"
+        "from mlir_nn.codegen.cpu_matmul import _schedule_text\n"
+        "assert shipped_dir().parent.parent.samefile('.'), shipped_dir()\n"
+        "assert pipeline.read_sections()['device']\n"
+        "assert 'transform' in schedule.SCHEDULE_FILE.read_text()\n"
+        "assert load_pipeline('cpu').passes and _schedule_text(4)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -35,10 +35,10 @@ class ArgumentBlock:
         self.packed = self.cells.ctypes.data + 8 * np.arange(len(self.ranks), dtype=np.uint64)  # &cells[i]
         self.address = self.packed.ctypes.data
 
-    def bind(self, i: int, array: np.ndarray, pointer: int | None = None) -> None:
+    def bind(self, i: int, array: np.ndarray) -> None:
         """Point descriptor ``i`` at a C-contiguous ``array`` (sizes and strides from it)."""
         o, r = self.offsets[i], self.ranks[i]
-        ptr = array.ctypes.data if pointer is None else pointer
+        ptr = array.ctypes.data
         self.words[o:o + 3 + 2 * r] = (ptr, ptr, 0, *array.shape, *contiguous_strides(array.shape))
 
     def set_batch_major_layout(self, i: int, inner: Sequence[int]) -> None:

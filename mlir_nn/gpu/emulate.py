@@ -12,17 +12,15 @@ the PTX ABI and launch tests) and anything only the device does.
 
 from __future__ import annotations
 
-import ctypes
 import re
 from typing import Any
 
 import numpy as np
-from mlir.execution_engine import ExecutionEngine
 from mlir.ir import Context, Module, UnitAttr
 from mlir.passmanager import PassManager
 
 from mlir_nn.backends.memref_args import ArgumentBlock
-from mlir_nn.backends.native import runtime_libs
+from mlir_nn.backends.native import jit
 from mlir_nn.gpu.compiler import _find_func, schedule_module
 
 CPU_LOWERING = (
@@ -55,13 +53,10 @@ class EmulatedStep:
             step.attributes["llvm.emit_c_interface"] = UnitAttr.get()
             self.arg_ranks = [len(a.type.shape) for a in step.regions[0].blocks[0].arguments]
             PassManager.parse("builtin.module(" + ",".join(CPU_LOWERING) + ")").run(module.operation)
-            self.engine = ExecutionEngine(module, opt_level=2, shared_libs=runtime_libs())
+            self.native, self.engine = jit(module, func)
         self.result_ranks = result_ranks
         self.block = ArgumentBlock(self.arg_ranks + result_ranks)
-        address = self.engine.raw_lookup("_mlir_ciface_" + func)
-        if not address:
-            raise RuntimeError(f"emulate: no entry point for {func} in the JIT-compiled module")
-        self.call = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address)
+        self.call = self.native.call
 
     def run(self, args: list[np.ndarray], result_shapes: list[tuple[int, ...]], dtype: Any) -> list[np.ndarray]:
         """Call the step on ``args`` (inputs then parameters); returns fresh result arrays."""

@@ -7,7 +7,9 @@ from pathlib import Path
 from mlir.ir import Module
 from mlir.passmanager import PassManager
 
-PIPELINE_FILE = Path(__file__).resolve().parents[2] / "passes" / "cuda.pipeline"
+from mlir_nn.pipelines import shipped_dir
+
+PIPELINE_FILE = shipped_dir() / "cuda.pipeline"
 
 
 def read_sections(path: Path = PIPELINE_FILE) -> dict[str, list[str]]:
@@ -15,7 +17,7 @@ def read_sections(path: Path = PIPELINE_FILE) -> dict[str, list[str]]:
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
     for raw in path.read_text().splitlines():
-        line = raw.split("#", 1)[0].strip() if raw.lstrip().startswith("#") else raw.strip()
+        line = "" if raw.lstrip().startswith("#") else raw.strip()  # whole-line comments only
         if not line:
             continue
         if line.startswith("[") and line.endswith("]"):

@@ -23,9 +23,10 @@ Block-level loops become ``scf.parallel`` (a dynamic batch size then maps to the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from mlir.ir import ArrayAttr, IntegerAttr, IntegerType, Operation
+
+from mlir_nn.pipelines import shipped_dir
 
 TAG = "mlirnn.op"
 LAUNCH_TAG = "mlirnn.launch"
@@ -34,7 +35,7 @@ REDUCE = "mlirnn.reduce"  # on a block loop made by mlir_nn.gpu.reduction: its k
 TILE = 16  # output tile of a contraction per block (rows, columns), as in passes/cuda_schedule.mlir
 THREADS_1D = 256
 THREADS_2D = (8, 32)  # (y, x)
-SCHEDULE_FILE = Path(__file__).resolve().parents[2] / "passes" / "cuda_schedule.mlir"
+SCHEDULE_FILE = shipped_dir() / "cuda_schedule.mlir"
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,10 @@ class CudaStep:
         """Copy host parameter arrays to the device (allocating the buffers the first time)."""
         check_arguments(self.graph, [np.zeros(self._input_shape(i, 1), d["dtype"])
                                      for i, d in enumerate(self.artifact.signature["inputs"])], params)
+        self._upload(params)
+
+    def _upload(self, params: list[np.ndarray]) -> None:
+        """``upload_params`` for parameters already checked."""
         if not self.param_ptrs:
             self.param_ptrs = [self.device.alloc(p.nbytes, f"parameter {d['name']}")
                                for p, d in zip(params, self.artifact.signature["params"])]
@@ -116,9 +120,9 @@ class CudaStep:
 
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
         """Executable protocol: upload params, run the step, write the new values into ``params``."""
-        check_arguments(self.graph, inputs, params)
-        self.upload_params(params)
-        outputs = self.step(inputs)
+        check_arguments(self.graph, inputs, params)  # once: the calls below take checked arguments
+        self._upload(params)
+        outputs = self._step(inputs)
         self.download_params(params)
         return outputs
 
@@ -127,6 +131,10 @@ class CudaStep:
         if not self.param_ptrs:
             raise RuntimeError(f"{self.graph.name}: no parameters on the device yet; call upload_params first")
         check_arguments(self.graph, inputs, self._params_host)
+        return self._step(inputs)
+
+    def _step(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """``step`` for inputs already checked, with the parameters on the device."""
         self.device.activate()
         bound = self._bind([tuple(a.shape) for a in inputs])
         for arg, a, d in zip(bound.plan.args, inputs, self.artifact.signature["inputs"]):
