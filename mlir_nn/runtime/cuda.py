@@ -121,6 +121,9 @@ class CudaStep:
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
         """Executable protocol: upload params, run the step, write the new values into ``params``."""
         check_arguments(self.graph, inputs, params)  # once: the calls below take checked arguments
+        for p, d in zip(params, self.artifact.signature["params"]):
+            if not p.flags.c_contiguous:  # refused before the step, so no parameter is half-written
+                raise ValueError(f"{self.graph.name}: parameter {d['name']} must be a C-contiguous array")
         self._upload(params)
         outputs = self._step(inputs)
         self.download_params(params)
