@@ -62,21 +62,16 @@ def data(sizes: list[int], batch: int) -> tuple[np.ndarray, np.ndarray]:
 
 def mlir_nn_step(sizes: list[int], backend: str) -> Callable[[np.ndarray, np.ndarray], object]:
     from mlir_nn import jit
-    from mlir_nn.losses import mse_loss
     from mlir_nn.nn import MLP
     from mlir_nn.optim import SGD
+    from mlir_nn.trainer import train_step
 
     model = MLP(sizes[0], sizes[1:])
     for p, w in zip(model.parameters(), init_weights(sizes)):
         p.data[...] = w
     opt = SGD(model.parameters(), lr=LR)
 
-    def step(x, y):
-        loss = mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
+    step = train_step(model, opt)
 
     return jit(step, backend=backend)
 

@@ -78,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_step(args: argparse.Namespace) -> tuple[Callable[..., Any], np.ndarray, np.ndarray]:
     """The MLP training step described by the options, with example inputs."""
-    from mlir_nn.losses import mse_loss
     from mlir_nn.nn import MLP
     from mlir_nn.optim import SGD, Adam
+    from mlir_nn.trainer import train_step
 
     np.random.seed(args.seed)
     model = MLP(args.mlp[0], args.mlp[1:], dtype=args.dtype)
@@ -89,13 +89,7 @@ def build_step(args: argparse.Namespace) -> tuple[Callable[..., Any], np.ndarray
     else:
         opt = Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
-    def step(x: Any, y: Any) -> Any:
-        loss = mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-
+    step = train_step(model, opt)
     x = np.random.randn(args.batch, args.mlp[0]).astype(args.dtype)
     y = np.random.randn(args.batch, args.mlp[-1]).astype(args.dtype)
     return step, x, y

@@ -16,6 +16,24 @@ from mlir_nn.nn import Module
 from mlir_nn.optim import Optimizer
 
 
+def train_step(model: Module, optimizer: Optimizer,
+               loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+               return_prediction: bool = False) -> Callable[[Tensor, Tensor], Any]:
+    """The eager-style training step that ``mlir_nn.jit`` compiles: forward, loss,
+    backward, update. It returns the loss, or (loss, prediction)."""
+    loss_fn = loss_fn or mse_loss
+
+    def step(x: Tensor, y: Tensor) -> Any:
+        pred = model(x)
+        loss = loss_fn(pred, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return (loss, pred) if return_prediction else loss
+
+    return step
+
+
 def _check_data(X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
     try:
         X = np.asarray(X, dtype=np.float64)
@@ -52,21 +70,14 @@ class Trainer:
         self.loss_fn = loss_fn or mse_loss
         self.losses: list[float] = []
         self.accuracies: list[float] = []
-        self._step = JitFunction(self._train_step, backend=backend)
+        self._step = JitFunction(train_step(model, optimizer, self.loss_fn, return_prediction=True),
+                                 backend=backend)
         self._forward = JitFunction(self._predict_step, backend=backend)
         self.backend = self._step.backend
 
     @property
     def dtype(self) -> str:
         return self.model.parameters()[0].dtype
-
-    def _train_step(self, x: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-        pred = self.model(x)
-        loss = self.loss_fn(pred, target)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        return loss, pred
 
     def _predict_step(self, x: Tensor) -> Tensor:
         return self.model(x)

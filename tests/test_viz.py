@@ -7,9 +7,9 @@ import pytest
 
 from mlir_nn.engine import Value
 from mlir_nn.jit import trace_step
-from mlir_nn.losses import mse_loss
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
+from mlir_nn.trainer import train_step
 from mlir_nn.viz import draw_graph
 
 
@@ -27,12 +27,7 @@ def test_traced_graph_marks_backward_and_updates():
     model = MLP(2, [3, 1])
     opt = SGD(model.parameters())
 
-    def step(x, y):
-        loss = mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
+    step = train_step(model, opt)
 
     graph = trace_step(step, [np.ones((4, 2), np.float32), np.ones((4, 1), np.float32)], ["x", "y"])[0]
     dot = draw_graph(graph)

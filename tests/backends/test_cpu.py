@@ -74,20 +74,15 @@ def test_one_compiled_step_serves_every_batch_size():
 
 def make_step(sizes, optimizer, backend, seed, **opt_args):
     from mlir_nn import jit
-    from mlir_nn.losses import mse_loss
     from mlir_nn.nn import MLP
     from mlir_nn.optim import SGD, Adam
+    from mlir_nn.trainer import train_step
 
     np.random.seed(seed)
     model = MLP(sizes[0], sizes[1:])
     opt = (SGD if optimizer == "sgd" else Adam)(model.parameters(), **opt_args)
 
-    def train(x, y):
-        loss = mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
+    train = train_step(model, opt)
 
     return jit(train, backend=backend), model, opt
 
@@ -334,19 +329,14 @@ def test_which_matmuls_are_blocked():
 def mlp_step():
     """A jitted MLP training step whose arguments all take the fast path (batch-major)."""
     from mlir_nn import jit
-    from mlir_nn.losses import mse_loss
     from mlir_nn.nn import MLP
     from mlir_nn.optim import SGD
+    from mlir_nn.trainer import train_step
 
     model = MLP(3, [5, 5, 2])
     opt = SGD(model.parameters(), lr=0.1)
 
-    def step(x, y):
-        loss = mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
+    step = train_step(model, opt)
 
     fn = jit(step, backend="cpu")
     x, y = np.ones((4, 3), np.float32), np.ones((4, 2), np.float32)

@@ -3,9 +3,9 @@
 import numpy as np
 
 from mlir_nn import jit
-from mlir_nn.losses import mse_loss
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
+from mlir_nn.trainer import train_step
 
 
 def _step_fn():
@@ -13,12 +13,7 @@ def _step_fn():
     model = MLP(3, [8, 1], dtype="float64")
     opt = SGD(model.parameters(), lr=0.01)
 
-    def step(x, y):
-        loss = mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
+    step = train_step(model, opt)
 
     return step
 

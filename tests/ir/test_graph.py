@@ -5,9 +5,9 @@ import pytest
 
 from mlir_nn.ir import Graph, ShapeError, VerifyError, make_node, topo_order, verify
 from mlir_nn.jit import trace_step
-from mlir_nn.losses import mse_loss
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
+from mlir_nn.trainer import train_step
 
 
 def trace_mlp(seed: int = 0) -> Graph:
@@ -15,12 +15,7 @@ def trace_mlp(seed: int = 0) -> Graph:
     model = MLP(3, [4, 2])
     opt = SGD(model.parameters(), lr=0.1)
 
-    def step(x, y):
-        loss = mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
+    step = train_step(model, opt)
 
     x, y = np.ones((5, 3), np.float32), np.ones((5, 2), np.float32)
     return trace_step(step, [x, y], ["x", "y"])[0]
