@@ -64,15 +64,15 @@ class Trainer:
 
     def __init__(self, model: Module, optimizer: Optimizer,
                  loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, optimize: bool = True) -> None:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn or mse_loss
         self.losses: list[float] = []
         self.accuracies: list[float] = []
         self._step = JitFunction(train_step(model, optimizer, self.loss_fn, return_prediction=True),
-                                 backend=backend)
-        self._forward = JitFunction(self._predict_step, backend=backend)
+                                 backend=backend, optimize=optimize)
+        self._forward = JitFunction(self._predict_step, backend=backend, optimize=optimize)
         self.backend = self._step.backend
 
     @property

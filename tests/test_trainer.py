@@ -1,5 +1,6 @@
 """Trainer: the seed's moons example and the bad input it must refuse."""
 
+import random
 import time
 
 import numpy as np
@@ -51,3 +52,16 @@ def test_bad_input_is_refused_and_parameters_stay(X, y, kwargs, error, match):
         Trainer(model, SGD(model.parameters())).train(X, y, verbose=False, **kwargs)
     for p, b in zip(model.parameters(), before):
         np.testing.assert_array_equal(p.data, b)
+
+
+def test_optimizer_on_and_off_train_alike():
+    X, y = make_moons(n_samples=40, noise=0.1, random_state=1)
+    histories = []
+    for optimize in (True, False):
+        np.random.seed(3)
+        model = MLP(2, [8, 1], dtype=np.float64)
+        trainer = Trainer(model, SGD(model.parameters(), lr=0.01), backend="numpy", optimize=optimize)
+        random.seed(0)
+        histories.append(trainer.train(X, y, n_epochs=5, batch_size=8, verbose=False)["losses"])
+        assert trainer._step.optimize is optimize
+    np.testing.assert_allclose(histories[0], histories[1], rtol=1e-9)

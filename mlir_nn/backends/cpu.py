@@ -160,6 +160,7 @@ def _store(key: str, engine: object, name: str, stages: dict[str, str]) -> None:
 
 
 def clear_memory_cache() -> None:
+    """Forget the kernels compiled in this process (the disk cache stays)."""
     _MEMORY.clear()
 
 
@@ -278,6 +279,7 @@ class CpuExecutable:
         return batch if batch else None
 
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
+        """Executable protocol: outputs returned, parameters updated in place."""
         outputs = self.run_plain(inputs, params)
         return self._run_checked(inputs, params) if outputs is None else outputs
 
@@ -331,6 +333,8 @@ class CpuExecutable:
 
 
 class CpuBackend:
+    """Compiles graphs with a CPU pass pipeline (the shipped one unless given)."""
+
     name = TARGET
 
     def __init__(self, pipeline: Pipeline | str | Path | None = None) -> None:
