@@ -33,6 +33,7 @@ from mlir_nn.losses import mse_loss  # noqa: E402
 from mlir_nn.nn import MLP  # noqa: E402
 from mlir_nn.optim import SGD  # noqa: E402
 from mlir_nn.runtime.artifact import signature_of  # noqa: E402
+from mlir_nn.trainer import train_step  # noqa: E402
 
 
 def step_function(case: dict) -> tuple:
@@ -41,15 +42,7 @@ def step_function(case: dict) -> tuple:
     if case["kind"] == "mlp_step":
         model = MLP(sizes[0], sizes[1:])
         opt = SGD(model.parameters(), lr=case["lr"])
-
-        def step(x, y):
-            loss = mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss
-
-        return step, ["x", "y"]
+        return train_step(model, opt), ["x", "y"]
     if case["op"] == "mse":
         return (lambda p, y: mse_loss(p, y)), ["p", "y"]
     w = Tensor(np.random.randn(*sizes) / np.sqrt(sizes[0]), dtype="float32")

@@ -480,13 +480,18 @@ register("linear", 3, _linear_infer, _linear_reference, None,
          "act(op(x) @ op(w) + b) with b broadcast over rows; act is 'none' or 'relu'.")
 
 
-def _gemm_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    a, b, c = types
-    same_dtype("gemm", types)
-    out = _fused_matmul_type("gemm", a, b, attrs)
-    if c.shape != out.shape:
-        raise ShapeError(f"gemm: accumulator has shape {fmt_shape(c.shape)}, expected {fmt_shape(out.shape)}")
-    return out
+def _product_shaped_third(op: str, role: str) -> Infer:
+    """Shape rule of a fused product whose third operand has the product's shape."""
+
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        a, b, third = types
+        same_dtype(op, types)
+        out = _fused_matmul_type(op, a, b, attrs)
+        if third.shape != out.shape:
+            raise ShapeError(f"{op}: {role} has shape {fmt_shape(third.shape)}, expected {fmt_shape(out.shape)}")
+        return out
+
+    return infer
 
 
 def _gemm_reference(args, attrs, shape):
@@ -495,21 +500,10 @@ def _gemm_reference(args, attrs, shape):
     return np.asarray(attrs["alpha"], dtype) * product + np.asarray(attrs["beta"], dtype) * args[2]
 
 
-register("gemm", 3, _gemm_infer, _gemm_reference, None,
+register("gemm", 3, _product_shaped_third("gemm", "accumulator"), _gemm_reference, None,
          "BLAS gemm alpha * op(a) @ op(b) + beta * c (e.g. an SGD update folded into the weight gradient).")
 
 
-def _matmul_relu_grad_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    a, b, z = types
-    same_dtype("matmul_relu_grad", types)
-    out = _fused_matmul_type("matmul_relu_grad", a, b, attrs)
-    if z.shape != out.shape:
-        raise ShapeError(
-            f"matmul_relu_grad: mask source has shape {fmt_shape(z.shape)}, expected {fmt_shape(out.shape)}"
-        )
-    return out
-
-
-register("matmul_relu_grad", 3, _matmul_relu_grad_infer,
+register("matmul_relu_grad", 3, _product_shaped_third("matmul_relu_grad", "mask source"),
          lambda a, at, s: np.where(a[2] > 0, _matmul_reference(a[:2], at, s), np.zeros((), a[2].dtype)), None,
          "relu_grad(z, op(a) @ op(b)): a backward product with the ReLU mask as its epilogue.")

@@ -7,9 +7,9 @@ from sklearn.datasets import make_moons
 from mlir_nn import jit
 from mlir_nn.cli import main
 from mlir_nn.egraph import optimize
-from mlir_nn.losses import mse_loss
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
+from mlir_nn.trainer import train_step
 from tests.egraph.util import assert_same, trace_mlp
 
 MOONS = [2, 32, 32, 16, 1]
@@ -63,15 +63,7 @@ def _train(optimize_step: bool, epochs: int = 15, batch: int = 10) -> list[float
     target = (2.0 * y - 1.0).reshape(-1, 1)
     model = MLP(2, MOONS[1:], dtype="float64")
     opt = SGD(model.parameters(), lr=0.005)
-
-    def step(x, t):
-        loss = mse_loss(model(x), t)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-
-    compiled = jit(step, backend="numpy", optimize=optimize_step)
+    compiled = jit(train_step(model, opt), backend="numpy", optimize=optimize_step)
     losses = []
     for _ in range(epochs):
         for i in range(0, len(X), batch):
