@@ -2,9 +2,11 @@
 
 Key: sha256 of (graph fingerprint, pipeline text, target, package version, LLVM opt
 level). On disk (``~/.cache/mlir-nn``, or ``$MLIR_NN_CACHE_DIR``) an entry is a folder
-``<key>/`` holding ``step.so``, the MLIR stages as text and ``meta.json`` with the
-shared object's sha256. An entry whose metadata or checksum does not match is treated
-as missing and rebuilt; it is never trusted.
+``<key>/`` holding ``step.so``, the MLIR stages as text and ``meta.json`` with the key,
+the sha256 of the shared object and of every stage text. An entry whose metadata,
+key or checksums do not match is treated as missing and rebuilt; it is never trusted.
+Whatever sits where an entry goes (a file, a broken folder) is replaced. Staging folders
+and ``.tmp-`` files that killed writers left behind are removed once they are an hour old.
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 LIBRARY = "step.so"
 META = "meta.json"
-FORMAT = 1
+FORMAT = 2
+TMP_PREFIX = ".tmp-"
+STAGING_PREFIX = ".staging-"
+STALE_SECONDS = 3600.0  # older leftovers of writers are from killed processes
 
 
 def cache_dir() -> Path:
@@ -35,6 +41,34 @@ def cache_key(fingerprint: str, pipeline_text: str, target: str, version: str, o
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def remove(path: Path) -> None:
+    """Delete whatever is at ``path`` (file, link or folder); missing is fine."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def sweep_stale(folder: Path, max_age: float = STALE_SECONDS) -> None:
+    """Remove staging folders and temporary files in ``folder`` older than ``max_age`` seconds
+    (younger ones may belong to a compile running in another process)."""
+    now = time.time()
+    try:
+        leftovers = [p for p in folder.iterdir() if p.name.startswith((TMP_PREFIX, STAGING_PREFIX))]
+    except OSError:
+        return
+    for path in leftovers:
+        try:
+            if now - path.lstat().st_mtime > max_age:
+                remove(path)
+        except OSError:
+            continue
 
 
 @dataclass
@@ -59,7 +93,10 @@ def read_entry(key: str) -> DiskEntry | None:
             return None
         if _sha256(folder / LIBRARY) != meta.get("sha256"):
             return None
-        stages = {name: (folder / f"{name}.mlir").read_text() for name in meta.get("stages", [])}
+        checksums = meta.get("stages", {})
+        stages = {name: (folder / f"{name}.mlir").read_text() for name in checksums}
+        if any(_text_sha256(text) != checksums[name] for name, text in stages.items()):
+            return None
     except (OSError, ValueError, TypeError, AttributeError):
         return None
     return DiskEntry(folder, meta, stages)
@@ -69,16 +106,18 @@ def write_entry(key: str, library: Path, meta: dict[str, Any], stages: dict[str,
     """Store ``library`` (moved) with metadata and stage texts; replaces any old entry atomically."""
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=root))
+    sweep_stale(root)
+    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{key[:16]}-", dir=root))
     try:
         shutil.move(str(library), staging / LIBRARY)
         for name, text in stages.items():
             (staging / f"{name}.mlir").write_text(text)
-        full = dict(meta, key=key, format=FORMAT, sha256=_sha256(staging / LIBRARY), stages=sorted(stages))
+        checksums = {name: _text_sha256(text) for name, text in sorted(stages.items())}
+        full = dict(meta, key=key, format=FORMAT, sha256=_sha256(staging / LIBRARY), stages=checksums)
         (staging / META).write_text(json.dumps(full, indent=1))
         final = root / key
-        if final.exists():
-            shutil.rmtree(final, ignore_errors=True)
+        if final.exists() or final.is_symlink():
+            remove(final)  # an old entry, or a file or link in its place
         os.replace(staging, final)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,10 +1,12 @@
 """Optimizer results on disk, so a new process skips egglog for a step it has optimized before.
 
-Key: sha256 of (format, traced graph fingerprint, batch estimate, a digest of the
-optimizer's sources). An entry is ``<cache dir>/egraph/<key>.pickle``: a sha256 of the
-payload, then the pickled (optimized graph, report). An entry that fails the checksum,
-does not unpickle to a graph that verifies, or changes the step's signature is ignored
-and recomputed; it is never trusted.
+Key: (format, traced graph fingerprint, batch estimate, a digest of the optimizer's
+sources); the file name is its sha256. An entry is ``<cache dir>/egraph/<sha>.pickle``: a
+sha256 of the payload, then the pickled (full key, optimized graph, report). An entry
+that fails the checksum, holds another key (e.g. a file copied or renamed over it), does
+not unpickle to a graph that verifies, or changes the step's signature is ignored and
+recomputed; it is never trusted. ``.tmp-`` files left by killed writers are removed
+once they are old (see ``mlir_nn.backends.compile_cache.sweep_stale``).
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlir_nn.backends.compile_cache import cache_dir
+from mlir_nn.backends.compile_cache import TMP_PREFIX, cache_dir, remove, sweep_stale
 from mlir_nn.ir import Graph, VerifyError, verify
 
 if TYPE_CHECKING:
     from mlir_nn.egraph.report import Report
 
-FORMAT = 1
+FORMAT = 2
 DIGEST_SIZE = 32
 
 
@@ -37,9 +39,13 @@ def optimizer_digest() -> str:
     return digest.hexdigest()
 
 
+def entry_key(graph: Graph, batch_estimate: int | None) -> str:
+    """The full key of ``graph``'s entry, stored in the entry and checked on load."""
+    return "\0".join([f"format={FORMAT}", graph.fingerprint(), str(batch_estimate), optimizer_digest()])
+
+
 def entry_path(graph: Graph, batch_estimate: int | None) -> Path:
-    parts = [f"format={FORMAT}", graph.fingerprint(), str(batch_estimate), optimizer_digest()]
-    return cache_dir() / "egraph" / (hashlib.sha256("\0".join(parts).encode()).hexdigest() + ".pickle")
+    return cache_dir() / "egraph" / (hashlib.sha256(entry_key(graph, batch_estimate).encode()).hexdigest() + ".pickle")
 
 
 def _same_signature(a: Graph, b: Graph) -> bool:
@@ -57,11 +63,13 @@ def load(graph: Graph, batch_estimate: int | None) -> tuple[Graph, Report] | Non
     if hashlib.sha256(payload).digest() != digest:
         return None
     try:
-        optimized, report = pickle.loads(payload)
-        if not isinstance(optimized, Graph) or not _same_signature(graph, optimized):
+        key, optimized, report = pickle.loads(payload)
+        if key != entry_key(graph, batch_estimate) or not isinstance(optimized, Graph):
+            return None
+        if not _same_signature(graph, optimized):
             return None
         verify(optimized)
-    except (pickle.UnpicklingError, VerifyError, ValueError, TypeError, AttributeError, EOFError):
+    except (pickle.UnpicklingError, VerifyError, ValueError, TypeError, AttributeError, EOFError, ImportError):
         return None
     return optimized, report
 
@@ -70,17 +78,22 @@ def store(graph: Graph, batch_estimate: int | None, result: tuple[Graph, Report]
     """Write the entry atomically; a failure only costs the next process an optimizer run."""
     path = entry_path(graph, batch_estimate)
     try:
-        payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps((entry_key(graph, batch_estimate), *result), protocol=pickle.HIGHEST_PROTOCOL)
     except RecursionError:  # an extremely deep graph: not worth caching
         return
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        sweep_stale(path.parent)
+        if path.is_dir() and not path.is_symlink():
+            remove(path)  # something else sits where the entry goes: repair it
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
         with os.fdopen(fd, "wb") as f:
             f.write(hashlib.sha256(payload).digest() + payload)
         os.replace(tmp, path)
     except OSError:
-        return
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def optimize_cached(graph: Graph, batch_estimate: int | None = None) -> tuple[Graph, Report]:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mlir_nn.egraph import optimize
@@ -63,3 +64,38 @@ def test_a_new_process_with_another_hash_seed_skips_egglog(private_cache):
     first = run("1")
     assert first[0] == "True" and int(first[1]) > 0
     assert run("2") == ["False", first[1]]
+
+
+def _scaled_step_graph(lr):
+    """A step with its learning rate baked in as a constant: same signature for every lr."""
+    from mlir_nn.engine import Tensor
+    from mlir_nn.jit import trace_step
+
+    w = Tensor(np.ones((3, 2), np.float32))
+
+    def step(x):
+        loss = (x @ w).sum()
+        w.assign(w - lr * (x.T @ (x @ w)))
+        return loss
+
+    return trace_step(step, [np.ones((4, 3), np.float32)], ["x"])[0]
+
+
+def test_swapped_entries_are_misses_not_swapped_results(private_cache):
+    slow, fast = _scaled_step_graph(0.001), _scaled_step_graph(0.5)
+    slow_optimized, _ = optimize_cached(slow, 4)
+    fast_optimized, _ = optimize_cached(fast, 4)
+    a, b = entry_path(slow, 4), entry_path(fast, 4)
+    a_bytes, b_bytes = a.read_bytes(), b.read_bytes()
+    a.write_bytes(b_bytes)
+    b.write_bytes(a_bytes)
+    assert load(slow, 4) is None and load(fast, 4) is None  # each once returned the other's lr
+    assert optimize_cached(slow, 4)[0] == slow_optimized
+
+
+def test_a_folder_where_an_entry_goes_is_repaired(private_cache):
+    graph, _, _ = trace_mlp([2, 5, 1], 10)
+    path = entry_path(graph, 10)
+    path.mkdir(parents=True)
+    optimized, _ = optimize_cached(graph, 10)
+    assert path.is_file() and load(graph, 10)[0] == optimized
