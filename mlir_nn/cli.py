@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 
 STAGES = ("tensor", "optimized", "linalg", "llvm")
 CUDA_STAGES = ("gpu", "ptx", "cubin")
+SEED_MAX = 2**32 - 1  # numpy's legacy seeding takes [0, 2**32)
+
+
+class UsageError(Exception):
+    """A bad argument found after parsing: one line on stderr naming it, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,6 +52,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
+def seed_value(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {SEED_MAX}], got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mlir-nn", description="Compile tensor training steps through MLIR.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -55,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch", type=positive_int, default=100, help="mini-batch size to trace with (default 100)")
     c.add_argument("--loss", choices=("mse",), default="mse", help="loss function (default mse)")
     c.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="optimizer (default sgd)")
-    c.add_argument("--lr", type=float, default=0.005, help="learning rate (default 0.005)")
-    c.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
-    c.add_argument("--weight-decay", type=float, default=0.0, help="L2 weight decay (default 0)")
+    c.add_argument("--lr", type=non_negative_float, default=0.005, help="learning rate (default 0.005)")
+    c.add_argument("--momentum", type=non_negative_float, default=0.0, help="SGD momentum (default 0)")
+    c.add_argument("--weight-decay", type=non_negative_float, default=0.0, help="L2 weight decay (default 0)")
     c.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="element type")
     c.add_argument("--emit", choices=STAGES + CUDA_STAGES, default=None,
                    help="stage to print: tensor (the traced IR, the default), optimized (after the e-graph "
@@ -72,8 +100,48 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", metavar="FILE", help="write the stage to FILE instead of stdout")
     c.add_argument("--stats", action="store_true", help="print node counts and time per stage to stderr")
     c.add_argument("--no-egraph", action="store_true", help="skip the e-graph optimizer")
-    c.add_argument("--seed", type=int, default=0, help="random seed for the weights (default 0)")
+    c.add_argument("--seed", type=seed_value, default=0, help="random seed for the weights (default 0)")
     return parser
+
+
+def physical_memory() -> int:
+    """Bytes of RAM on this machine (a bound nothing we allocate can exceed)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def check_sizes(args: argparse.Namespace) -> None:
+    """Refuse --mlp and --batch whose weights or example batch cannot fit in memory."""
+    itemsize = np.dtype(args.dtype).itemsize
+    sizes = args.mlp
+    weights = sum((sizes[i] + 1) * sizes[i + 1] for i in range(len(sizes) - 1)) * itemsize
+    batch = args.batch * (sizes[0] + sizes[-1]) * itemsize
+    limit = physical_memory()
+    for option, value, needed in (("--mlp", ",".join(map(str, sizes)), weights), ("--batch", args.batch, batch)):
+        if needed > limit:
+            raise UsageError(f"argument {option}: {value} needs {needed / 2**30:.1f} GiB of {args.dtype} "
+                             f"arrays; this machine has {limit / 2**30:.1f} GiB")
+
+
+def check_output(args: argparse.Namespace, cubin: bool) -> None:
+    """Refuse an -o that cannot be written before any work is done."""
+    if not args.output:
+        return
+    path = Path(args.output)
+    if cubin:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"argument -o/--output: {path} exists and is not a directory "
+                             "(--emit cubin writes one file per kernel module into a directory)")
+        return
+    if path.is_dir():
+        raise UsageError(f"argument -o/--output: {path} is a directory; expected a file name")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UsageError(f"argument -o/--output: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) and not (path.exists() and os.access(path, os.W_OK)):
+        raise UsageError(f"argument -o/--output: cannot write into {parent}")
 
 
 def build_step(args: argparse.Namespace) -> tuple[Callable[..., Any], np.ndarray, np.ndarray]:
@@ -107,11 +175,47 @@ def stage_text(graph: Any, args: argparse.Namespace, timings: dict[str, float]) 
         timings["codegen"] = time.perf_counter() - start
         return text
     from mlir_nn.backends.cpu import lower
-    from mlir_nn.pipelines import load_pipeline
+    from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
 
-    _, stages, stage_times = lower(graph, load_pipeline(args.pipeline or args.target))
+    pipeline = load_cli_pipeline(args)
+    try:
+        module, stages, stage_times = lower(graph, pipeline)
+        check_lowered_to_llvm(module, pipeline)  # a partial pipeline is an error, not LLVM IR
+    except LoweringError as error:
+        if args.pipeline:
+            raise UsageError(f"argument --pipeline: {error}") from None
+        raise
     timings.update(stage_times)
     return stages["llvm"]
+
+
+def load_cli_pipeline(args: argparse.Namespace) -> Any:
+    """The --pipeline file (or the target's shipped pipeline); a bad file is a UsageError."""
+    from mlir_nn.pipelines import load_pipeline
+
+    try:
+        return load_pipeline(args.pipeline or args.target)
+    except (OSError, ValueError) as error:
+        if args.pipeline:
+            raise UsageError(f"argument --pipeline: {error}") from None
+        raise
+
+
+def check_environment(emit: str | None) -> None:
+    """MLIR_NN_OPT_LEVEL is read when the CPU backend loads: check it before any work."""
+    if emit == "llvm":
+        try:
+            from mlir_nn.backends import native  # noqa: F401 - importing validates the variable
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+
+
+def write_output(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as error:
+        raise UsageError(f"argument -o/--output: cannot write {path}: {error.strerror or error}") from None
 
 
 def print_stats(args: argparse.Namespace, graph: Any, report: Any, timings: dict[str, float]) -> None:
@@ -128,12 +232,21 @@ def print_stats(args: argparse.Namespace, graph: Any, report: Any, timings: dict
 def cmd_compile(args: argparse.Namespace) -> int:
     from mlir_nn.jit import trace_step
 
-    step, x, y = build_step(args)
+    cuda = args.target == "cuda" or args.emit in CUDA_STAGES
+    emit = args.emit or ("tensor" if not cuda else None)
+    check_output(args, cubin=emit == "cubin")
+    check_sizes(args)
+    check_environment(emit)
+    if args.pipeline and not cuda:
+        load_cli_pipeline(args)
+    try:
+        step, x, y = build_step(args)
+    except MemoryError:
+        raise UsageError(f"arguments --mlp/--batch: not enough memory for an MLP {args.mlp} at batch {args.batch}") \
+            from None
     start = time.perf_counter()
     graph, _, _ = trace_step(step, [x, y], ["x", "y"])
     timings = {"trace": time.perf_counter() - start}
-    cuda = args.target == "cuda" or args.emit in CUDA_STAGES
-    emit = args.emit or ("tensor" if not cuda else None)
     optimized, report = graph, None
     if not args.no_egraph and (emit != "tensor" or args.stats):
         from mlir_nn.egraph import optimize
@@ -144,15 +257,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
         from mlir_nn.gpu.cli import emit_cuda
 
         print_stats(args, graph, report, timings)
-        return emit_cuda(optimized, args)
+        try:
+            return emit_cuda(optimized, args)
+        except OSError as error:
+            raise UsageError(f"argument -o/--output: cannot write {args.output}: {error.strerror or error}") \
+                from None
     try:
         text = str(graph) if emit == "tensor" else stage_text(optimized, args, timings)
     except (RuntimeError, ValueError, OSError) as error:
         print(f"mlir-nn: error: {error}", file=sys.stderr)
         return 1
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+        write_output(args.output, text)
     else:
         sys.stdout.write(text)
     print_stats(args, graph, report, timings)
@@ -161,7 +277,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return cmd_compile(args)
+    try:
+        return cmd_compile(args)
+    except UsageError as error:
+        print(f"mlir-nn: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -54,9 +54,14 @@ def load_pipeline(name_or_path: str | Path) -> Pipeline:
     text = str(name_or_path)
     if "/" in text or text.endswith(SUFFIX) or isinstance(name_or_path, Path):
         path = Path(text)
+        if path.is_dir():
+            raise IsADirectoryError(f"pipeline file {path} is a directory; expected a text file, one pass per line")
         if not path.is_file():
             raise FileNotFoundError(f"pipeline file {path} does not exist")
-        return parse_pipeline(path.read_text(), str(path))
+        try:
+            return parse_pipeline(path.read_text(encoding="utf-8"), str(path))
+        except UnicodeDecodeError as error:
+            raise ValueError(f"pipeline file {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
     path = shipped_dir() / (text + SUFFIX)
     if not path.is_file():
         raise ValueError(f"unknown pipeline {text!r}; shipped pipelines: {', '.join(available())}")

@@ -1,5 +1,6 @@
 """The mlir-nn command line."""
 
+import os
 import subprocess
 import sys
 
@@ -67,5 +68,52 @@ def test_emit_llvm_with_stats_and_a_user_pipeline(tmp_path, capsys):
     assert main(["compile", "--mlp", "2,4,1", "--emit", "llvm", "--pipeline", str(mine)]) == 0
     broken = tmp_path / "broken.pipeline"
     broken.write_text("no-such-pass\n")
-    assert main(["compile", "--mlp", "2,4,1", "--emit", "llvm", "--pipeline", str(broken)]) == 1
+    assert main(["compile", "--mlp", "2,4,1", "--emit", "llvm", "--pipeline", str(broken)]) == 2
     assert "no-such-pass" in capsys.readouterr().err
+
+
+def exit_and_stderr(args, capsys):
+    """Run the CLI in this process: (exit status, stderr); a traceback would fail the test."""
+    try:
+        status = main(args)
+    except SystemExit as exit_:
+        status = exit_.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["-o", "{tmp}/missing/step.ir"], "-o/--output"),
+    (["-o", "{tmp}"], "-o/--output"),
+    (["-o", "/dev/full"], "-o/--output"),
+    (["--target", "cuda", "-o", "{tmp}/missing/step.mlirnn"], "-o/--output"),
+    (["--target", "cuda", "--emit", "cubin", "-o", "{tmp}/a_file"], "-o/--output"),
+    (["--lr", "-0.1"], "--lr"), (["--lr", "nan"], "--lr"), (["--lr", "inf"], "--lr"),
+    (["--momentum", "-1"], "--momentum"), (["--weight-decay", "-1"], "--weight-decay"),
+    (["--seed", "-1"], "--seed"), (["--seed", "99999999999999"], "--seed"),
+    (["--batch", "100000000000"], "--batch"),
+    (["--mlp", "2,200000,200000,1"], "--mlp"),
+    (["--emit", "llvm", "--pipeline", "{tmp}"], "--pipeline"),
+    (["--emit", "llvm", "--pipeline", "{tmp}/binary.pipeline"], "--pipeline"),
+    (["--emit", "llvm", "--pipeline", "{tmp}/partial.pipeline"], "--pipeline"),
+])
+def test_every_bad_argument_is_one_line_naming_it_with_status_2(extra, named, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "binary.pipeline").write_bytes(b"\xff\xfe\x00 not text")
+    (tmp_path / "partial.pipeline").write_text("canonicalize\n")  # stops short of the LLVM dialect
+    args = ["compile", "--mlp", "2,4,1"] + [a.format(tmp=tmp_path) for a in extra]
+    if "--mlp" in extra:
+        args = ["compile"] + [a.format(tmp=tmp_path) for a in extra]
+    status, err = exit_and_stderr(args, capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and named in err, err
+
+
+def test_a_bad_opt_level_is_one_line_naming_the_variable():
+    for value in ("4", "-1", "", "abc"):
+        result = subprocess.run([sys.executable, "-m", "mlir_nn.cli", "compile", "--mlp", "2,3,1", "--emit", "llvm"],
+                                capture_output=True, text=True, env={**os.environ, "MLIR_NN_OPT_LEVEL": value})
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert "MLIR_NN_OPT_LEVEL must be one of 0, 1, 2, 3" in result.stderr
+
+
+def test_zero_learning_rate_compiles(capsys):
+    assert main(["compile", "--mlp", "2,3,1", "--lr", "0"]) == 0

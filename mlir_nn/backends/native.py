@@ -19,9 +19,23 @@ from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
 PackedFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-# LLVM -O level of the JIT. 2, not 3: the matrix products are already explicit vector code, so
-# -O3 bought no speed in benchmarks/step_time.py but cost ~0.3 s per cold compile.
-OPT_LEVEL = int(os.environ.get("MLIR_NN_OPT_LEVEL", "2"))
+OPT_LEVEL_VARIABLE = "MLIR_NN_OPT_LEVEL"
+OPT_LEVELS = ("0", "1", "2", "3")
+
+
+def opt_level_from_environment() -> int:
+    """LLVM -O level of the JIT from ``$MLIR_NN_OPT_LEVEL`` (default 2). Anything but 0-3 is a
+    ValueError naming the variable (LLVM itself aborts the process on other levels).
+    2, not 3: the matrix products are already explicit vector code, so -O3 bought no speed in
+    benchmarks/step_time.py but cost ~0.3 s per cold compile."""
+    text = os.environ.get(OPT_LEVEL_VARIABLE, "2").strip()
+    if text not in OPT_LEVELS:
+        raise ValueError(f"{OPT_LEVEL_VARIABLE} must be one of {', '.join(OPT_LEVELS)} "
+                         f"(LLVM's optimization level), got {os.environ[OPT_LEVEL_VARIABLE]!r}")
+    return int(text)
+
+
+OPT_LEVEL = opt_level_from_environment()
 
 
 class NativeError(RuntimeError):
