@@ -54,7 +54,7 @@ class Layer(Module):
 
     def __call__(self, x: Any) -> Tensor:
         x = _as_input(x, self.W.dtype)
-        if x.shape[-1] != self.nin:
+        if x.ndim == 0 or x.shape[-1] != self.nin:
             raise ShapeError(f"Layer: input has shape {fmt_shape(x.shape)}, expected (batch, {self.nin})")
         out = x @ self.W + self.b
         return out.relu() if self.nonlin else out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -89,10 +90,11 @@ class Trainer:
     def train(self, X: Any, y: Any, n_epochs: int = 100, batch_size: int = 32, verbose: bool = True,
               early_stopping: bool = True) -> dict[str, list[float]]:
         """Run mini-batch training; returns {"losses": [...], "accuracies": [...]} per epoch."""
-        if not isinstance(batch_size, int) or batch_size <= 0:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
             raise ValueError(f"Trainer.train: batch_size must be a positive integer, got {batch_size!r}")
-        if n_epochs < 0:
-            raise ValueError(f"Trainer.train: n_epochs must be >= 0, got {n_epochs}")
+        if isinstance(n_epochs, bool) or not isinstance(n_epochs, numbers.Integral) or n_epochs < 0:
+            raise ValueError(f"Trainer.train: n_epochs must be an integer >= 0, got {n_epochs!r}")
+        batch_size, n_epochs = int(batch_size), int(n_epochs)
         X, y = _check_data(X, y)
         binary = bool(np.isin(np.unique(y), (0.0, 1.0)).all())
         targets = np.where(y == 1, 1.0, -1.0) if binary else y

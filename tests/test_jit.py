@@ -113,3 +113,41 @@ def test_unshared_leading_dims_trace_static_shapes():
     assert f(np.ones((2, 3)), np.ones((3, 4))) == 24.0
     assert f(np.ones((5, 3)), np.ones((3, 4))) == 60.0
     assert len(f._cache) == 2
+
+
+def small_step(dtype=np.float32):
+    model = MLP(2, [3, 1], dtype=dtype)
+    return model, jit(make_step(model, SGD(model.parameters(), lr=0.1)), backend="numpy")
+
+
+@pytest.mark.parametrize("x", [np.float32(1.0), 1.0, np.array(1.0, np.float32)])
+def test_a_scalar_argument_is_a_shape_error_naming_the_layer(x):
+    model, step = small_step()
+    before = [p.data.copy() for p in model.parameters()]
+    with pytest.raises(ShapeError, match=r"Layer: input has shape \(\), expected \(batch, 2\)"):
+        step(x, np.ones((1, 1), np.float32))
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.data, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_python_lists_take_the_parameters_dtype(dtype):
+    _, step = small_step(dtype)
+    loss, pred = step([[1.0, 2.0], [0.5, -1.0]], [[0.5], [1.0]])
+    assert pred.dtype == dtype and pred.shape == (2, 1)
+
+
+def test_keyword_arguments_bind_like_a_call():
+    model, step = small_step()
+    x, y = np.ones((2, 2), np.float32), np.ones((2, 1), np.float32)
+    twin, twin_step = small_step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        b.data[...] = a.data
+    np.testing.assert_array_equal(step(y=y, x=x)[0], twin_step(x, y)[0])
+    with pytest.raises(TypeError, match="jit: step: .*'y'"):
+        step(x, z=y)
+
+
+def test_an_empty_backend_name_is_refused():
+    with pytest.raises(ValueError, match="unknown backend ''"):
+        jit(lambda x: x, backend="")

@@ -37,8 +37,18 @@ def test_short_last_batch_and_many_features():
     assert len(history["losses"]) == 3 and 0 <= history["accuracies"][-1] <= 1
 
 
+def test_numpy_integers_are_accepted_as_sizes():
+    X, y = np.random.randn(12, 2), np.ones(12)
+    model = MLP(2, [3, 1])
+    history = Trainer(model, SGD(model.parameters()), backend="numpy").train(
+        X, y, n_epochs=np.int64(2), batch_size=np.int64(4), verbose=False)
+    assert len(history["losses"]) == 2
+
+
 @pytest.mark.parametrize("X,y,kwargs,error,match", [
     (np.ones((4, 2)), np.ones(4), {"batch_size": 0}, ValueError, "batch_size must be a positive integer"),
+    (np.ones((4, 2)), np.ones(4), {"batch_size": 2.0}, ValueError, "batch_size must be a positive integer"),
+    (np.ones((4, 2)), np.ones(4), {"n_epochs": 1.5}, ValueError, "n_epochs must be an integer"),
     (np.ones((0, 2)), np.ones(0), {}, ValueError, "X is empty"),
     (np.ones((4, 2)), np.ones(3), {}, ValueError, r"len\(X\) = 4 but len\(y\) = 3"),
     (np.array([[1.0, np.nan]]), np.ones(1), {}, ValueError, "X contains NaN"),
