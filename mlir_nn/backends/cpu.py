@@ -96,7 +96,7 @@ def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[objec
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    module = emit_linalg(graph)
+    module = emit_linalg(graph, wide_sums=True)  # float32 sums accumulate in float64
     stages = {"linalg": str(module)}
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]

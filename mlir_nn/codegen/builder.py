@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
+from mlir_nn.codegen.accumulate import needs_wide_accumulator, wide_reduce
 from mlir_nn.codegen.maps import broadcast_map, identity_map, matmul_maps
 from mlir_nn.codegen.tensor_types import element_type
 from mlir_nn.ir.shapes import BATCH, Shape
@@ -25,9 +26,10 @@ REDUCTION = linalg.IteratorType.reduction
 class FunctionBuilder:
     """Builds ops at the current insertion point of one function body."""
 
-    def __init__(self, dtype: str, batch: ir.Value | None) -> None:
+    def __init__(self, dtype: str, batch: ir.Value | None, wide_sums: bool = False) -> None:
         self.dtype = dtype
         self.element = element_type(dtype)
+        self.wide_sums = wide_sums and needs_wide_accumulator(dtype)  # see codegen.accumulate
         self.batch = batch  # index Value holding the run-time batch size, if the graph has one
         self.source_of_transpose: dict[object, ir.Value] = {}  # transpose node -> its input tensor
 
@@ -102,7 +104,9 @@ class FunctionBuilder:
 
     def reduce(self, out_shape: Shape, operands: Sequence[ir.Value], in_maps: Sequence[ir.AffineMap],
                out_map: ir.AffineMap, iterators: Sequence[linalg.IteratorType], fn: ScalarFn) -> ir.Value:
-        """Sum ``fn(*scalars)`` into a zero-filled tensor of ``out_shape``."""
+        """Sum ``fn(*scalars)`` into a zero-filled tensor of ``out_shape`` (in float64 when ``wide_sums``)."""
+        if self.wide_sums:
+            return wide_reduce(self.element, self.sizes(out_shape), operands, in_maps, out_map, iterators, fn)
         acc = self.filled(out_shape, 0.0)
 
         @linalg.generic(list(operands), [acc], list(in_maps) + [out_map], list(iterators))

@@ -35,8 +35,9 @@ def _batch_size(args: list[tuple[Node, ir.Value]]) -> ir.Value | None:
     return None
 
 
-def emit_into(module: ir.Module, graph: Graph) -> func.FuncOp:
-    """Append the step function of ``graph`` to ``module`` (inside its context)."""
+def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False) -> func.FuncOp:
+    """Append the step function of ``graph`` to ``module`` (inside its context); ``wide_sums``
+    accumulates float32 reductions in float64 (``mlir_nn.codegen.accumulate``)."""
     missing = sorted({n.op for n in graph.nodes} - set(LOWERINGS) - {"input", "param", "const"})
     if missing:
         raise NotImplementedError(f"codegen: no lowering for op(s) {', '.join(missing)}")
@@ -51,7 +52,7 @@ def emit_into(module: ir.Module, graph: Graph) -> func.FuncOp:
         entry = fn.add_entry_block()
     with ir.InsertionPoint(entry):
         values: dict[Node, Operand] = dict(zip(leaves, entry.arguments))
-        b = FunctionBuilder(dtype, _batch_size(list(zip(leaves, entry.arguments))))
+        b = FunctionBuilder(dtype, _batch_size(list(zip(leaves, entry.arguments))), wide_sums)
         for node in graph.nodes:
             if node in values:
                 continue
@@ -64,12 +65,12 @@ def emit_into(module: ir.Module, graph: Graph) -> func.FuncOp:
     return fn
 
 
-def emit_linalg(graph: Graph, context: ir.Context | None = None) -> ir.Module:
+def emit_linalg(graph: Graph, context: ir.Context | None = None, wide_sums: bool = False) -> ir.Module:
     """The MLIR module of ``graph`` (see the package docstring for the function convention)."""
     context = context or ir.Context()
     with context, ir.Location.unknown():
         module = ir.Module.create()
-        emit_into(module, graph)
+        emit_into(module, graph, wide_sums)
         if not module.operation.verify():
             raise RuntimeError(f"codegen: the module emitted for {graph.name} does not verify")
     return module
