@@ -100,3 +100,18 @@ def test_one_step_first_called_from_several_threads_is_traced_once(tiny_switch_i
     losses = []
     run_threads(*[lambda: losses.append(float(step(x, y))) for _ in range(4)])
     assert len(step._cache) == 1 and len(set(losses)) == 1
+
+
+def test_threads_calling_one_step_get_their_own_results(tiny_switch_interval):
+    """The jit layer (structure guard, fed hyperparameters, signature caches) under contention;
+    the cpu backend's own argument descriptors are covered by its tests."""
+    model = MLP(3, [4, 2])
+    forward = jit(lambda x: model(x), backend="numpy")
+    inputs = [np.full((5, 3), k, np.float32) for k in range(4)]
+    expected = [forward(x) for x in inputs]
+
+    def caller(k):
+        for _ in range(300):
+            np.testing.assert_array_equal(forward(inputs[k]), expected[k])
+
+    run_threads(*[lambda k=k: caller(k) for k in range(4)])
