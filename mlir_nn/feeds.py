@@ -25,4 +25,4 @@ class FedTensor(Tensor):
 
     def refresh(self) -> None:
         """Write the current value of the source into this tensor's array (in place)."""
-        self.data[()] = self.source()
+        self._data[()] = self.source()  # type: ignore[index]

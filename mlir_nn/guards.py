@@ -15,6 +15,7 @@ Hyperparameter values are not structure: they are fed on every call (``mlir_nn.f
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
 import types
 from collections.abc import Callable
@@ -40,9 +41,8 @@ def _root_getters(fn: Callable[..., Any]) -> list[Getter]:
         target = target.__func__
     code, namespace = getattr(target, "__code__", None), getattr(target, "__globals__", {})
     if code is not None:
-        getters += [(lambda n=name: namespace.get(n, _MISSING)) for name in _global_names(code)]
-    for cell in getattr(target, "__closure__", None) or ():
-        getters.append(lambda c=cell: _contents(c))
+        getters += [functools.partial(namespace.get, name, _MISSING) for name in _global_names(code)]
+    getters += [functools.partial(_contents, cell) for cell in getattr(target, "__closure__", None) or ()]
     return getters
 
 
@@ -78,12 +78,15 @@ class StructureGuard:
         """Record the current structure (after a trace, which may have created optimizer state)."""
         getters = self._roots + [g for root in self._roots for g in _held(root(), root)]
         objects = [get() for get in getters]
-        self._getters, self._objects, self._keys = getters, objects, [_key(o) for o in objects]
+        keys = [_key(o) for o in objects]
+        self._objects = [o for o, k in zip(objects, keys) if k is not None]  # modules and optimizers
+        self._same = [(get, obj) for get, obj, key in zip(getters, objects, keys) if key is None]
+        self._keyed = [(get, obj, key) for get, obj, key in zip(getters, objects, keys) if key is not None]
 
     def parameter_dtype(self) -> str | None:
         """The dtype of the first parameter of a referenced module or optimizer, if any."""
-        for obj, key in zip(self._objects, self._keys):
-            params = getattr(obj, "parameters", None) if key is not None else None
+        for obj in self._objects:
+            params = getattr(obj, "parameters", None)
             params = params() if callable(params) else params
             if params:
                 return params[0].dtype
@@ -91,8 +94,10 @@ class StructureGuard:
 
     def holds(self) -> bool:
         """True when every referenced object is the same one with the same structure key."""
-        for get, obj, key in zip(self._getters, self._objects, self._keys):
-            now = get()
-            if now is not obj or (key is not None and _key(now) != key):
+        for get, obj in self._same:
+            if get() is not obj:
+                return False
+        for get, obj, key in self._keyed:
+            if get() is not obj or obj.structure_key() != key:
                 return False
         return True

@@ -15,6 +15,7 @@ nonzero re-traces, since a zero one adds no ops (and no momentum buffer) to the 
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable
@@ -97,7 +98,7 @@ class Optimizer:
     def _hyper(self, name: str, dtype: str, source: Callable[[], float] | None = None) -> float | Tensor:
         """A hyperparameter in an update of a ``dtype`` parameter: its value when eager; while
         tracing, a 0-d tensor that a compiled step refreshes from the attribute on every call."""
-        read = source or (lambda: getattr(self, name))
+        read = source or functools.partial(self.__dict__.__getitem__, name)  # the validated value
         if current_trace() is None:
             return read()
         key = (name, dtype)
@@ -108,8 +109,8 @@ class Optimizer:
     def structure_key(self) -> tuple:
         """What a traced step of this optimizer depends on besides hyperparameter values: the
         class, the parameter and state tensors, and which optional terms are on."""
-        state = tuple(id(t) for slot in self.state.values() for t in slot.values())
-        return type(self), tuple(map(id, self.parameters)), state, self._terms()
+        state = [id(t) for slot in self.state.values() for t in slot.values()] if self.state else ()
+        return type(self), tuple(map(id, self.parameters)), tuple(state), self._terms()
 
     def _terms(self) -> tuple[bool, ...]:
         return ()
@@ -135,7 +136,8 @@ class SGD(Optimizer):
         self.momentum, self.weight_decay = momentum, weight_decay
 
     def _terms(self) -> tuple[bool, ...]:
-        return self.momentum != 0, self.weight_decay != 0
+        values = self.__dict__  # what the Hyperparameter descriptors hold, read without them
+        return values["momentum"] != 0, values["weight_decay"] != 0
 
     def _update(self, p: Tensor, grad: Tensor) -> None:
         if self.weight_decay:
@@ -162,7 +164,7 @@ class Adam(Optimizer):
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
 
     def _terms(self) -> tuple[bool, ...]:
-        return (self.weight_decay != 0,)
+        return (self.__dict__["weight_decay"] != 0,)
 
     def _update(self, p: Tensor, grad: Tensor) -> None:
         b1 = self._hyper("beta1", p.dtype, lambda: self.betas[0])
