@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +91,16 @@ def trace_step(fn: Callable[..., Any], arrays: list[np.ndarray], names: list[str
 
 
 NOT_PLAIN = object()  # CompiledStep.call_if_plain: the arguments need the general path
+_INSTANCES: weakref.WeakSet[JitFunction] = weakref.WeakSet()
+
+
+def _new_locks_after_fork() -> None:
+    """A fork copies only the forking thread: a lock another thread held stays held forever."""
+    for function in list(_INSTANCES):
+        function._lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 
 class CompiledStep:
@@ -155,6 +167,7 @@ class JitFunction:
         self._signature_of_fn = inspect.signature(fn)
         self._names = list(self._signature_of_fn.parameters)
         self._lock = threading.RLock()  # one thread traces and compiles a signature
+        _INSTANCES.add(self)
         self._guard = StructureGuard(fn)
         self._reset()
 

@@ -1,6 +1,7 @@
 """Threads: tracing is per thread, and first calls may overlap eager work or each other."""
 
 import gc
+import subprocess
 import sys
 import threading
 
@@ -115,3 +116,38 @@ def test_threads_calling_one_step_get_their_own_results(tiny_switch_interval):
             np.testing.assert_array_equal(forward(inputs[k]), expected[k])
 
     run_threads(*[lambda k=k: caller(k) for k in range(4)])
+
+
+FORK_WHILE_TRACING = """
+import os, threading
+import numpy as np
+from mlir_nn import jit
+from mlir_nn.nn import MLP
+
+model = MLP(2, [7, 1])
+inside, release = threading.Event(), threading.Event()
+
+def forward(x):
+    if threading.current_thread().name == "tracer":
+        inside.set()
+        release.wait()  # hold the step's lock while the main thread forks
+    return model(x)
+
+step = jit(forward)
+x = np.ones((3, 2), np.float32)
+tracer = threading.Thread(target=step, args=(x,), name="tracer")
+tracer.start()
+inside.wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if step(x).shape == (3, 1) else 1)
+release.set()
+tracer.join()
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_child_forked_while_another_thread_traces_can_call_the_step():
+    done = subprocess.run([sys.executable, "-c", FORK_WHILE_TRACING], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and done.stdout.strip() == "child 0", done.stderr[-2000:]

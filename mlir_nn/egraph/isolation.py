@@ -24,11 +24,14 @@ from contextlib import contextmanager
 from typing import Any
 
 _LOCK = threading.Lock()
-_state = {"ran": False, "forked_after_run": False, "paused_gc": False}
+_state = {"ran": False, "running": False, "forked_after_run": False, "paused_gc": False}
 
 
 def _after_fork_in_child() -> None:
-    _state["forked_after_run"] = _state["forked_after_run"] or _state["ran"]
+    global _LOCK
+    _state["forked_after_run"] = _state["forked_after_run"] or _state["ran"] or _state["running"]
+    _state["running"] = False
+    _LOCK = threading.Lock()  # a thread of the parent may have held it; it does not exist here
     if _state["paused_gc"]:  # forked while another thread was optimizing
         _state["paused_gc"] = False
         gc.enable()
@@ -59,9 +62,12 @@ def _paused_gc() -> Iterator[None]:
 def on_this_thread(work: Callable[[], Any]) -> Any:
     """``work()`` (which uses egglog), serialized with every other use in this process."""
     with _LOCK:
-        with _paused_gc():
-            result = work()
-        _state["ran"] = True
+        _state["running"] = True
+        try:
+            with _paused_gc():
+                result = work()
+        finally:
+            _state["running"], _state["ran"] = False, True
         return result
 
 
