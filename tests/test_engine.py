@@ -108,3 +108,18 @@ def test_mixed_dtypes_inside_a_traced_step_raise():
 def test_bad_input_raises_clear_errors(build, error, match):
     with pytest.raises(error, match=match):
         build()
+
+
+def test_backward_on_a_non_scalar_needs_a_gradient():
+    """Issue 10, defect 5: as PyTorch, no silent seed of ones for a non-scalar tensor."""
+    x = Tensor(np.array([1.0, 2.0, 3.0]))
+    y = x * x
+    with pytest.raises(RuntimeError, match=r"backward: tensor of shape \(3,\) is not a scalar; pass gradient="):
+        y.backward()
+    y.backward(gradient=np.array([1.0, 0.0, -1.0]))
+    np.testing.assert_array_equal(x.grad, [2.0, 0.0, -6.0])
+    with pytest.raises(ShapeError, match=r"backward: gradient \(2,\):float64 does not match the tensor \(3,\)"):
+        y.backward(gradient=np.ones(2))
+    z = Tensor(np.array([[2.0]]))
+    (z * 3).backward()  # one element: implicit, as PyTorch
+    assert z.grad[0, 0] == 3.0

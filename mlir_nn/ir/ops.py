@@ -543,7 +543,7 @@ def _index_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
 register("stack", None, _stack_infer, lambda a, at, s: np.stack(a),
          lambda emit, xs, out, g, at: [emit("index", g, index=i) for i in range(len(xs))],
          "Tensors of one shape stacked along a new first axis.")
-register("index", 1, _index_infer, lambda a, at, s: np.ascontiguousarray(a[0][at["index"]]), None,
+register("index", 1, _index_infer, lambda a, at, s: np.array(a[0][at["index"]]), None,
          "x[index] along the first axis (the gradient of stack).")
 
 
