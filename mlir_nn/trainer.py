@@ -119,7 +119,7 @@ class Trainer:
     """Trains ``model`` with ``optimizer`` on (X, y): binary, multi-class or regression (see Task).
 
     ``loss_fn`` (None: mse, or cross-entropy for multi-class) is read at every batch, so it
-    can be changed between calls; each loss function gets its own compiled step.
+    can be changed at any time; each loss function gets its own compiled step.
     """
 
     def __init__(self, model: Module, optimizer: Optimizer,
@@ -185,14 +185,13 @@ class Trainer:
         best, stale = float("inf"), 0
         bar = tqdm(range(n_epochs), desc="Training", unit="epoch", disable=not verbose, leave=True)
         for epoch in bar:
-            loss_fn = self.loss_fn or task.default_loss()
-            step = self._step_for(loss_fn)
             total_loss, correct = 0.0, 0
             indices = list(range(len(X)))
             random.shuffle(indices)
             for start in range(0, len(X), batch_size):
                 batch = indices[start:start + batch_size]
-                loss, pred = step(X[batch], targets[batch])
+                loss_fn = self.loss_fn or task.default_loss()  # read at every batch, as tinynn's Trainer
+                loss, pred = self._step_for(loss_fn)(X[batch], targets[batch])
                 total_loss += float(loss) * len(batch)
                 correct += task.correct(pred, y[batch])
             avg_loss = total_loss / len(X)
