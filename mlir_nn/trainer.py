@@ -183,8 +183,8 @@ class Trainer:
             val = _as_arrays(*validation_data, self.dtype, "validation")
             Task(val[1], task.outputs)  # the same checks as y
         best, stale = float("inf"), 0
-        bar = tqdm(range(n_epochs), desc="Training", unit="epoch", disable=not verbose, leave=True)
-        for epoch in bar:
+        bar = tqdm(total=n_epochs, desc="Training", unit="epoch", disable=not verbose)
+        for epoch in range(n_epochs):
             total_loss, correct = 0.0, 0
             indices = list(range(len(X)))
             random.shuffle(indices)
@@ -207,7 +207,8 @@ class Trainer:
                 if val_accuracy is not None:
                     shown["val_acc"] = f"{val_accuracy:.4f}"
                 best, stale = (val_loss, 0) if val_loss < best else (best, stale + 1)
-            bar.set_postfix(shown)
+            bar.set_postfix(shown, refresh=False)
+            bar.update()
             if early_stopping and (stale >= patience if val is not None else accuracy == 1.0 and avg_loss < 0.01):
                 if verbose:
                     reason = f"no validation improvement in {patience} epochs" if val is not None \
@@ -243,7 +244,7 @@ class Trainer:
             if val:
                 ax.plot(val, label="validation")
                 ax.legend()
-            ax.set(title=f"Training {name}", xlabel="Epoch", ylabel=name)
+            ax.set(title=name if val else f"Training {name}", xlabel="Epoch", ylabel=name)
         fig.tight_layout()
         Path(save_path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(save_path)
