@@ -10,7 +10,7 @@ Dtypes follow NumPy: a tensor made from Python numbers or lists is float64, a fl
 keeps its dtype, and a Python number used as an operand takes the other operand's dtype.
 Eager operands of different dtypes promote to float64 (a ``cast`` node, so gradients flow
 back in each operand's own dtype). A traced step computes in one dtype: mixing float32 and
-float64 tensors there raises DTypeError naming the op; cast explicitly with ``astype``.
+float64 tensors there, or ``astype`` to the other one, raises DTypeError naming the op.
 """
 
 from __future__ import annotations
@@ -297,7 +297,13 @@ class Tensor:
     def astype(self, dtype: Any) -> Tensor:
         """This tensor in ``dtype`` (itself when it already has it); gradients flow back."""
         dtype = dtype_name(dtype)
-        return self if dtype == self.dtype else apply("cast", self, dtype=dtype)
+        if dtype == self.dtype:
+            return self
+        if current_trace() is not None:
+            raise DTypeError(f"astype: a traced step computes in one dtype; {self.label or 'tensor'} "
+                             f"{fmt_shape(self.shape)} is {self.dtype}, asked for {dtype} "
+                             "(cast the data outside the step)")
+        return apply("cast", self, dtype=dtype)
 
     def max(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
         """Maximum over ``axis``; the gradient is shared evenly between ties (PyTorch's amax)."""

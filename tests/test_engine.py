@@ -123,3 +123,14 @@ def test_backward_on_a_non_scalar_needs_a_gradient():
     z = Tensor(np.array([[2.0]]))
     (z * 3).backward()  # one element: implicit, as PyTorch
     assert z.grad[0, 0] == 3.0
+
+
+def test_astype_inside_a_traced_step_raises():
+    import mlir_nn
+
+    @mlir_nn.jit(backend="numpy")
+    def step(x):
+        return x.astype(np.float64).sum()
+
+    with pytest.raises(DTypeError, match=r"astype: a traced step computes in one dtype; .* is float32, asked for"):
+        step(np.ones((3, 2), np.float32))

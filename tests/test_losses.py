@@ -123,3 +123,32 @@ def test_cross_entropy_bad_shapes(logits, target, match):
 def test_cross_entropy_rejects_labels_out_of_range():
     with pytest.raises(ValueError, match=r"one_hot: labels must be integers in \[0, 3\)"):
         cross_entropy(Tensor(np.ones((2, 3))), [0, 3])
+
+
+def max_softmax_step(w: Tensor):
+    """A step whose gradient runs through max (its eq mask and tie count) and softmax."""
+    opt = SGD([w], lr=0.5)
+
+    def step(x, y):
+        z = x @ w
+        loss = z.max(axis=1).mean() + ((z.softmax(axis=1) - y) ** 2.0).mean() + z.max() * 0.1
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def test_max_and_softmax_gradients_compile_on_cpu():
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((9, 4)).astype(np.float32), rng.uniform(0, 1, (9, 3)).astype(np.float32)
+    w0 = rng.standard_normal((4, 3)).astype(np.float32)
+    results = []
+    for backend in ("numpy", "cpu"):
+        w = Tensor(w0.copy())
+        step = mlir_nn.jit(max_softmax_step(w), backend=backend)
+        results.append(([float(step(x[:b], y[:b])) for b in (9, 1, 5)], w.data.copy()))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=2e-6)
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=2e-5, atol=1e-6)
+    assert not np.allclose(results[0][1], w0)

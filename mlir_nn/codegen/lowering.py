@@ -188,6 +188,37 @@ def _softmax_xent_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.
     return b.elementwise(node.shape, [z, p, m, s, mass], shapes, grad)
 
 
+def _stack(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    """out[i, ...] = xs[i][...]: each element picks its operand by the first index."""
+    rank, count = len(node.shape), len(xs)
+    parts = [b.tensor_of(v, node.inputs[0].shape) for v in xs]
+    part_map = dims_map(rank, list(range(1, rank)))
+
+    @linalg.generic(parts, [b.empty(node.shape)], [part_map] * count + [identity_map(rank)], [PARALLEL] * rank)
+    def result(*args: ir.Value) -> ir.Value:
+        *values, _out = args
+        row = linalg.IndexOp(0).result
+        chosen = values[-1]
+        for i in range(count - 2, -1, -1):
+            chosen = arith.select(arith.cmpi(arith.CmpIPredicate.eq, row, b.index(i)), values[i], chosen)
+        return chosen
+
+    return result
+
+
+def _index(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    rank = len(node.shape)
+    x = b.tensor_of(xs[0], node.inputs[0].shape)
+    exprs = [ir.AffineConstantExpr.get(int(node.attr("index")))] + [ir.AffineDimExpr.get(d) for d in range(rank)]
+
+    @linalg.generic([x], [b.empty(node.shape)], [ir.AffineMap.get(rank, 0, exprs), identity_map(rank)],
+                    [PARALLEL] * rank)
+    def result(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return result
+
+
 def _mean(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     total = _sum(b, node, xs)
     count = b.count([node.inputs[0].shape[a] for a in node.attr("axes")])
@@ -285,6 +316,8 @@ LOWERINGS: dict[str, Rule] = {
     "log_softmax_grad": _log_softmax_grad,
     "one_hot": _one_hot,
     "softmax_xent_grad": _softmax_xent_grad,
+    "stack": _stack,
+    "index": _index,
     "mean_grad": _mean_grad,
     "mse": _mse,
     "mse_grad": _mse_grad,

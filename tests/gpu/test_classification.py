@@ -46,3 +46,24 @@ def test_cross_entropy_step_compiles_to_ptx():
 
     program = compile_graph(classifier_graph(True), ("sm_90",), cubin=False)
     assert program.ptx["sm_90"] and program.kernel_count > 0
+
+
+def test_max_and_softmax_step_emulated_matches_the_reference():
+    from mlir_nn.engine import Tensor
+    from tests.test_losses import max_softmax_step
+
+    rng = np.random.default_rng(1)
+    w = Tensor(rng.standard_normal((4, 3)).astype(np.float32))
+    graph, _, _ = trace_step(max_softmax_step(w), [np.zeros((8, 4), np.float32), np.zeros((8, 3), np.float32)],
+                             ["x", "y"])
+    graph = optimize(graph, batch_estimate=8)[0]
+    assert {"max", "eq", "log_softmax"} <= set(graph.op_counts())
+    step = emulated(graph)
+    params = [w.data.copy()]
+    for batch in (8, 1, 19):
+        x, y = rng.standard_normal((batch, 4)).astype(np.float32), rng.uniform(0, 1, (batch, 3)).astype(np.float32)
+        outputs, updates = evaluate(graph, [x, y], [p.copy() for p in params], batch)
+        want = [np.asarray(v) for v in outputs + updates]
+        got = step.run([x, y] + params, [v.shape for v in want], np.float32)
+        for i, (g, v) in enumerate(zip(got, want)):
+            np.testing.assert_allclose(g, v, rtol=2e-5, atol=2e-6, err_msg=f"result {i} at batch {batch}")
