@@ -16,6 +16,7 @@ float64 tensors there, or ``astype`` to the other one, raises DTypeError naming 
 from __future__ import annotations
 
 import numbers
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -86,16 +87,17 @@ class Trace:
             t._grad = grad
 
 
-_TRACE: Trace | None = None
+# The trace being recorded in this thread (a context variable: other threads, and eager
+# code running in them, never see it).
+_TRACE: ContextVar[Trace | None] = ContextVar("mlir_nn_trace", default=None)
 
 
 def current_trace() -> Trace | None:
-    return _TRACE
+    return _TRACE.get()
 
 
 def set_trace(trace: Trace | None) -> None:
-    global _TRACE
-    _TRACE = trace
+    _TRACE.set(trace)
 
 
 def _default_dtype(data: Any) -> str:

@@ -8,12 +8,19 @@ compiled step reads their ``.data`` on every call and updates it in place.
 
 Gradients inside a traced step start from zero (as after ``zero_grad``), and ``.grad``
 of outside tensors is left as it was before the call.
+
+Captured ``FedTensor``s (optimizer hyperparameters) are refreshed before every call, so
+their current values are used without recompiling; a ``StructureGuard`` checks before
+every call that the objects the step refers to have the structure it was traced with,
+and re-traces when they do not (see ``mlir_nn.guards``). A step may be called from several
+threads; tracing is per thread and one signature is traced and compiled once.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +28,8 @@ import numpy as np
 
 from mlir_nn.backends import Executable, get_backend
 from mlir_nn.engine import Tensor, Trace, numeric_array, set_trace
+from mlir_nn.feeds import FedTensor
+from mlir_nn.guards import StructureGuard
 from mlir_nn.ir import BATCH, Graph, verify
 from mlir_nn.ir.shapes import dtype_name
 
@@ -29,10 +38,12 @@ Signature = tuple[tuple[tuple, str], ...]
 DEFAULT_BACKEND = "cpu"
 
 
-def _to_input_array(value: Any, name: str) -> np.ndarray:
+def _to_input_array(value: Any, name: str, default_dtype: str = "float32") -> np.ndarray:
+    """An argument as a C-contiguous float array; integers, and Python numbers and lists
+    (which numpy would make float64), take ``default_dtype``."""
     array = numeric_array(value, f"jit: argument {name}")
-    if array.dtype.kind != "f":
-        array = array.astype(np.float32)
+    if array.dtype.kind != "f" or not isinstance(value, (np.ndarray, np.generic, Tensor)):
+        array = array.astype(default_dtype)
     dtype_name(array.dtype)
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
@@ -100,6 +111,7 @@ class CompiledStep:
 
             self.optimized_graph, self.optimize_report = optimize_cached(graph, batch_estimate)
         self.executable: Executable = get_backend(backend).compile(self.optimized_graph)
+        self.feeds = [t for t in captured if isinstance(t, FedTensor)]
         self.stages: dict[str, str] = {"tensor": str(graph), "optimized": str(self.optimized_graph)}
         self.stages.update(getattr(self.executable, "stages", {}))
 
@@ -110,6 +122,8 @@ class CompiledStep:
             raise ValueError(f"stage {stage!r} not available; have {', '.join(self.stages)}") from None
 
     def __call__(self, arrays: list[np.ndarray]) -> Any:
+        for t in self.feeds:
+            t.refresh()
         return self._result(self.executable.run(arrays, [t.data for t in self.captured]))
 
     def call_if_plain(self, args: tuple) -> Any:
@@ -118,6 +132,8 @@ class CompiledStep:
         run_plain = getattr(self.executable, "run_plain", None)
         if run_plain is None:
             return NOT_PLAIN
+        for t in self.feeds:
+            t.refresh()
         outputs = run_plain(args, [t.data for t in self.captured])
         return NOT_PLAIN if outputs is None else self._result(outputs)
 
@@ -132,11 +148,18 @@ class JitFunction:
 
     def __init__(self, fn: Callable[..., Any], backend: str | None = None, dynamic_batch: bool = True,
                  optimize: bool = True) -> None:
-        backend = backend or DEFAULT_BACKEND
+        backend = DEFAULT_BACKEND if backend is None else backend
         get_backend(backend)  # fail early on an unknown backend
         functools.update_wrapper(self, fn)
         self.fn, self.backend, self.dynamic_batch, self.optimize = fn, backend, dynamic_batch, optimize
-        self._names = list(inspect.signature(fn).parameters)
+        self._signature_of_fn = inspect.signature(fn)
+        self._names = list(self._signature_of_fn.parameters)
+        self._lock = threading.RLock()  # one thread traces and compiles a signature
+        self._guard = StructureGuard(fn)
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget every traced step (the compile caches make identical graphs cheap again)."""
         self._cache: dict[Signature, CompiledStep] = {}
         self._fast: dict[tuple, CompiledStep] = {}  # same steps, keyed for the call fast path
         self._last: CompiledStep | None = None  # the step of the previous call, tried first
@@ -146,7 +169,20 @@ class JitFunction:
         return [self._names[i] if i < len(self._names) else f"arg{i}" for i in range(count)]
 
     def _arrays(self, args: tuple) -> list[np.ndarray]:
-        return [_to_input_array(a, n) for a, n in zip(args, self._arg_names(len(args)))]
+        dtype = self._guard.parameter_dtype() or "float32"
+        return [_to_input_array(a, n, dtype) for a, n in zip(args, self._arg_names(len(args)))]
+
+    def _positional(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        """``args`` and ``kwargs`` bound to the step's parameters, in order (defaults filled in)."""
+        try:
+            bound = self._signature_of_fn.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"jit: {self.fn.__name__}: {e}") from None
+        bound.apply_defaults()
+        if bound.kwargs:
+            raise TypeError(f"jit: {self.fn.__name__}: keyword-only parameters are not supported "
+                            f"({', '.join(bound.kwargs)}); make them positional")
+        return bound.args
 
     def _signature(self, arrays: list[np.ndarray]) -> Signature:
         dynamic = self.dynamic_batch and batch_is_shared(arrays)
@@ -154,15 +190,30 @@ class JitFunction:
 
     def _lower_arrays(self, arrays: list[np.ndarray]) -> CompiledStep:
         key = self._signature(arrays)
-        if key not in self._cache:
-            graph, captured, single = trace_step(self.fn, arrays, self._arg_names(len(arrays)), self.dynamic_batch)
-            batch = arrays[0].shape[0] if arrays and arrays[0].ndim else None
-            self._cache[key] = CompiledStep(graph, captured, single, self.backend, self.optimize, batch)
-        return self._cache[key]
+        step = self._cache.get(key)
+        if step is not None:
+            return step
+        with self._lock:
+            if key not in self._cache:
+                graph, captured, single = trace_step(self.fn, arrays, self._arg_names(len(arrays)),
+                                                     self.dynamic_batch)
+                self._guard.snapshot()  # the trace may have created optimizer state
+                batch = arrays[0].shape[0] if arrays and arrays[0].ndim else None
+                self._cache[key] = CompiledStep(graph, captured, single, self.backend, self.optimize, batch)
+            return self._cache[key]
 
-    def lower(self, *args: Any) -> CompiledStep:
+    def _check_structure(self) -> None:
+        """Re-trace from scratch when the step's objects changed structure since the last trace."""
+        if not self._guard.holds():
+            with self._lock:
+                if not self._guard.holds():
+                    self._reset()
+                    self._guard.snapshot()
+
+    def lower(self, *args: Any, **kwargs: Any) -> CompiledStep:
         """Trace and compile for these arguments' signature (cached)."""
-        return self._lower_arrays(self._arrays(args))
+        self._check_structure()
+        return self._lower_arrays(self._arrays(self._positional(args, kwargs) if kwargs else args))
 
     def trace(self, *args: Any) -> Graph:
         return self.lower(*args).graph
@@ -175,7 +226,10 @@ class JitFunction:
         shared = self.dynamic_batch and batch_is_shared(args)  # type: ignore[arg-type]
         return shared, tuple((a.dtype, a.ndim, a.shape[1:] if shared else a.shape) for a in args)
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            args = self._positional(args, kwargs)
+        self._check_structure()
         last = self._last
         if last is not None:
             result = last.call_if_plain(args)

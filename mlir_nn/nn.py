@@ -24,6 +24,10 @@ class Module:
         for p in self.parameters():
             p.grad = 0
 
+    def structure_key(self) -> tuple[int, ...]:
+        """Identities of the parameter tensors: a compiled step re-traces when they change."""
+        return tuple(map(id, self.parameters()))
+
     def __call__(self, x: Any) -> Tensor:
         raise NotImplementedError
 

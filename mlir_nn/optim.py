@@ -4,30 +4,87 @@
 ``mlir_nn.jit`` it becomes parameter updates of the traced step. State (momentum
 buffers, Adam moments, bias-correction powers) are tensors too, so they live in the
 compiled step as parameters.
+
+Hyperparameters (``lr``, ``momentum``, ``weight_decay``, ``betas``, ``eps``) are checked
+whenever they are set and are run-time inputs of a compiled step: a traced update reads
+them through 0-d ``FedTensor``s that the step refreshes on every call, so ``opt.lr = x``
+(or a schedule) takes effect on the next call without recompiling. Whether momentum and
+weight decay are zero is structural (``structure_key``): switching one between zero and
+nonzero re-traces, since a zero one adds no ops (and no momentum buffer) to the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import numbers
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from mlir_nn.engine import Tensor
+from mlir_nn.engine import Tensor, current_trace
+from mlir_nn.feeds import FedTensor
 from mlir_nn.ir import ShapeError
+
+
+def real(owner: str, name: str, value: Any) -> float:
+    """``value`` as a finite float; a clear TypeError or ValueError naming it otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: {name} must be a real number, got {type(value).__name__} {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{owner}: {name} must be finite, got {number}")
+    return number
+
+
+def non_negative(owner: str, name: str, value: Any) -> float:
+    number = real(owner, name, value)
+    if number < 0:
+        raise ValueError(f"{owner}: {name} must be >= 0, got {number}")
+    return number
+
+
+def betas_pair(owner: str, name: str, value: Any) -> tuple[float, float]:
+    """Two coefficients, each in [0, 1)."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise ValueError(f"{owner}: {name} must be a pair (beta1, beta2), got {value!r}")
+    pair = (real(owner, f"{name}[0]", value[0]), real(owner, f"{name}[1]", value[1]))
+    if not all(0 <= b < 1 for b in pair):
+        raise ValueError(f"{owner}: {name} must be in [0, 1), got {pair}")
+    return pair
+
+
+class Hyperparameter:
+    """An optimizer attribute validated by ``check`` on every assignment."""
+
+    def __init__(self, check: Callable[[str, str, Any], Any]) -> None:
+        self.check = check
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return self if obj is None else obj.__dict__[self.name]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.name] = self.check(type(obj).__name__, self.name, value)
 
 
 class Optimizer:
     HYPERPARAMETERS: tuple[str, ...] = ("lr",)  # what state_dict saves in its param group
 
+    lr = Hyperparameter(non_negative)
+
     def __init__(self, params: list[Tensor], lr: float) -> None:
         self.parameters = list(params)
         if not self.parameters:
             raise ValueError(f"{type(self).__name__}: got an empty parameter list")
-        if lr <= 0:
-            raise ValueError(f"{type(self).__name__}: lr must be positive, got {lr}")
+        for i, p in enumerate(self.parameters):
+            if not isinstance(p, Tensor):
+                raise TypeError(f"{type(self).__name__}: parameter {i} must be a Tensor, got {type(p).__name__}")
         self.lr = lr
         self.state: dict[int, dict[str, Tensor]] = {}
+        self._fed: dict[tuple[str, str], FedTensor] = {}
 
     def zero_grad(self) -> None:
         for p in self.parameters:
@@ -39,6 +96,26 @@ class Optimizer:
             slot[name] = Tensor(np.full(p.shape if shape is None else shape, init), dtype=p.dtype,
                                 label=f"{p.label}.{name}")
         return slot[name]
+
+    def _hyper(self, name: str, dtype: str, source: Callable[[], float] | None = None) -> float | Tensor:
+        """A hyperparameter in an update of a ``dtype`` parameter: its value when eager; while
+        tracing, a 0-d tensor that a compiled step refreshes from the attribute on every call."""
+        read = source or (lambda: getattr(self, name))
+        if current_trace() is None:
+            return read()
+        key = (name, dtype)
+        if key not in self._fed:
+            self._fed[key] = FedTensor(read, dtype, label=f"{type(self).__name__}.{name}")
+        return self._fed[key]
+
+    def structure_key(self) -> tuple:
+        """What a traced step of this optimizer depends on besides hyperparameter values: the
+        class, the parameter and state tensors, and which optional terms are on."""
+        state = tuple(id(t) for slot in self.state.values() for t in slot.values())
+        return type(self), tuple(map(id, self.parameters)), state, self._terms()
+
+    def _terms(self) -> tuple[bool, ...]:
+        return ()
 
     def state_dict(self) -> dict[str, Any]:
         """PyTorch's shape: {"state": {param index: {name: array}}, "param_groups": [{hyper..., "params": [...]}]}."""
@@ -68,10 +145,16 @@ class Optimizer:
                     raise ShapeError(f"{name}: state {key} of parameter {i} has shape {value.shape}, expected "
                                      f"{expected if existing is not None else p.shape}")
                 arrays[(int(i), key)] = value
-        for hyper in self.HYPERPARAMETERS:
-            if hyper in groups[0]:
-                value = groups[0][hyper]
-                setattr(self, hyper, tuple(value) if isinstance(value, (list, tuple)) else float(value))
+        saved = {hyper: getattr(self, hyper) for hyper in self.HYPERPARAMETERS}
+        try:  # each assignment is validated; a bad one leaves every hyperparameter as it was
+            for hyper in self.HYPERPARAMETERS:
+                if hyper in groups[0]:
+                    value = groups[0][hyper]
+                    setattr(self, hyper, tuple(value) if isinstance(value, list) else value)
+        except (TypeError, ValueError):
+            for hyper, value in saved.items():
+                setattr(self, hyper, value)
+            raise
         for (i, key), value in arrays.items():
             p = self.parameters[i]
             slot = self.state.setdefault(id(p), {})
@@ -94,23 +177,27 @@ class SGD(Optimizer):
 
     HYPERPARAMETERS = ("lr", "momentum", "weight_decay")
 
+    momentum = Hyperparameter(non_negative)
+    weight_decay = Hyperparameter(non_negative)
+
     def __init__(self, params: list[Tensor], lr: float = 0.01, momentum: float = 0.0,
                  weight_decay: float = 0.0) -> None:
         super().__init__(params, lr)
-        if momentum < 0 or weight_decay < 0:
-            raise ValueError(f"SGD: momentum and weight_decay must be >= 0, got {momentum}, {weight_decay}")
         self.momentum, self.weight_decay = momentum, weight_decay
+
+    def _terms(self) -> tuple[bool, ...]:
+        return self.momentum != 0, self.weight_decay != 0
 
     def _update(self, p: Tensor, grad: Tensor) -> None:
         if self.weight_decay:
-            grad = grad + self.weight_decay * p
+            grad = grad + self._hyper("weight_decay", p.dtype) * p
         if self.momentum:
             # The buffer starts at zero, so the first step sets it to grad, as PyTorch does.
             buf = self._state(p, "momentum_buffer")
-            new_buf = self.momentum * buf + grad
+            new_buf = self._hyper("momentum", p.dtype) * buf + grad
             buf.assign(new_buf)
             grad = new_buf
-        p.assign(p - self.lr * grad)
+        p.assign(p - self._hyper("lr", p.dtype) * grad)
 
 
 class Adam(Optimizer):
@@ -118,17 +205,23 @@ class Adam(Optimizer):
 
     HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
 
+    betas = Hyperparameter(betas_pair)
+    eps = Hyperparameter(non_negative)
+    weight_decay = Hyperparameter(non_negative)
+
     def __init__(self, params: list[Tensor], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0) -> None:
         super().__init__(params, lr)
-        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"Adam: betas must be in [0, 1), got {betas}")
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
 
+    def _terms(self) -> tuple[bool, ...]:
+        return (self.weight_decay != 0,)
+
     def _update(self, p: Tensor, grad: Tensor) -> None:
-        b1, b2 = self.betas
+        b1 = self._hyper("beta1", p.dtype, lambda: self.betas[0])
+        b2 = self._hyper("beta2", p.dtype, lambda: self.betas[1])
         if self.weight_decay:
-            grad = grad + self.weight_decay * p
+            grad = grad + self._hyper("weight_decay", p.dtype) * p
         m, v = self._state(p, "exp_avg"), self._state(p, "exp_avg_sq")
         b1_pow, b2_pow = self._state(p, "beta1_power", 1.0, ()), self._state(p, "beta2_power", 1.0, ())
         new_b1_pow, new_b2_pow = b1_pow * b1, b2_pow * b2
@@ -136,7 +229,7 @@ class Adam(Optimizer):
         new_v = b2 * v + (1 - b2) * (grad * grad)
         m_hat = new_m / (1 - new_b1_pow)
         v_hat = new_v / (1 - new_b2_pow)
-        p.assign(p - self.lr * m_hat / (v_hat.sqrt() + self.eps))
+        p.assign(p - self._hyper("lr", p.dtype) * m_hat / (v_hat.sqrt() + self._hyper("eps", p.dtype)))
         for state, value in ((m, new_m), (v, new_v), (b1_pow, new_b1_pow), (b2_pow, new_b2_pow)):
             state.assign(value)
 

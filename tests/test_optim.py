@@ -78,5 +78,6 @@ def test_seed_l2_rule_is_weight_decay_two_lambda():
 def test_optimizer_argument_checks():
     with pytest.raises(ValueError, match="empty parameter list"):
         SGD([])
-    with pytest.raises(ValueError, match="lr must be positive"):
-        Adam([Tensor(1.0)], lr=0)
+    with pytest.raises(ValueError, match="lr must be >= 0"):
+        Adam([Tensor(1.0)], lr=-1e-3)
+    assert SGD([Tensor(1.0)], lr=0).lr == 0.0  # frozen phases and warm-up schedules start at 0

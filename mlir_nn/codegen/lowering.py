@@ -266,13 +266,15 @@ def _linear(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
 
 
 def _gemm(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    """beta * c +- alpha * product, alpha and beta folded constants or 0-d tensors read in the epilogue."""
     product = _fused_matmul(b, node, xs)
-    alpha, beta = float(node.attr("alpha")), float(node.attr("beta"))
+    combine = arith.subf if node.attr("subtract", False) else arith.addf
 
-    def epilogue(acc: ir.Value, c: ir.Value) -> ir.Value:
-        return arith.addf(arith.mulf(b.scalar(alpha), acc), arith.mulf(b.scalar(beta), c))
+    def epilogue(acc: ir.Value, c: ir.Value, alpha: ir.Value, beta: ir.Value) -> ir.Value:
+        return combine(arith.mulf(beta, c), arith.mulf(alpha, acc))
 
-    return b.elementwise(node.shape, [product, xs[2]], [node.shape, node.inputs[2].shape], epilogue, init=product)
+    shapes = [node.shape] + [i.shape for i in node.inputs[2:]]
+    return b.elementwise(node.shape, [product, *xs[2:]], shapes, epilogue, init=product)
 
 
 def _matmul_relu_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:

@@ -14,7 +14,7 @@ from typing import Any
 from egglog import EGraph, Vec, i64, set_
 from egglog.declarations import CallDecl, ClassMethodRef, InitRef, LitDecl, ValueDecl
 
-from mlir_nn.egraph.terms import BATCH_DIM, Term, shape
+from mlir_nn.egraph.terms import BATCH_DIM, Term, dtype, shape
 from mlir_nn.ir import Graph, Node, make_node
 from mlir_nn.ir.shapes import BATCH, Shape
 
@@ -36,7 +36,7 @@ SPECS: dict[str, tuple[tuple[str, str, Any], ...]] = {
     "mean": (("axes", "dims", REQUIRED), ("keepdims", "bool", REQUIRED)),
     "mean_grad": (("shape", "dims", REQUIRED), ("axes", "dims", REQUIRED)),
     "linear": TRANSPOSE_FLAGS + (("activation", "str", REQUIRED),),
-    "gemm": TRANSPOSE_FLAGS + (("alpha", "f64", REQUIRED), ("beta", "f64", REQUIRED)),
+    "gemm": TRANSPOSE_FLAGS + (("subtract", "bool", False),),
     "matmul_relu_grad": TRANSPOSE_FLAGS,
     "log_softmax": (("axis", "i64", REQUIRED),),
     "log_softmax_grad": (("axis", "i64", REQUIRED),),
@@ -82,7 +82,7 @@ class Loaded:
 
 
 def load(egraph: EGraph, graph: Graph) -> Loaded:
-    """Add the graph's nodes to ``egraph`` (each let-bound, with its shape)."""
+    """Add the graph's nodes to ``egraph`` (each let-bound, with its shape and dtype)."""
     leaves = list(graph.inputs + graph.params)
     loaded = Loaded(graph, leaves)
     leaf_index = {n: i for i, n in enumerate(leaves)}
@@ -103,6 +103,7 @@ def load(egraph: EGraph, graph: Graph) -> Loaded:
             term = Term.opaque(len(loaded.opaque) - 1, Vec[Term](*args) if args else Vec[Term].empty())
         terms[node] = egraph.let(f"n{i}", term)
         shapes.append(set_(shape(terms[node])).to(dims_vec(node.shape)))
+        shapes.append(set_(dtype(terms[node])).to(node.dtype))
     if shapes:
         egraph.register(*shapes)
     for k, out in enumerate(graph.outputs):
@@ -176,7 +177,8 @@ def read_eclasses(egraph: EGraph, loaded: Loaded) -> EClasses:
         for cid, (tp, calls) in frozen.e_classes.items()
         if tp.ident.name == Term.__name__
     }
-    shapes = {call.args[0].expr.value: _lit(result) for call, result in frozen.sets.items()}
+    shapes = {call.args[0].expr.value: _lit(result) for call, result in frozen.sets.items()
+              if call.callable.ident.name == "shape"}
     roots = [frozen.let_bindings["$" + name].expr.value for name in loaded.roots]
     return EClasses(nodes, shapes, roots)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from egglog import EGraph
 
-from mlir_nn.egraph import convert
+from mlir_nn.egraph import convert, isolation
 from mlir_nn.egraph.convert import ClassId, EClasses, ENode, Loaded
 from mlir_nn.egraph.cost import CostModel
 from mlir_nn.egraph.extract import extract
@@ -103,7 +103,17 @@ def build_egraph(graph: Graph, names: list[str], limits: Limits, report: Report)
 
 def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[str] | None = None,
              limits: Limits = Limits(), cost_model: CostModel | None = None) -> tuple[Graph, Report]:
-    """Optimize ``graph`` by equality saturation; return (graph to run, report)."""
+    """Optimize ``graph`` by equality saturation; return (graph to run, report). Safe to call
+    from several threads and in forked processes (see ``mlir_nn.egraph.isolation``)."""
+    options = {"rulesets": rulesets, "limits": limits, "cost_model": cost_model}
+    if isolation.must_use_fresh_process():
+        return isolation.in_fresh_process("optimize_here", graph, batch_estimate, **options)
+    return isolation.on_this_thread(lambda: optimize_here(graph, batch_estimate, **options))
+
+
+def optimize_here(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[str] | None = None,
+                  limits: Limits = Limits(), cost_model: CostModel | None = None) -> tuple[Graph, Report]:
+    """``optimize`` in the calling thread, with no locking."""
     start = time.perf_counter()
     model = cost_model or CostModel(batch=batch_estimate or default_batch(graph))
     report = Report(nodes_before=len(graph.compute_nodes), cost_before=model.graph_cost(graph),

@@ -6,15 +6,15 @@ Input and parameter nodes become ``leaf(i)`` (``i`` indexes the graph's declarat
 and an op without a constructor here becomes ``opaque(key, args)``: rules never match
 it, so it passes through the optimizer unchanged.
 
-``shape(t)`` is an egglog function (a table with no merge), set once per e-class when
-the graph is loaded and by the rules for the few new inner terms they build. A rule
+``shape(t)`` and ``dtype(t)`` are egglog functions (tables with no merge), set once per
+e-class when the graph is loaded and by the rules for the few new terms they build. A rule
 that equated terms of different shapes would set two values for one key, which egglog
 rejects with an error: an unsound rewrite cannot go unnoticed.
 """
 
 from __future__ import annotations
 
-from egglog import BoolLike, Expr, StringLike, Vec, f64Like, function, i64, i64Like
+from egglog import BoolLike, Expr, String, StringLike, Vec, f64Like, function, i64, i64Like
 
 BATCH_DIM = -1  # "N" as an egglog i64
 
@@ -90,8 +90,8 @@ class Term(Expr):
     def linear(cls, x: Term, w: Term, b: Term, transpose_a: BoolLike, transpose_b: BoolLike,
                activation: StringLike) -> Term: ...
     @classmethod
-    def gemm(cls, a: Term, b: Term, c: Term, transpose_a: BoolLike, transpose_b: BoolLike,
-             alpha: f64Like, beta: f64Like) -> Term: ...
+    def gemm(cls, a: Term, b: Term, c: Term, alpha: Term, beta: Term, transpose_a: BoolLike,
+             transpose_b: BoolLike, subtract: BoolLike) -> Term: ...
     @classmethod
     def matmul_relu_grad(cls, a: Term, b: Term, z: Term, transpose_a: BoolLike, transpose_b: BoolLike) -> Term: ...
     @classmethod
@@ -103,3 +103,8 @@ def shape(t: Term) -> Vec[i64]:
     """The e-class's shape (batch dim as -1); all terms of one e-class share it."""
 
 
+
+
+@function
+def dtype(t: Term) -> String:
+    """The e-class's element type ("float32", ...), so rules can build constants of it."""

@@ -495,14 +495,24 @@ def _product_shaped_third(op: str, role: str) -> Infer:
     return infer
 
 
+def _gemm_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    out = _product_shaped_third("gemm", "accumulator")(types[:3], attrs)
+    same_dtype("gemm", types)
+    for role, scale in zip(("alpha", "beta"), types[3:]):
+        if scale.shape != ():
+            raise ShapeError(f"gemm: {role} has shape {fmt_shape(scale.shape)}, expected a scalar ()")
+    return out
+
+
 def _gemm_reference(args, attrs, shape):
-    product = _matmul_reference(args[:2], attrs, shape)
-    dtype = args[2].dtype
-    return np.asarray(attrs["alpha"], dtype) * product + np.asarray(attrs["beta"], dtype) * args[2]
+    a, b, c, alpha, beta = args
+    product = alpha * _matmul_reference([a, b], attrs, shape)
+    return beta * c - product if attrs.get("subtract") else beta * c + product
 
 
-register("gemm", 3, _product_shaped_third("gemm", "accumulator"), _gemm_reference, None,
-         "BLAS gemm alpha * op(a) @ op(b) + beta * c (e.g. an SGD update folded into the weight gradient).")
+register("gemm", 5, _gemm_infer, _gemm_reference, None,
+         "BLAS-style gemm beta * c + alpha * op(a) @ op(b) (minus the product when subtract) with 0-d "
+         "alpha and beta, constants or run-time scalars (e.g. an SGD update folded into the weight gradient).")
 
 
 register("matmul_relu_grad", 3, _product_shaped_third("matmul_relu_grad", "mask source"),

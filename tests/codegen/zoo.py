@@ -56,6 +56,7 @@ def matmul_zoo(k: int, m: int, dtype: str) -> Graph:
     w = _leaf("param", "w", (k, m), dtype)
     bias = _leaf("param", "bias", (m,), dtype)
     c = _leaf("param", "c", (k, m), dtype)
+    lr = _leaf("param", "lr", (), dtype)  # a run-time scalar, as an optimizer's learning rate
     n = make_node
     outs = [
         n("matmul", [x, w]),
@@ -65,10 +66,11 @@ def matmul_zoo(k: int, m: int, dtype: str) -> Graph:
         n("matmul", [n("transpose", [x], perm=(1, 0)), g]),  # read through a transpose node
         n("linear", [x, w, bias], activation="relu"),
         n("linear", [x, w, bias], activation="none"),
-        n("gemm", [x, g, c], transpose_a=True, alpha=-0.25, beta=1.0),
+        n("gemm", [x, g, c, const(-0.25, dtype), const(1.0, dtype)], transpose_a=True),
+        n("gemm", [x, g, c, lr, n("sub", [const(1.0, dtype), lr])], transpose_a=True, subtract=True),
         n("matmul_relu_grad", [g, w, z], transpose_b=True),
     ]
-    return Graph((x, g, z), (w, bias, c), tuple(outs), name="matmul_zoo")
+    return Graph((x, g, z), (w, bias, c, lr), tuple(outs), name="matmul_zoo")
 
 
 def arguments(graph: Graph, batch: int, rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -32,12 +32,15 @@ def test_linear(m, k, n, ta, tb, act):
 
 
 @given(m=dims, k=dims, n=dims, ta=st.booleans(), tb=st.booleans(),
-       alpha=st.floats(-2, 2), beta=st.floats(-2, 2))
-def test_gemm(m, k, n, ta, tb, alpha, beta):
+       alpha=st.floats(-2, 2), beta=st.floats(-2, 2), subtract=st.booleans())
+def test_gemm(m, k, n, ta, tb, alpha, beta, subtract):
     a, b, rng = operands(m, k, n, ta, tb)
     c = Tensor(rng.standard_normal((m, n)))
-    out = apply("gemm", a, b, c, alpha=alpha, beta=beta, transpose_a=ta, transpose_b=tb)
-    np.testing.assert_allclose(out.data, (alpha * product(a, b, ta, tb) + beta * c).data, rtol=1e-12, atol=1e-12)
+    scales = Tensor(np.float64(alpha)), Tensor(np.float64(beta))
+    out = apply("gemm", a, b, c, *scales, subtract=subtract, transpose_a=ta, transpose_b=tb)
+    sign = -1.0 if subtract else 1.0
+    expected = (sign * alpha * product(a, b, ta, tb) + beta * c).data
+    np.testing.assert_allclose(out.data, expected, rtol=1e-12, atol=1e-12)
 
 
 @given(m=dims, k=dims, n=dims, ta=st.booleans(), tb=st.booleans())
@@ -53,4 +56,6 @@ def test_fused_shape_errors_name_the_op():
     with pytest.raises(ShapeError, match=r"linear: bias has shape \(3,\), expected \(4,\)"):
         apply("linear", a, b, Tensor(np.ones(3)), activation="relu")
     with pytest.raises(ShapeError, match=r"gemm: inner dimensions differ"):
-        apply("gemm", a, a, Tensor(np.ones((2, 3))), alpha=1.0, beta=1.0)
+        apply("gemm", a, a, Tensor(np.ones((2, 3))), 1.0, 1.0)
+    with pytest.raises(ShapeError, match=r"gemm: alpha has shape \(1,\), expected a scalar"):
+        apply("gemm", a, b, Tensor(np.ones((2, 4))), Tensor(np.ones(1)), 1.0)

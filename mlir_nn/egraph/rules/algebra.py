@@ -13,7 +13,7 @@ from __future__ import annotations
 from egglog import Vec, eq, i64, ne, rewrite, rule, set_, union
 
 from mlir_nn.egraph.rules.common import P2, a, b, build, dt, e, k, k2, s, sa, x
-from mlir_nn.egraph.terms import Term, shape
+from mlir_nn.egraph.terms import Term, dtype, shape
 
 C0, C1 = Term.const(0.0, dt), Term.const(1.0, dt)
 
@@ -24,7 +24,8 @@ def _keep(name: str, pattern: Term) -> tuple[str, object]:
 
 
 RULES = [
-    ("a constant is a scalar", rule(eq(e).to(Term.const(k, dt))).then(set_(shape(e)).to(Vec[i64]()))),
+    ("a constant is a scalar", rule(eq(e).to(Term.const(k, dt))).then(
+        set_(shape(e)).to(Vec[i64]()), set_(dtype(e)).to(dt))),
     _keep("x + 0 = x", Term.add(x, C0)),
     _keep("0 + x = x", Term.add(C0, x)),
     _keep("x - 0 = x", Term.sub(x, C0)),
@@ -54,7 +55,8 @@ RULES = [
     ("sum_to(x, shape(x)) = x", rule(eq(e).to(Term.sum_to(x, s)), eq(shape(x)).to(s)).then(union(e).with_(x))),
     ("broadcast(a) + broadcast(b) = broadcast(a + b)",
      rule(eq(e).to(Term.add(Term.broadcast_to(a, s), Term.broadcast_to(b, s))), eq(sa).to(shape(a)),
-          eq(shape(b)).to(sa)).then(
-         union(e).with_(Term.broadcast_to(Term.add(a, b), s)), set_(shape(Term.add(a, b))).to(sa))),
+          eq(shape(b)).to(sa), eq(dt).to(dtype(a))).then(
+         union(e).with_(Term.broadcast_to(Term.add(a, b), s)), set_(shape(Term.add(a, b))).to(sa),
+         set_(dtype(Term.add(a, b))).to(dt))),
 ]
 RULESET = build("algebra", RULES)
