@@ -2,6 +2,8 @@
 
 A schedule sets ``optimizer.lr``: constructing it applies epoch 0, each ``step()`` the
 next epoch. ``get_last_lr()`` is the list PyTorch returns (one optimizer, one group).
+The learning rate is a run-time input of a compiled step, so the next call uses the new
+value without recompiling.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ import torch
 
 import mlir_nn
 from mlir_nn.engine import Tensor
-from mlir_nn.optim import SGD, CosineAnnealingLR, ExponentialLR, LambdaLR, StepLR
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD, Adam, CosineAnnealingLR, ExponentialLR, LambdaLR, StepLR
+from mlir_nn.trainer import train_step
 
 SCHEDULES = {
     "StepLR": (StepLR, torch.optim.lr_scheduler.StepLR, dict(step_size=3, gamma=0.5)),
@@ -70,3 +72,30 @@ def test_the_eager_optimizer_uses_the_scheduled_lr():
 def test_bad_arguments(build, error, match):
     with pytest.raises(error, match=match):
         build(SGD([Tensor(np.zeros(2))], lr=0.1))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+@pytest.mark.parametrize("opt_cls,schedule", [
+    (SGD, lambda o: StepLR(o, step_size=2, gamma=0.3)),
+    (Adam, lambda o: CosineAnnealingLR(o, T_max=5)),  # reaches lr = 0 at epoch 5
+])
+def test_a_schedule_changes_the_lr_of_a_compiled_step_without_recompiling(backend, opt_cls, schedule):
+    models = [MLP(3, [6, 2], dtype=np.float64) for _ in range(2)]
+    for a, b in zip(*(m.parameters() for m in models)):
+        b.data[...] = a.data
+    opts = [opt_cls(m.parameters(), lr=0.05) for m in models]
+    schedules = [schedule(o) for o in opts]
+    eager = train_step(models[0], opts[0])
+    step = mlir_nn.jit(train_step(models[1], opts[1]), backend=backend)
+    rng = np.random.default_rng(0)
+    lrs = []
+    for _ in range(7):
+        x, y = rng.standard_normal((5, 3)), rng.standard_normal((5, 2))
+        np.testing.assert_allclose(step(x, y), eager(Tensor(x), Tensor(y)).data, rtol=1e-12)
+        for p, q in zip(models[0].parameters(), models[1].parameters()):
+            np.testing.assert_allclose(q.data, p.data, rtol=1e-12, atol=1e-15)
+        lrs.append(opts[1].lr)
+        for s in schedules:
+            s.step()
+    assert len(set(lrs)) >= 4  # the learning rate really moved
+    assert len(step._cache) == 1  # one trace and compile served every learning rate
