@@ -54,12 +54,12 @@ def test_max_and_softmax_step_emulated_matches_the_reference():
 
     rng = np.random.default_rng(1)
     w = Tensor(rng.standard_normal((4, 3)).astype(np.float32))
-    graph, _, _ = trace_step(max_softmax_step(w), [np.zeros((8, 4), np.float32), np.zeros((8, 3), np.float32)],
-                             ["x", "y"])
+    graph, captured, _ = trace_step(max_softmax_step(w), [np.zeros((8, 4), np.float32),
+                                                          np.zeros((8, 3), np.float32)], ["x", "y"])
     graph = optimize(graph, batch_estimate=8)[0]
     assert {"max", "eq", "log_softmax"} <= set(graph.op_counts())
     step = emulated(graph)
-    params = [w.data.copy()]
+    params = [np.array(t.data, np.float32) for t in captured]  # the weights and the fed learning rate
     for batch in (8, 1, 19):
         x, y = rng.standard_normal((batch, 4)).astype(np.float32), rng.uniform(0, 1, (batch, 3)).astype(np.float32)
         outputs, updates = evaluate(graph, [x, y], [p.copy() for p in params], batch)
