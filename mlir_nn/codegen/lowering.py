@@ -175,17 +175,14 @@ def _one_hot(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
 
 def _softmax_xent_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     rows = _Rows(node.shape, 1)
-    z, p = (b.tensor_of(v, node.shape) for v in xs)
-    m, s = rows.max_and_sum_exp(b, z)
+    y, p = (b.tensor_of(v, node.shape) for v in xs)
     mass = rows.reduce(b, [p], [rows.whole], lambda v: v)
     scale = arith.divf(b.scalar(float(node.attr("scale"))), b.count([node.shape[0]]))
 
-    def grad(zv: ir.Value, pv: ir.Value, mv: ir.Value, sv: ir.Value, total: ir.Value) -> ir.Value:
-        softmax = arith.divf(math.exp(arith.subf(zv, mv)), sv)
-        return arith.mulf(arith.subf(arith.mulf(softmax, total), pv), scale)
+    def grad(yv: ir.Value, pv: ir.Value, total: ir.Value) -> ir.Value:
+        return arith.mulf(arith.subf(arith.mulf(math.exp(yv), total), pv), scale)
 
-    shapes = [node.shape, node.shape, rows.kept, rows.kept, rows.kept]
-    return b.elementwise(node.shape, [z, p, m, s, mass], shapes, grad)
+    return b.elementwise(node.shape, [y, p, mass], [node.shape, node.shape, rows.kept], grad)
 
 
 def _stack(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:

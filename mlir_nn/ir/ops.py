@@ -626,21 +626,19 @@ register("one_hot", 1, _one_hot_infer, _one_hot_reference, lambda emit, xs, out,
 
 
 def _xent_grad_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    z, p = types
+    y, p = types
     result = _same_shape_infer("softmax_xent_grad")(types, attrs)
-    if len(z.shape) != 2:
-        raise ShapeError(f"softmax_xent_grad: logits must be (batch, classes), got {fmt_shape(z.shape)}")
+    if len(y.shape) != 2:
+        raise ShapeError(f"softmax_xent_grad: log-probabilities must be (batch, classes), got {fmt_shape(y.shape)}")
     return result
 
 
 def _xent_grad_reference(args, attrs, shape):
-    z, p = args
-    shifted = np.exp(z - np.max(z, axis=1, keepdims=True))
-    softmax = shifted / np.sum(shifted, axis=1, keepdims=True)
-    scale = np.asarray(attrs["scale"] / z.shape[0], z.dtype)
-    return (softmax * np.sum(p, axis=1, keepdims=True) - p) * scale
+    y, p = args
+    scale = np.asarray(attrs["scale"] / y.shape[0], y.dtype)
+    return (np.exp(y) * np.sum(p, axis=1, keepdims=True) - p) * scale
 
 
 register("softmax_xent_grad", 2, _xent_grad_infer, _xent_grad_reference, None,
-         "Fused gradient of mean cross-entropy wrt logits z (N, C) for targets p: "
+         "Fused gradient of mean cross-entropy wrt the logits, from y = log_softmax(z) (N, C) and targets p: "
          "scale * (softmax(z) * sum(p, 1) - p) / N; (softmax(z) - onehot) / N for labels.")

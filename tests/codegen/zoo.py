@@ -42,7 +42,7 @@ def elementwise_zoo(width: int, dtype: str) -> Graph:
         n("reshape", [n("sum", [x], axes=(0, 1), keepdims=False)], shape=(1, 1)),
         n("eq", [x, b]), n("max", [x], axes=(1,), keepdims=True), n("max", [x], axes=(0,), keepdims=False),
         n("max", [x], axes=(0, 1), keepdims=False), n("log_softmax", [x], axis=1), n("log_softmax", [x], axis=0),
-        n("log_softmax_grad", [x, y], axis=1), n("softmax_xent_grad", [x, y], scale=-0.5),
+        n("log_softmax_grad", [x, y], axis=1), n("softmax_xent_grad", [n("log_softmax", [x], axis=1), y], scale=-0.5),
         n("one_hot", [last_class], classes=width), n("index", [stacked], index=1), stacked,
     ]
     return Graph((x, y), (b, s), tuple(outs), name="elementwise_zoo")
