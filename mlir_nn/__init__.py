@@ -1,8 +1,9 @@
 """mlir-nn: a tensor autograd framework whose training steps compile through MLIR."""
 
+from mlir_nn.checkpoint import load, save
 from mlir_nn.engine import Tensor, Value
 from mlir_nn.jit import jit
 
 __version__ = "0.1.0"
 
-__all__ = ["Tensor", "Value", "__version__", "jit"]
+__all__ = ["Tensor", "Value", "__version__", "jit", "load", "save"]

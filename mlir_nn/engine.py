@@ -5,6 +5,12 @@ rule and then either evaluates it with the NumPy reference (eager mode) or recor
 node (while ``mlir_nn.jit`` traces a step). ``backward`` walks the tensor graph and calls
 the registry's VJP rules through the same ``apply``, so the backward pass is made of
 ordinary IR nodes: evaluated at once in eager mode, appended to the traced graph otherwise.
+
+Dtypes follow NumPy: a tensor made from Python numbers or lists is float64, a float array
+keeps its dtype, and a Python number used as an operand takes the other operand's dtype.
+Eager operands of different dtypes promote to float64 (a ``cast`` node, so gradients flow
+back in each operand's own dtype). A traced step computes in one dtype: mixing float32 and
+float64 tensors there, or ``astype`` to the other one, raises DTypeError naming the op.
 """
 
 from __future__ import annotations
@@ -95,9 +101,10 @@ def set_trace(trace: Trace | None) -> None:
 
 
 def _default_dtype(data: Any) -> str:
+    """A float array's own dtype; float64 for Python numbers, lists and integer arrays (NumPy's rule)."""
     if isinstance(data, (np.ndarray, np.generic)) and np.issubdtype(np.asarray(data).dtype, np.floating):
         return dtype_name(np.asarray(data).dtype)
-    return "float32"
+    return "float64"
 
 
 def numeric_array(data: Any, what: str) -> np.ndarray:
@@ -289,6 +296,33 @@ class Tensor:
     def broadcast_to(self, shape: tuple) -> Tensor:
         return apply("broadcast_to", self, shape=tuple(shape))
 
+    def astype(self, dtype: Any) -> Tensor:
+        """This tensor in ``dtype`` (itself when it already has it); gradients flow back."""
+        dtype = dtype_name(dtype)
+        if dtype == self.dtype:
+            return self
+        if current_trace() is not None:
+            raise DTypeError(f"astype: a traced step computes in one dtype; {self.label or 'tensor'} "
+                             f"{fmt_shape(self.shape)} is {self.dtype}, asked for {dtype} "
+                             "(cast the data outside the step)")
+        return apply("cast", self, dtype=dtype)
+
+    def max(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+        """Maximum over ``axis``; the gradient is shared evenly between ties (PyTorch's amax)."""
+        return apply("max", self, axes=normalize_axes("max", axis, self.ndim), keepdims=keepdims)
+
+    def argmax(self, axis: int | None = None) -> np.ndarray:
+        """Indices of the maxima, as numpy's argmax (eager only: indices have no gradient)."""
+        return np.argmax(self.data, axis=axis)
+
+    def log_softmax(self, axis: int = -1) -> Tensor:
+        """log(softmax(x)) along ``axis``, computed as x - max - log(sum(exp(x - max)))."""
+        return apply("log_softmax", self, axis=normalize_axes("log_softmax", axis, self.ndim)[0])
+
+    def softmax(self, axis: int = -1) -> Tensor:
+        """exp(x) / sum(exp(x)) along ``axis``, as exp(log_softmax(x)): finite for any finite x."""
+        return self.log_softmax(axis).exp()
+
     def assign(self, value: Any) -> None:
         """Overwrite this tensor's value in place (traced as a parameter update)."""
         value = value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype)
@@ -305,12 +339,15 @@ class Tensor:
 
     # ------------------------------------------------------------------ autodiff
 
-    def backward(self) -> None:
-        """Fill ``.grad`` of every tensor this one depends on (d self / d tensor)."""
+    def backward(self, gradient: Any = None) -> None:
+        """Fill ``.grad`` of every tensor this one depends on (d self / d tensor).
+
+        As in PyTorch, a non-scalar tensor needs ``gradient`` (of its shape): the vector
+        the Jacobian is multiplied with.
+        """
         order = _topo_tensors(self)
         trace = current_trace()
-        seed = _operand(1.0, self.dtype, "backward")
-        grads: dict[int, Tensor] = {id(self): seed if self.shape == () else seed.broadcast_to(self.shape)}
+        grads: dict[int, Tensor] = {id(self): self._seed(gradient)}
         for t in reversed(order):
             g = grads.pop(id(t), None)
             if g is None:
@@ -332,7 +369,34 @@ class Tensor:
                 grads[id(inp)] = ig if id(inp) not in grads else apply("add", grads[id(inp)], ig)
 
 
+    def _seed(self, gradient: Any) -> Tensor:
+        if gradient is None:
+            if BATCH in self.shape or int(np.prod(self.shape, dtype=np.int64)) != 1:
+                raise RuntimeError(
+                    f"backward: tensor of shape {fmt_shape(self.shape)} is not a scalar; pass gradient= "
+                    "(a tensor of its shape), or reduce it first (e.g. .sum())"
+                )
+            seed = _operand(1.0, self.dtype, "backward")
+            return seed if self.shape == () else seed.broadcast_to(self.shape)
+        seed = gradient if isinstance(gradient, Tensor) else Tensor(gradient, dtype=self.dtype)
+        if seed.shape != self.shape or seed.dtype != self.dtype:
+            raise ShapeError(
+                f"backward: gradient {fmt_shape(seed.shape)}:{seed.dtype} does not match the tensor "
+                f"{fmt_shape(self.shape)}:{self.dtype}; expected the same shape and dtype"
+            )
+        return seed
+
+
 Value = Tensor
+
+
+def stack(tensors: list[Any]) -> Tensor:
+    """Tensors (or numbers) of one shape stacked along a new first axis, with autograd."""
+    if not tensors:
+        raise ShapeError("stack: got an empty list; expected at least one tensor")
+    dtypes = [t.dtype for t in tensors if isinstance(t, Tensor)]
+    dtype = np.result_type(*dtypes).name if dtypes else "float64"
+    return apply("stack", *[t.astype(dtype) if isinstance(t, Tensor) else t for t in tensors])
 
 
 def _topo_tensors(root: Tensor) -> list[Tensor]:
@@ -379,11 +443,22 @@ def _operand(value: Any, dtype: str, op: str) -> Tensor:
     raise TypeError(f"{op}: cannot use an operand of type {type(value).__name__}; expected a Tensor or a number")
 
 
+def _promoted(operands: tuple, trace: Trace | None) -> tuple[str, tuple]:
+    """The dtype Python-number operands take, and the operands with eager mixed dtypes cast to float64."""
+    dtypes = [o.dtype for o in operands if isinstance(o, Tensor)]
+    if not dtypes:
+        return "float64", operands
+    if trace is not None or len(set(dtypes)) == 1:
+        return dtypes[0], operands
+    return "float64", tuple(apply("cast", o, dtype="float64") if isinstance(o, Tensor) and o.dtype != "float64"
+                            else o for o in operands)
+
+
 def apply(op: str, *operands: Any, **attrs: Any) -> Tensor:
     """Apply a registered op: evaluate it eagerly, or record it while tracing."""
-    dtype = next((o.dtype for o in operands if isinstance(o, Tensor)), "float32")
-    tensors = [_operand(o, dtype, op) for o in operands]
     trace = current_trace()
+    dtype, operands = _promoted(operands, trace)
+    tensors = [_operand(o, dtype, op) for o in operands]
     definition = op_def(op)
     if trace is not None:
         tensors = [trace.resolve(t) for t in tensors]
@@ -406,7 +481,10 @@ def matmul(a: Any, b: Any) -> Tensor:
     if not isinstance(b, Tensor):
         b = Tensor(b, dtype=a.dtype)
     if a.dtype != b.dtype:
-        raise DTypeError(f"matmul: operands have dtypes {a.dtype} and {b.dtype}; expected one dtype")
+        if current_trace() is not None:
+            raise DTypeError(f"matmul: operands have dtypes {a.dtype} and {b.dtype}; a traced step computes in "
+                             "one dtype (cast with astype)")
+        a, b = a.astype("float64"), b.astype("float64")
     if a.ndim == 1 and b.ndim in (1, 2):
         row = matmul(a.reshape(1, a.shape[0]), b)
         return row.reshape(()) if b.ndim == 1 else row.reshape(row.shape[1])

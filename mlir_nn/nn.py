@@ -1,18 +1,21 @@
-"""Modules: Layer and MLP with tinynn's API, on tensors."""
+"""Modules: Layer and MLP with tinynn's API, on tensors; PyTorch-shaped state dicts."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from mlir_nn.engine import Tensor
+from mlir_nn.engine import Tensor, stack
 from mlir_nn.ir import ShapeError
 from mlir_nn.ir.shapes import fmt_shape
 
+INITS = ("kaiming_uniform", "tinynn")
+
 
 class Module:
-    """Base class: a module owns parameters and can clear their gradients."""
+    """Base class: a module owns parameters, can clear their gradients and save/load them."""
 
     def parameters(self) -> list[Tensor]:
         return []
@@ -28,29 +31,87 @@ class Module:
     def __call__(self, x: Any) -> Tensor:
         raise NotImplementedError
 
+    def named_parameters(self) -> list[tuple[str, Tensor]]:
+        """(dotted name, tensor) for every parameter, in ``parameters()`` order: ``layers.0.W``.
+
+        Names come from the attributes holding the tensors (sub-modules and lists of them
+        recursed into); a parameter no attribute holds is named by its position.
+        """
+        found = {id(t): name for name, t in _walk(self, "")}
+        return [(found.get(id(p), str(i)), p) for i, p in enumerate(self.parameters())]
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """{name: copy of the parameter's array}, as PyTorch's ``state_dict``."""
+        return {name: p.data.copy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
+        """Copy ``state`` into the parameters in place; every entry is checked before any is written."""
+        named = dict(self.named_parameters())
+        missing = [k for k in named if k not in state]
+        unexpected = [k for k in state if k not in named]
+        if strict and (missing or unexpected):
+            raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}, unexpected keys "
+                           f"{unexpected}")
+        checked = {}
+        for name, p in named.items():
+            if name not in state:
+                continue
+            value = np.asarray(state[name])
+            if value.shape != p.shape:
+                raise ShapeError(f"{type(self).__name__}.load_state_dict: {name} has shape {fmt_shape(value.shape)}, "
+                                 f"expected {fmt_shape(p.shape)}")
+            if value.dtype.kind not in "biuf" or not np.all(np.isfinite(value)):
+                raise ValueError(f"{type(self).__name__}.load_state_dict: {name} must hold finite numbers")
+            checked[name] = value
+        for name, value in checked.items():
+            named[name].data[...] = value
+
+
+def _walk(obj: Any, prefix: str) -> Iterator[tuple[str, Tensor]]:
+    for attr, value in vars(obj).items():
+        yield from _walk_value(value, prefix + attr)
+
+
+def _walk_value(value: Any, name: str) -> Iterator[tuple[str, Tensor]]:
+    if isinstance(value, Tensor):
+        yield name, value
+    elif isinstance(value, Module):
+        yield from _walk(value, name + ".")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _walk_value(item, f"{name}.{i}")
+
 
 def _as_input(x: Any, dtype: str) -> Tensor:
-    if isinstance(x, Tensor):
-        return x
-    if isinstance(x, (list, tuple)) and x and all(isinstance(v, Tensor) for v in x):
-        return Tensor(np.stack([v.data for v in x]), dtype=dtype)
-    return Tensor(x, dtype=dtype)
+    """The layer's input as a tensor of ``dtype``; a list of Values is stacked with autograd."""
+    if isinstance(x, (list, tuple)) and x and any(isinstance(v, Tensor) for v in x):
+        x = stack(list(x))
+    return x.astype(dtype) if isinstance(x, Tensor) else Tensor(x, dtype=dtype)
 
 
 class Layer(Module):
     """A fully connected layer ``x @ W + b``, followed by ReLU when ``nonlin``.
 
-    Weights start uniform in (-1, 1) as in tinynn and biases at zero. ``W`` has shape
-    (nin, nout) and ``b`` shape (nout,).
+    ``init="kaiming_uniform"`` (the default) is PyTorch's ``nn.Linear`` initialization:
+    W and b uniform in (-1/sqrt(nin), 1/sqrt(nin)). ``init="tinynn"`` is the seed's: W
+    uniform in (-1, 1), b zero. ``W`` has shape (nin, nout) and ``b`` shape (nout,).
     """
 
     def __init__(self, nin: int, nout: int, nonlin: bool = True, dtype: Any = np.float32,
-                 name: str = "") -> None:
+                 name: str = "", init: str = "kaiming_uniform") -> None:
         if nin < 1 or nout < 1:
             raise ValueError(f"Layer: nin and nout must be positive, got nin={nin}, nout={nout}")
+        if init not in INITS:
+            raise ValueError(f"Layer: unknown init {init!r}; expected one of {', '.join(INITS)}")
         self.nin, self.nout, self.nonlin = nin, nout, nonlin
-        self.W = Tensor(np.random.uniform(-1.0, 1.0, size=(nin, nout)), dtype=dtype, label=f"{name}W")
-        self.b = Tensor(np.zeros(nout), dtype=dtype, label=f"{name}b")
+        if init == "tinynn":
+            weights, bias = np.random.uniform(-1.0, 1.0, size=(nin, nout)), np.zeros(nout)
+        else:
+            bound = 1.0 / np.sqrt(nin)
+            weights = np.random.uniform(-bound, bound, size=(nin, nout))
+            bias = np.random.uniform(-bound, bound, size=nout)
+        self.W = Tensor(weights, dtype=dtype, label=f"{name}W")
+        self.b = Tensor(bias, dtype=dtype, label=f"{name}b")
 
     def __call__(self, x: Any) -> Tensor:
         x = _as_input(x, self.W.dtype)
@@ -69,10 +130,10 @@ class Layer(Module):
 class MLP(Module):
     """A stack of layers; every layer but the last applies ReLU."""
 
-    def __init__(self, nin: int, nouts: list[int], dtype: Any = np.float32) -> None:
+    def __init__(self, nin: int, nouts: list[int], dtype: Any = np.float32, init: str = "kaiming_uniform") -> None:
         sizes = [nin] + list(nouts)
         self.layers = [
-            Layer(sizes[i], sizes[i + 1], nonlin=i != len(nouts) - 1, dtype=dtype, name=f"L{i}.")
+            Layer(sizes[i], sizes[i + 1], nonlin=i != len(nouts) - 1, dtype=dtype, name=f"L{i}.", init=init)
             for i in range(len(nouts))
         ]
 

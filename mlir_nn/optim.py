@@ -18,13 +18,14 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from mlir_nn.engine import Tensor, current_trace
 from mlir_nn.feeds import FedTensor
+from mlir_nn.ir import ShapeError
 
 
 def real(owner: str, name: str, value: Any) -> float:
@@ -71,6 +72,8 @@ class Hyperparameter:
 
 
 class Optimizer:
+    HYPERPARAMETERS: tuple[str, ...] = ("lr",)  # what state_dict saves in its param group
+
     lr = Hyperparameter(non_negative)
 
     def __init__(self, params: list[Tensor], lr: float) -> None:
@@ -115,6 +118,52 @@ class Optimizer:
     def _terms(self) -> tuple[bool, ...]:
         return ()
 
+    def state_dict(self) -> dict[str, Any]:
+        """PyTorch's shape: {"state": {param index: {name: array}}, "param_groups": [{hyper..., "params": [...]}]}."""
+        index = {id(p): i for i, p in enumerate(self.parameters)}
+        state = {index[key]: {name: t.data.copy() for name, t in slot.items()}
+                 for key, slot in self.state.items() if key in index}
+        group = {name: getattr(self, name) for name in self.HYPERPARAMETERS}
+        return {"state": state, "param_groups": [group | {"params": list(range(len(self.parameters)))}]}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore hyperparameters and state (in place where it exists, so compiled steps see it)."""
+        name = f"{type(self).__name__}.load_state_dict"
+        groups, states = state_dict.get("param_groups"), state_dict.get("state")
+        if not isinstance(groups, (list, tuple)) or len(groups) != 1 or not isinstance(states, Mapping):
+            raise ValueError(f"{name}: expected {{'state': {{...}}, 'param_groups': [one group]}}")
+        if list(groups[0].get("params", ())) != list(range(len(self.parameters))):
+            raise ValueError(f"{name}: the saved group has params {groups[0].get('params')}, this optimizer has "
+                             f"{len(self.parameters)} parameters")
+        arrays: dict[tuple[int, str], np.ndarray] = {}
+        for i, slot in states.items():
+            p = self.parameters[int(i)]
+            for key, value in slot.items():
+                value = np.asarray(value)
+                existing = self.state.get(id(p), {}).get(key)
+                expected = existing.shape if existing is not None else value.shape
+                if value.shape != expected or value.shape not in (p.shape, ()):
+                    raise ShapeError(f"{name}: state {key} of parameter {i} has shape {value.shape}, expected "
+                                     f"{expected if existing is not None else p.shape}")
+                arrays[(int(i), key)] = value
+        saved = {hyper: getattr(self, hyper) for hyper in self.HYPERPARAMETERS}
+        try:  # each assignment is validated; a bad one leaves every hyperparameter as it was
+            for hyper in self.HYPERPARAMETERS:
+                if hyper in groups[0]:
+                    value = groups[0][hyper]
+                    setattr(self, hyper, tuple(value) if isinstance(value, list) else value)
+        except (TypeError, ValueError):
+            for hyper, value in saved.items():
+                setattr(self, hyper, value)
+            raise
+        for (i, key), value in arrays.items():
+            p = self.parameters[i]
+            slot = self.state.setdefault(id(p), {})
+            if key in slot:
+                slot[key].data[...] = value
+            else:
+                slot[key] = Tensor(value, dtype=p.dtype, label=f"{p.label}.{key}")
+
     def step(self) -> None:
         for p in self.parameters:
             if p._grad is not None:
@@ -126,6 +175,8 @@ class Optimizer:
 
 class SGD(Optimizer):
     """p -= lr * (momentum buffer of (grad + weight_decay * p))."""
+
+    HYPERPARAMETERS = ("lr", "momentum", "weight_decay")
 
     momentum = Hyperparameter(non_negative)
     weight_decay = Hyperparameter(non_negative)
@@ -154,6 +205,8 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     """Adam (Kingma & Ba) with PyTorch's bias correction and L2 weight_decay."""
 
+    HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
+
     betas = Hyperparameter(betas_pair)
     eps = Hyperparameter(non_negative)
     weight_decay = Hyperparameter(non_negative)
@@ -181,3 +234,8 @@ class Adam(Optimizer):
         p.assign(p - self._hyper("lr", p.dtype) * m_hat / (v_hat.sqrt() + self._hyper("eps", p.dtype)))
         for state, value in ((m, new_m), (v, new_v), (b1_pow, new_b1_pow), (b2_pow, new_b2_pow)):
             state.assign(value)
+
+
+from mlir_nn.lr_scheduler import CosineAnnealingLR, ExponentialLR, LambdaLR, LRScheduler, StepLR  # noqa: E402
+
+__all__ = ["SGD", "Adam", "CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR", "Optimizer", "StepLR"]

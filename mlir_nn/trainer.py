@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from mlir_nn.engine import Tensor
 from mlir_nn.jit import JitFunction
-from mlir_nn.losses import mse_loss
+from mlir_nn.losses import cross_entropy, mse_loss
 from mlir_nn.nn import Module
 from mlir_nn.optim import Optimizer
 
@@ -35,32 +36,91 @@ def train_step(model: Module, optimizer: Optimizer,
     return step
 
 
-def _check_data(X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+def _as_arrays(X: Any, y: Any, dtype: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(X, y) as ``dtype`` arrays, checked as training will use them (after the cast)."""
+    where = f"Trainer.train: {what} " if what else "Trainer.train: "
     try:
         X = np.asarray(X, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"Trainer.train: X and y must be numeric arrays: {e}") from None
+        raise TypeError(f"{where}X and y must be numeric arrays: {e}") from None
     if X.ndim == 1:
         X = X.reshape(-1, 1)
     if X.ndim != 2:
-        raise ValueError(f"Trainer.train: X must have shape (samples, features), got {X.shape}")
+        raise ValueError(f"{where}X must have shape (samples, features), got {X.shape}")
     if len(X) == 0:
-        raise ValueError(f"Trainer.train: X is empty (shape {X.shape})")
-    if len(y) != len(X):
-        raise ValueError(f"Trainer.train: len(X) = {len(X)} but len(y) = {len(y)}; expected one label per sample")
+        raise ValueError(f"{where}X is empty (shape {X.shape})")
+    if y.ndim not in (1, 2) or len(y) != len(X):
+        raise ValueError(f"{where}len(X) = {len(X)} but len(y) = {len(y) if y.ndim else 0} (shape {y.shape}); "
+                         "expected one label or target row per sample")
+    with np.errstate(over="ignore"):  # overflow to inf is what the check below reports
+        X, y = X.astype(dtype), y.astype(dtype)
     for name, arr in (("X", X), ("y", y)):
         if not np.all(np.isfinite(arr)):
-            raise ValueError(f"Trainer.train: {name} contains NaN or infinite values; refusing to train on them")
+            raise ValueError(f"{where}{name} contains NaN or infinite values as {dtype} "
+                             "(the model's dtype); refusing to train on them")
     return X, y
 
 
-class Trainer:
-    """Trains ``model`` with ``optimizer`` on (X, y).
+def _check_data(X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
+    return _as_arrays(X, y, "float64", "")
 
-    Binary labels {0, 1} become targets -1 / +1 and a sample counts as class 1 when the
-    model's output is > 0, as in tinynn. Other labels are used as regression targets
-    (accuracy is then NaN).
+
+class Task:
+    """What (X, y) asks for: binary, multi-class or regression, given the model's output width.
+
+    * binary: one output, labels in {0, 1} or {-1, +1}: targets are -1 / +1 and a sample is
+      class 1 when the output is > 0 (tinynn); mse by default;
+    * multiclass: C > 1 outputs and integer labels (N,) in [0, C) or one-hot rows (N, C):
+      argmax accuracy, cross-entropy by default;
+    * regression: anything else; accuracy is None.
+    """
+
+    def __init__(self, y: np.ndarray, outputs: int) -> None:
+        values = np.unique(y)
+        column = y.reshape(len(y)) if y.ndim == 1 or y.shape[1] == 1 else None
+        integral = bool(np.all(values == np.round(values)))
+        one_hot = y.ndim == 2 and y.shape[1] == outputs > 1 and bool(np.isin(values, (0, 1)).all()) \
+            and bool(np.all(y.sum(axis=1) == 1))
+        if outputs == 1 and column is not None and (np.isin(values, (0, 1)).all() or np.isin(values, (-1, 1)).all()):
+            self.kind = "binary"
+        elif outputs > 1 and column is not None and integral and values.min() >= 0 and values.max() < outputs:
+            self.kind = "multiclass"
+        elif one_hot:
+            self.kind = "multiclass"
+        elif outputs > 1 and column is not None and integral:
+            raise ValueError(f"Trainer.train: labels must be integers in [0, {outputs}) for a model with {outputs} "
+                             f"outputs, got values in [{values.min():g}, {values.max():g}]")
+        else:
+            self.kind = "regression"
+        self.column, self.outputs = column, outputs
+
+    def targets(self, y: np.ndarray) -> np.ndarray:
+        """What the loss sees: +-1 (binary), labels (N,) or one-hot rows as given, y as (N, outputs)."""
+        if self.kind == "binary":
+            return np.where(y.reshape(len(y), 1) == 1, 1.0, -1.0).astype(y.dtype)
+        if self.kind == "multiclass":
+            return y.reshape(len(y)) if y.ndim == 1 or y.shape[1] == 1 else y
+        return y.reshape(len(y), -1)
+
+    def default_loss(self) -> Callable[[Tensor, Tensor], Tensor]:
+        return cross_entropy if self.kind == "multiclass" else mse_loss
+
+    def correct(self, pred: np.ndarray, y: np.ndarray) -> int:
+        """How many rows of ``pred`` get their label in ``y`` right (0 for regression)."""
+        if self.kind == "binary":
+            return int(np.sum((pred[:, 0] > 0) == (y.reshape(len(y)) == 1)))
+        if self.kind == "multiclass":
+            labels = y.reshape(len(y)) if y.ndim == 1 or y.shape[1] == 1 else np.argmax(y, axis=1)
+            return int(np.sum(np.argmax(pred, axis=1) == labels))
+        return 0
+
+
+class Trainer:
+    """Trains ``model`` with ``optimizer`` on (X, y): binary, multi-class or regression (see Task).
+
+    ``loss_fn`` (None: mse, or cross-entropy for multi-class) is read at every batch, so it
+    can be changed at any time; each loss function gets its own compiled step.
     """
 
     def __init__(self, model: Module, optimizer: Optimizer,
@@ -68,13 +128,15 @@ class Trainer:
                  backend: str | None = None, optimize: bool = True) -> None:
         self.model = model
         self.optimizer = optimizer
-        self.loss_fn = loss_fn or mse_loss
+        self.loss_fn = loss_fn
+        self.optimize = optimize
         self.losses: list[float] = []
-        self.accuracies: list[float] = []
-        self._step = JitFunction(train_step(model, optimizer, self.loss_fn, return_prediction=True),
-                                 backend=backend, optimize=optimize)
+        self.accuracies: list[float | None] = []
+        self.val_losses: list[float] = []
+        self.val_accuracies: list[float | None] = []
         self._forward = JitFunction(self._predict_step, backend=backend, optimize=optimize)
-        self.backend = self._step.backend
+        self.backend = self._forward.backend
+        self._steps: dict[Callable, JitFunction] = {}
 
     @property
     def dtype(self) -> str:
@@ -83,62 +145,108 @@ class Trainer:
     def _predict_step(self, x: Tensor) -> Tensor:
         return self.model(x)
 
+    def _step_for(self, loss_fn: Callable[[Tensor, Tensor], Tensor]) -> JitFunction:
+        if loss_fn not in self._steps:
+            step = train_step(self.model, self.optimizer, loss_fn, return_prediction=True)
+            self._steps[loss_fn] = JitFunction(step, backend=self.backend, optimize=self.optimize)
+        return self._steps[loss_fn]
+
     def predict(self, X: Any) -> np.ndarray:
         """Model outputs for X, through the same backend as training."""
         return self._forward(np.asarray(X, dtype=self.dtype))
 
+    def _evaluate(self, X: np.ndarray, y: np.ndarray, task: Task,
+                  loss_fn: Callable[[Tensor, Tensor], Tensor]) -> tuple[float, float | None]:
+        """(loss, accuracy) of the model on held-out data: one forward pass, the loss eagerly."""
+        pred = self.predict(X)
+        loss = float(loss_fn(Tensor(pred), Tensor(task.targets(y))).data)
+        return loss, None if task.kind == "regression" else task.correct(pred, y) / len(X)
+
     def train(self, X: Any, y: Any, n_epochs: int = 100, batch_size: int = 32, verbose: bool = True,
-              early_stopping: bool = True) -> dict[str, list[float]]:
-        """Run mini-batch training; returns {"losses": [...], "accuracies": [...]} per epoch."""
+              early_stopping: bool = True, validation_data: tuple[Any, Any] | None = None,
+              patience: int = 10) -> dict[str, list]:
+        """Mini-batch training; returns {"losses": [...], "accuracies": [...]} per epoch (and
+        "val_losses", "val_accuracies" with ``validation_data=(X_val, y_val)``).
+
+        Early stopping: with validation data, when the validation loss has not improved for
+        ``patience`` epochs; without, at 100% training accuracy and loss < 0.01 (tinynn).
+        """
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
             raise ValueError(f"Trainer.train: batch_size must be a positive integer, got {batch_size!r}")
         if isinstance(n_epochs, bool) or not isinstance(n_epochs, numbers.Integral) or n_epochs < 0:
             raise ValueError(f"Trainer.train: n_epochs must be an integer >= 0, got {n_epochs!r}")
         batch_size, n_epochs = int(batch_size), int(n_epochs)
-        X, y = _check_data(X, y)
-        binary = bool(np.isin(np.unique(y), (0.0, 1.0)).all())
-        targets = np.where(y == 1, 1.0, -1.0) if binary else y
-        targets = targets.reshape(len(targets), -1).astype(self.dtype)
-        X = X.astype(self.dtype)
-        if verbose:
-            print("Training neural network...")
+        X, y = _as_arrays(X, y, self.dtype, "")
+        outputs = self.model(Tensor(X[:1]))  # eager, one row: the output width, and a check of X's width
+        task = Task(y, int(outputs.shape[-1]))
+        targets = task.targets(y)
+        val = None
+        if validation_data is not None:
+            val = _as_arrays(*validation_data, self.dtype, "validation")
+            Task(val[1], task.outputs)  # the same checks as y
+        best, stale = float("inf"), 0
+        bar = tqdm(total=n_epochs, desc="Training", unit="epoch", disable=not verbose)
         for epoch in range(n_epochs):
             total_loss, correct = 0.0, 0
             indices = list(range(len(X)))
             random.shuffle(indices)
             for start in range(0, len(X), batch_size):
                 batch = indices[start:start + batch_size]
-                loss, pred = self._step(X[batch], targets[batch])
-                total_loss += float(loss)
-                if binary:
-                    correct += int(np.sum((pred[:, 0] > 0) == (y[batch] == 1)))
-            avg_loss = total_loss / max(1, len(X) // batch_size)
-            accuracy = correct / len(X) if binary else float("nan")
+                loss_fn = self.loss_fn or task.default_loss()  # read at every batch, as tinynn's Trainer
+                loss, pred = self._step_for(loss_fn)(X[batch], targets[batch])
+                total_loss += float(loss) * len(batch)
+                correct += task.correct(pred, y[batch])
+            avg_loss = total_loss / len(X)
+            accuracy = None if task.kind == "regression" else correct / len(X)
             self.losses.append(avg_loss)
             self.accuracies.append(accuracy)
-            if verbose and (epoch + 1) % 10 == 0:
-                print(f"Epoch {epoch + 1}/{n_epochs}: Loss={avg_loss:.4f}, Accuracy={accuracy:.4f}")
-            if early_stopping and accuracy == 1.0 and avg_loss < 0.01:
+            shown = {"loss": f"{avg_loss:.4f}"} | ({} if accuracy is None else {"acc": f"{accuracy:.4f}"})
+            if val is not None:
+                val_loss, val_accuracy = self._evaluate(*val, task, loss_fn)
+                self.val_losses.append(val_loss)
+                self.val_accuracies.append(val_accuracy)
+                shown["val_loss"] = f"{val_loss:.4f}"
+                if val_accuracy is not None:
+                    shown["val_acc"] = f"{val_accuracy:.4f}"
+                best, stale = (val_loss, 0) if val_loss < best else (best, stale + 1)
+            bar.set_postfix(shown, refresh=False)
+            bar.update()
+            if early_stopping and (stale >= patience if val is not None else accuracy == 1.0 and avg_loss < 0.01):
                 if verbose:
-                    print(f"Early stopping at epoch {epoch + 1} with 100% accuracy!")
+                    reason = f"no validation improvement in {patience} epochs" if val is not None \
+                        else "100% accuracy"
+                    tqdm.write(f"Early stopping at epoch {epoch + 1}: {reason}")
                 break
-        if verbose and self.accuracies:
+        bar.close()
+        if verbose and self.losses:
+            final = self.accuracies[-1]
             print("Training complete!")
-            print(f"Final accuracy: {self.accuracies[-1]:.4f}")
-        return {"losses": self.losses, "accuracies": self.accuracies}
+            print(f"Final loss: {self.losses[-1]:.4f}")
+            print(f"Final accuracy: {'n/a (regression)' if final is None else f'{final:.4f}'}")
+        history: dict[str, list] = {"losses": self.losses, "accuracies": self.accuracies}
+        if val is not None:
+            history |= {"val_losses": self.val_losses, "val_accuracies": self.val_accuracies}
+        return history
 
     def plot_training_progress(self, save_path: str = "output/training_progress.png") -> None:
-        """Loss and accuracy per epoch, side by side."""
+        """Loss and accuracy per epoch, side by side (validation curves too when there are
+        any; the loss alone for regression)."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(12, 5))
+        classify = any(a is not None for a in self.accuracies)
+        fig = Figure(figsize=(12, 5) if classify else (6, 5))
         FigureCanvasAgg(fig)
-        ax_loss, ax_acc = fig.subplots(1, 2)
-        ax_loss.plot(self.losses)
-        ax_loss.set(title="Training Loss", xlabel="Epoch", ylabel="Loss")
-        ax_acc.plot(self.accuracies)
-        ax_acc.set(title="Training Accuracy", xlabel="Epoch", ylabel="Accuracy")
+        axes = fig.subplots(1, 2) if classify else [fig.subplots()]
+        curves = [(axes[0], "Loss", self.losses, self.val_losses)]
+        if classify:
+            curves.append((axes[1], "Accuracy", self.accuracies, self.val_accuracies))
+        for ax, name, train, val in curves:
+            ax.plot(train, label="training")
+            if val:
+                ax.plot(val, label="validation")
+                ax.legend()
+            ax.set(title=name if val else f"Training {name}", xlabel="Epoch", ylabel=name)
         fig.tight_layout()
         Path(save_path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(save_path)

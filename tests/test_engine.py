@@ -62,11 +62,36 @@ def test_matmul_and_transpose():
     np.testing.assert_allclose((v @ b).data, v.data @ b.data, rtol=1e-6)
 
 
-def test_dtypes():
-    assert Value(1.0).dtype == "float32"
-    assert Tensor(np.zeros(2)).dtype == "float64"
-    with pytest.raises(DTypeError, match="add: operands have different dtypes"):
-        Tensor(np.zeros(2)) + Tensor(np.zeros(2, np.float32))
+def test_dtypes_follow_numpy():
+    """Python numbers make float64 values (issue 10, defect 1); float arrays keep their dtype."""
+    assert Value(1.0).dtype == "float64" and Tensor([1, 2]).dtype == "float64"
+    assert Tensor(np.zeros(2, np.float32)).dtype == "float32"
+    assert (Tensor(np.zeros(2, np.float32)) * 2.5).dtype == "float32"  # numbers take the tensor's dtype
+
+
+def test_mixed_dtypes_promote_to_float64_and_grads_keep_each_dtype():
+    x32 = Tensor(np.array([1.0, 2.0], np.float32))
+    x64 = Tensor(np.array([3.0, 4.0]))
+    y = x32 * x64
+    assert y.dtype == "float64"
+    y.sum().backward()
+    assert x32.grad.dtype == np.float32 and x64.grad.dtype == np.float64
+    np.testing.assert_array_equal(x32.grad, [3.0, 4.0])
+    np.testing.assert_array_equal(x64.grad, [1.0, 2.0])
+    assert (x32 @ Tensor(np.ones((2, 1)))).dtype == "float64"
+
+
+def test_mixed_dtypes_inside_a_traced_step_raise():
+    import mlir_nn
+
+    w64 = Tensor(np.ones((2, 1)))
+
+    @mlir_nn.jit(backend="numpy")
+    def step(x):
+        return (x * w64.T).sum()
+
+    with pytest.raises(DTypeError, match="mul: operands have different dtypes"):
+        step(np.ones((3, 2), np.float32))
 
 
 @pytest.mark.parametrize("build,error,match", [
@@ -83,3 +108,29 @@ def test_dtypes():
 def test_bad_input_raises_clear_errors(build, error, match):
     with pytest.raises(error, match=match):
         build()
+
+
+def test_backward_on_a_non_scalar_needs_a_gradient():
+    """Issue 10, defect 5: as PyTorch, no silent seed of ones for a non-scalar tensor."""
+    x = Tensor(np.array([1.0, 2.0, 3.0]))
+    y = x * x
+    with pytest.raises(RuntimeError, match=r"backward: tensor of shape \(3,\) is not a scalar; pass gradient="):
+        y.backward()
+    y.backward(gradient=np.array([1.0, 0.0, -1.0]))
+    np.testing.assert_array_equal(x.grad, [2.0, 0.0, -6.0])
+    with pytest.raises(ShapeError, match=r"backward: gradient \(2,\):float64 does not match the tensor \(3,\)"):
+        y.backward(gradient=np.ones(2))
+    z = Tensor(np.array([[2.0]]))
+    (z * 3).backward()  # one element: implicit, as PyTorch
+    assert z.grad[0, 0] == 3.0
+
+
+def test_astype_inside_a_traced_step_raises():
+    import mlir_nn
+
+    @mlir_nn.jit(backend="numpy")
+    def step(x):
+        return x.astype(np.float64).sum()
+
+    with pytest.raises(DTypeError, match=r"astype: a traced step computes in one dtype; .* is float32, asked for"):
+        step(np.ones((3, 2), np.float32))

@@ -108,7 +108,6 @@ def test_layer_api_and_parameter_order():
     params = model.parameters()
     assert [p.shape for p in params] == [(2, 3), (3,), (3, 1), (1,)]
     assert model.layers[0].nonlin and not model.layers[-1].nonlin
-    assert np.all(model.layers[0].b.data == 0) and np.all(np.abs(model.layers[0].W.data) <= 1)
     out = model([Tensor(0.5), Tensor(-0.5)])  # tinynn-style list of scalars
     assert out.shape == (1,)
     model.zero_grad()
@@ -121,3 +120,58 @@ def test_layer_rejects_wrong_width():
         layer(np.ones((4, 2), np.float32))
     random.seed(0)
     assert math.isfinite(float(layer(np.ones((1, 3), np.float32)).sum().data))
+
+
+def test_default_init_is_pytorchs_and_tinynn_is_offered():
+    """Issue 10, defect 8: Kaiming-uniform (nn.Linear's) by default, the seed's U(-1, 1) on request."""
+    np.random.seed(0)
+    layer = Layer(100, 400)
+    bound = 1 / np.sqrt(100)
+    for t in (layer.W, layer.b):
+        assert np.abs(t.data).max() <= bound and np.abs(t.data).max() > 0.95 * bound
+    seed_style = MLP(100, [400], init="tinynn").layers[0]
+    assert np.all(seed_style.b.data == 0) and 0.95 < np.abs(seed_style.W.data).max() <= 1
+    with pytest.raises(ValueError, match="Layer: unknown init 'xavier'"):
+        Layer(2, 2, init="xavier")
+
+
+def test_a_list_of_values_keeps_its_gradients():
+    """Issue 10, defect 7: micrograd's ``model([Value, Value])`` gives the inputs their gradients."""
+    np.random.seed(1)
+    model = MLP(2, [3, 1], dtype=np.float64)
+    xs = [Tensor(0.5), Tensor(-1.5)]
+    model(xs).sum().backward()
+    x = Tensor(np.array([0.5, -1.5]))
+    model.zero_grad()
+    model(x).sum().backward()
+    np.testing.assert_allclose([v.grad for v in xs], x.grad, rtol=1e-15)
+    assert np.any(x.grad != 0)
+    xs32 = [Tensor(0.5), Tensor(-1.5)]  # float64 Values into a float32 model: cast, gradients flow back
+    MLP(2, [3, 1])(xs32).sum().backward()
+    assert xs32[0].grad.dtype == np.float64 and np.any([v.grad != 0 for v in xs32])
+
+
+def test_state_dict_names_shapes_and_round_trip():
+    model = MLP(2, [3, 1])
+    state = model.state_dict()
+    assert list(state) == ["layers.0.W", "layers.0.b", "layers.1.W", "layers.1.b"]
+    assert [v.shape for v in state.values()] == [p.shape for p in model.parameters()]
+    other = MLP(2, [3, 1])
+    other.load_state_dict(state)
+    for a, b in zip(model.parameters(), other.parameters()):
+        np.testing.assert_array_equal(a.data, b.data)
+    state["layers.0.W"][...] = 7  # a copy: the model is untouched
+    assert not np.any(model.layers[0].W.data == 7)
+
+
+def test_load_state_dict_checks_everything_before_writing():
+    model = MLP(2, [3, 1])
+    before = [p.data.copy() for p in model.parameters()]
+    bad = model.state_dict()
+    bad["layers.1.W"] = np.zeros((4, 1))
+    with pytest.raises(ShapeError, match=r"layers.1.W has shape \(4, 1\), expected \(3, 1\)"):
+        model.load_state_dict(bad)
+    with pytest.raises(KeyError, match=r"missing keys \['layers.1.b'\], unexpected keys \['extra'\]"):
+        model.load_state_dict({**{k: v for k, v in model.state_dict().items() if k != "layers.1.b"}, "extra": 1})
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.data, b)

@@ -103,16 +103,18 @@ class FunctionBuilder:
         return result
 
     def reduce(self, out_shape: Shape, operands: Sequence[ir.Value], in_maps: Sequence[ir.AffineMap],
-               out_map: ir.AffineMap, iterators: Sequence[linalg.IteratorType], fn: ScalarFn) -> ir.Value:
-        """Sum ``fn(*scalars)`` into a zero-filled tensor of ``out_shape`` (in float64 when ``wide_sums``)."""
-        if self.wide_sums:
+               out_map: ir.AffineMap, iterators: Sequence[linalg.IteratorType], fn: ScalarFn,
+               init: float = 0.0, combine: Callable[[ir.Value, ir.Value], ir.Value] = arith.addf) -> ir.Value:
+        """Combine ``fn(*scalars)`` into a tensor of ``out_shape`` filled with ``init`` (a sum by
+        default; sums accumulate in float64 when ``wide_sums``)."""
+        if self.wide_sums and combine is arith.addf and init == 0.0:
             return wide_reduce(self.element, self.sizes(out_shape), operands, in_maps, out_map, iterators, fn)
-        acc = self.filled(out_shape, 0.0)
+        acc = self.filled(out_shape, init)
 
         @linalg.generic(list(operands), [acc], list(in_maps) + [out_map], list(iterators))
         def result(*args: ir.Value) -> ir.Value:
             *ins, total = args
-            return arith.addf(total, fn(*ins))
+            return combine(total, fn(*ins))
 
         return result
 

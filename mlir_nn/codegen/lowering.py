@@ -12,10 +12,11 @@ from mlir import ir
 from mlir.dialects import arith, linalg, math, tensor
 
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
-from mlir_nn.codegen.maps import dims_map, identity_map, permutation_map, reduction_map
+from mlir_nn.codegen.maps import broadcast_map, dims_map, identity_map, permutation_map, reduction_map
 from mlir_nn.codegen.tensor_types import tensor_type
 from mlir_nn.ir import Node
 from mlir_nn.ir.ops import sum_to_axes
+from mlir_nn.ir.shapes import Shape
 
 Rule = Callable[[FunctionBuilder, Node, list[Operand]], ir.Value | float]
 OGT = arith.CmpFPredicate.OGT
@@ -107,6 +108,112 @@ def _sum(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     iterators = [REDUCTION if i in axes else PARALLEL for i in range(len(src))]
     out_map = reduction_map(len(src), axes, bool(node.attr("keepdims")))
     return b.reduce(node.shape, [x], [identity_map(len(src))], out_map, iterators, lambda v: v)
+
+
+def _max(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    src = node.inputs[0].shape
+    x = b.tensor_of(xs[0], src)
+    axes = tuple(node.attr("axes"))
+    iterators = [REDUCTION if i in axes else PARALLEL for i in range(len(src))]
+    out_map = reduction_map(len(src), axes, bool(node.attr("keepdims")))
+    return b.reduce(node.shape, [x], [identity_map(len(src))], out_map, iterators, lambda v: v,
+                    init=float("-inf"), combine=arith.maximumf)
+
+
+def _eq(b: FunctionBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+    return arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, x, y), b.scalar(1.0), b.scalar(0.0))
+
+
+class _Rows:
+    """Maps for reducing a tensor along one axis into a kept size-1 axis (per-row statistics)."""
+
+    def __init__(self, shape: Shape, axis: int) -> None:
+        rank = len(shape)
+        self.shape, self.kept = shape, tuple(1 if i == axis else d for i, d in enumerate(shape))
+        self.whole, self.row = identity_map(rank), broadcast_map(self.kept, shape)
+        self.out = reduction_map(rank, (axis,), True)
+        self.iterators = [REDUCTION if i == axis else PARALLEL for i in range(rank)]
+
+    def reduce(self, b: FunctionBuilder, operands: list[ir.Value], maps: list[ir.AffineMap], fn,
+               **kw) -> ir.Value:
+        return b.reduce(self.kept, operands, maps, self.out, self.iterators, fn, **kw)
+
+    def max_and_sum_exp(self, b: FunctionBuilder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+        """max(x) and sum(exp(x - max)) along the axis: the stable log-sum-exp's two passes."""
+        m = self.reduce(b, [x], [self.whole], lambda v: v, init=float("-inf"), combine=arith.maximumf)
+        s = self.reduce(b, [x, m], [self.whole, self.row], lambda v, mv: math.exp(arith.subf(v, mv)))
+        return m, s
+
+
+def _log_softmax(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    rows = _Rows(node.shape, int(node.attr("axis")))
+    x = b.tensor_of(xs[0], node.shape)
+    m, s = rows.max_and_sum_exp(b, x)
+    return b.elementwise(node.shape, [x, m, s], [node.shape, rows.kept, rows.kept],
+                         lambda v, mv, sv: arith.subf(arith.subf(v, mv), math.log(sv)))
+
+
+def _log_softmax_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    rows = _Rows(node.shape, int(node.attr("axis")))
+    y, g = (b.tensor_of(v, node.shape) for v in xs)
+    total = rows.reduce(b, [g], [rows.whole], lambda v: v)
+    return b.elementwise(node.shape, [y, g, total], [node.shape, node.shape, rows.kept],
+                         lambda yv, gv, t: arith.subf(gv, arith.mulf(math.exp(yv), t)))
+
+
+def _one_hot(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    labels = b.tensor_of(xs[0], node.inputs[0].shape)
+    i64 = ir.IntegerType.get_signless(64)
+
+    @linalg.generic([labels], [b.empty(node.shape)], [dims_map(2, [0]), identity_map(2)], [PARALLEL] * 2)
+    def result(label: ir.Value, _out: ir.Value) -> ir.Value:
+        column = arith.sitofp(b.element, arith.index_cast(i64, linalg.IndexOp(1).result))
+        return _eq(b, label, column)
+
+    return result
+
+
+def _softmax_xent_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    rows = _Rows(node.shape, 1)
+    y, p = (b.tensor_of(v, node.shape) for v in xs)
+    mass = rows.reduce(b, [p], [rows.whole], lambda v: v)
+    scale = arith.divf(b.scalar(float(node.attr("scale"))), b.count([node.shape[0]]))
+
+    def grad(yv: ir.Value, pv: ir.Value, total: ir.Value) -> ir.Value:
+        return arith.mulf(arith.subf(arith.mulf(math.exp(yv), total), pv), scale)
+
+    return b.elementwise(node.shape, [y, p, mass], [node.shape, node.shape, rows.kept], grad)
+
+
+def _stack(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    """out[i, ...] = xs[i][...]: each element picks its operand by the first index."""
+    rank, count = len(node.shape), len(xs)
+    parts = [b.tensor_of(v, node.inputs[0].shape) for v in xs]
+    part_map = dims_map(rank, list(range(1, rank)))
+
+    @linalg.generic(parts, [b.empty(node.shape)], [part_map] * count + [identity_map(rank)], [PARALLEL] * rank)
+    def result(*args: ir.Value) -> ir.Value:
+        *values, _out = args
+        row = linalg.IndexOp(0).result
+        chosen = values[-1]
+        for i in range(count - 2, -1, -1):
+            chosen = arith.select(arith.cmpi(arith.CmpIPredicate.eq, row, b.index(i)), values[i], chosen)
+        return chosen
+
+    return result
+
+
+def _index(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    rank = len(node.shape)
+    x = b.tensor_of(xs[0], node.inputs[0].shape)
+    exprs = [ir.AffineConstantExpr.get(int(node.attr("index")))] + [ir.AffineDimExpr.get(d) for d in range(rank)]
+
+    @linalg.generic([x], [b.empty(node.shape)], [ir.AffineMap.get(rank, 0, exprs), identity_map(rank)],
+                    [PARALLEL] * rank)
+    def result(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return result
 
 
 def _mean(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
@@ -202,6 +309,14 @@ LOWERINGS: dict[str, Rule] = {
     "sum_to": _sum_to,
     "sum": _sum,
     "mean": _mean,
+    "max": _max,
+    "eq": lambda b, n, xs: b.elementwise(n.shape, xs, [i.shape for i in n.inputs], lambda x, y: _eq(b, x, y)),
+    "log_softmax": _log_softmax,
+    "log_softmax_grad": _log_softmax_grad,
+    "one_hot": _one_hot,
+    "softmax_xent_grad": _softmax_xent_grad,
+    "stack": _stack,
+    "index": _index,
     "mean_grad": _mean_grad,
     "mse": _mse,
     "mse_grad": _mse_grad,

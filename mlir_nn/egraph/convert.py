@@ -21,7 +21,7 @@ from mlir_nn.ir.shapes import BATCH, Shape
 REQUIRED = object()
 
 # op -> (attribute name, kind, default) in constructor argument order, after the operands.
-# kind: "bool", "f64", "str" or "dims" (a tuple of ints, the batch symbol allowed).
+# kind: "bool", "i64", "f64", "str" or "dims" (a tuple of ints, the batch symbol allowed).
 TRANSPOSE_FLAGS = (("transpose_a", "bool", False), ("transpose_b", "bool", False))
 SPECS: dict[str, tuple[tuple[str, str, Any], ...]] = {
     **{op: () for op in ("add", "sub", "mul", "div", "neg", "relu", "tanh", "sigmoid", "exp", "log", "sqrt",
@@ -38,6 +38,9 @@ SPECS: dict[str, tuple[tuple[str, str, Any], ...]] = {
     "linear": TRANSPOSE_FLAGS + (("activation", "str", REQUIRED),),
     "gemm": TRANSPOSE_FLAGS + (("subtract", "bool", False),),
     "matmul_relu_grad": TRANSPOSE_FLAGS,
+    "log_softmax": (("axis", "i64", REQUIRED),),
+    "log_softmax_grad": (("axis", "i64", REQUIRED),),
+    "softmax_xent_grad": (("scale", "f64", REQUIRED),),
 }
 LEAVES = ("input", "param")
 
@@ -63,6 +66,8 @@ def _attr_arg(kind: str, value: Any) -> Any:
         return dims_vec(tuple(value))
     if kind == "f64":
         return float(value)
+    if kind == "i64":
+        return int(value)
     return bool(value) if kind == "bool" else str(value)
 
 

@@ -20,7 +20,8 @@ from mlir_nn.ir import Graph
 from mlir_nn.ir.shapes import Shape, numel
 
 FREE = ("leaf", "input", "param", "const", "reshape")  # no kernel: data already there, or a view
-TRANSCENDENTAL = ("exp", "log", "tanh", "sigmoid", "sqrt", "pow", "tanh_grad", "sigmoid_grad")
+TRANSCENDENTAL = ("exp", "log", "tanh", "sigmoid", "sqrt", "pow", "tanh_grad", "sigmoid_grad",
+                  "log_softmax", "log_softmax_grad", "softmax_xent_grad")
 MATMULS = ("matmul", "linear", "gemm", "matmul_relu_grad")
 
 

@@ -26,6 +26,7 @@ from mlir_nn.ir.shapes import (
     Shape,
     ShapeError,
     broadcast_shapes,
+    dtype_name,
     fmt_shape,
     normalize_axes,
     reduced_shape,
@@ -517,3 +518,127 @@ register("gemm", 5, _gemm_infer, _gemm_reference, None,
 register("matmul_relu_grad", 3, _product_shaped_third("matmul_relu_grad", "mask source"),
          lambda a, at, s: np.where(a[2] > 0, _matmul_reference(a[:2], at, s), np.zeros((), a[2].dtype)), None,
          "relu_grad(z, op(a) @ op(b)): a backward product with the ReLU mask as its epilogue.")
+
+
+# ---------------------------------------------------------------------------- dtype and structure
+
+
+def _cast_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    return TensorType(types[0].shape, dtype_name(attrs["dtype"]))
+
+
+register("cast", 1, _cast_infer, lambda a, at, s: a[0].astype(at["dtype"]),
+         lambda emit, xs, out, g, at: [emit("cast", g, dtype=xs[0].dtype)],
+         "x converted to dtype (float32 <-> float64); how mixed-dtype operands are promoted.")
+
+
+def _stack_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    if not types:
+        raise ShapeError("stack: needs at least one tensor")
+    dtype = same_dtype("stack", types)
+    first = types[0].shape
+    for t in types[1:]:
+        if t.shape != first:
+            raise ShapeError(f"stack: shapes {fmt_shape(first)} and {fmt_shape(t.shape)} differ; expected equal shapes")
+    return TensorType((len(types),) + tuple(first), dtype)
+
+
+def _index_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (x,) = types
+    if not x.shape or x.shape[0] == BATCH or not 0 <= attrs["index"] < x.shape[0]:
+        raise ShapeError(f"index: {attrs['index']} is out of range for the first axis of {fmt_shape(x.shape)}")
+    return TensorType(tuple(x.shape[1:]), x.dtype)
+
+
+register("stack", None, _stack_infer, lambda a, at, s: np.stack(a),
+         lambda emit, xs, out, g, at: [emit("index", g, index=i) for i in range(len(xs))],
+         "Tensors of one shape stacked along a new first axis.")
+register("index", 1, _index_infer, lambda a, at, s: np.array(a[0][at["index"]]), None,
+         "x[index] along the first axis (the gradient of stack).")
+
+
+# ---------------------------------------------------------------------------- classification
+
+
+def _vjp_max(emit, xs, out, g, attrs):
+    # PyTorch's amax: the gradient is shared evenly between tied maxima.
+    x, axes = xs[0], attrs["axes"]
+    kept = _keep_shape(x.shape, axes)
+    mask = emit("eq", x, emit("reshape", out, shape=kept))
+    ties = emit("sum", mask, axes=axes, keepdims=True)
+    return [emit("mul", mask, emit("div", emit("reshape", g, shape=kept), ties))]
+
+
+register("eq", 2, _binary_infer("eq"), lambda a, at, s: (a[0] == a[1]).astype(a[0].dtype),
+         lambda emit, xs, out, g, at: [None, None], "1.0 where x == y, else 0.0 (numpy broadcasting).")
+register("max", 1, _reduce_infer("max"),
+         lambda a, at, s: np.asarray(np.max(a[0], axis=at["axes"], keepdims=at["keepdims"]), a[0].dtype),
+         _vjp_max, "Maximum over axes.")
+
+
+def _axis_infer(op: str, operands: int) -> Infer:
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        result = _same_shape_infer(op)(types, attrs) if operands > 1 else types[0]
+        if not 0 <= attrs["axis"] < len(result.shape):
+            raise ShapeError(f"{op}: axis {attrs['axis']} is out of range for {fmt_shape(result.shape)}")
+        return result
+
+    return infer
+
+
+def _log_softmax_reference(args, attrs, shape):
+    x, axis = args[0], attrs["axis"]
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def _log_softmax_grad_reference(args, attrs, shape):
+    y, g = args
+    return g - np.exp(y) * np.sum(g, axis=attrs["axis"], keepdims=True)
+
+
+register("log_softmax", 1, _axis_infer("log_softmax", 1), _log_softmax_reference,
+         lambda emit, xs, out, g, at: [emit("log_softmax_grad", out, g, axis=at["axis"])],
+         "x - max - log(sum(exp(x - max))) along axis: finite for any finite x.")
+register("log_softmax_grad", 2, _axis_infer("log_softmax_grad", 2), _log_softmax_grad_reference, None,
+         "Backward of log_softmax from its output y: g - exp(y) * sum(g, axis). Operands: (y, grad).")
+
+
+def _one_hot_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (labels,) = types
+    if len(labels.shape) != 1:
+        raise ShapeError(f"one_hot: labels must have shape (batch,), got {fmt_shape(labels.shape)}")
+    if attrs["classes"] < 1:
+        raise ValueError(f"one_hot: classes must be positive, got {attrs['classes']}")
+    return TensorType((labels.shape[0], attrs["classes"]), labels.dtype)
+
+
+def _one_hot_reference(args, attrs, shape):
+    labels, classes = args[0], attrs["classes"]
+    bad = (labels != np.round(labels)) | (labels < 0) | (labels >= classes)
+    if np.any(bad):
+        raise ValueError(f"one_hot: labels must be integers in [0, {classes}), got {labels[bad][:5].tolist()}")
+    return (labels[:, None] == np.arange(classes)).astype(labels.dtype)
+
+
+register("one_hot", 1, _one_hot_infer, _one_hot_reference, lambda emit, xs, out, g, at: [None],
+         "Integer class labels (N,) as rows of an (N, classes) identity.")
+
+
+def _xent_grad_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    y, p = types
+    result = _same_shape_infer("softmax_xent_grad")(types, attrs)
+    if len(y.shape) != 2:
+        raise ShapeError(f"softmax_xent_grad: log-probabilities must be (batch, classes), got {fmt_shape(y.shape)}")
+    return result
+
+
+def _xent_grad_reference(args, attrs, shape):
+    y, p = args
+    scale = np.asarray(attrs["scale"] / y.shape[0], y.dtype)
+    return (np.exp(y) * np.sum(p, axis=1, keepdims=True) - p) * scale
+
+
+register("softmax_xent_grad", 2, _xent_grad_infer, _xent_grad_reference, None,
+         "Fused gradient of mean cross-entropy wrt the logits, from y = log_softmax(z) (N, C) and targets p: "
+         "scale * (softmax(z) * sum(p, 1) - p) / N; (softmax(z) - onehot) / N for labels.")

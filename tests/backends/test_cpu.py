@@ -158,7 +158,7 @@ def test_the_default_backend_and_the_trainer_use_cpu():
 
     assert DEFAULT_BACKEND == "cpu"
     model = MLP(2, [4, 1])
-    assert Trainer(model, SGD(model.parameters()))._step.backend == "cpu"
+    assert Trainer(model, SGD(model.parameters())).backend == "cpu"
 
 
 # ---------------------------------------------------------------------------- bad input

