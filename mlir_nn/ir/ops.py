@@ -507,3 +507,20 @@ register("gemm", 3, _product_shaped_third("gemm", "accumulator"), _gemm_referenc
 register("matmul_relu_grad", 3, _product_shaped_third("matmul_relu_grad", "mask source"),
          lambda a, at, s: np.where(a[2] > 0, _matmul_reference(a[:2], at, s), np.zeros((), a[2].dtype)), None,
          "relu_grad(z, op(a) @ op(b)): a backward product with the ReLU mask as its epilogue.")
+
+
+# ---------------------------------------------------------------------------- collectives
+# Opaque to the e-graph (no rule sees through them), so the update is never folded into
+# the gradient's GEMM across the reduction; codegen never sees them either: a step that
+# holds one is split there and the reduction runs between the compiled halves
+# (mlir_nn.distributed.split).
+
+
+def _allreduce_mean_reference(args, attrs, shape):
+    from mlir_nn.distributed import comm
+
+    return comm.allreduce_mean([args[0]])[0]
+
+
+register("allreduce_mean", 1, _unary_infer, _allreduce_mean_reference, None,
+         "Mean of x over all ranks, each weighted by its sample weight (default 1); x itself outside MPI.")
