@@ -60,11 +60,21 @@ class Trainer:
     Binary labels {0, 1} become targets -1 / +1 and a sample counts as class 1 when the
     model's output is > 0, as in tinynn. Other labels are used as regression targets
     (accuracy is then NaN).
+
+    ``distributed=True`` (after ``mlir_nn.distributed.init()``, under ``mpiexec``): every
+    rank starts from rank 0's parameters and shuffles like rank 0, then trains on its share
+    of each batch with gradients averaged over the ranks; losses, accuracies and the
+    parameters are those of a single process training on the whole batches.
     """
 
     def __init__(self, model: Module, optimizer: Optimizer,
                  loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
-                 backend: str | None = None, optimize: bool = True) -> None:
+                 backend: str | None = None, optimize: bool = True, distributed: bool = False) -> None:
+        if distributed:  # data parallel over MPI: see mlir_nn.distributed.sharding
+            from mlir_nn.distributed.sharding import prepare
+
+            optimizer = prepare(model, optimizer)
+        self.distributed = distributed
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn or mse_loss
@@ -74,6 +84,10 @@ class Trainer:
                                  backend=backend, optimize=optimize)
         self._forward = JitFunction(self._predict_step, backend=backend, optimize=optimize)
         self.backend = self._step.backend
+        if distributed:
+            from mlir_nn.distributed.sharding import ShardedStep
+
+            self._step = ShardedStep(self._step)
 
     @property
     def dtype(self) -> str:
@@ -98,6 +112,10 @@ class Trainer:
         targets = np.where(y == 1, 1.0, -1.0) if binary else y
         targets = targets.reshape(len(targets), -1).astype(self.dtype)
         X = X.astype(self.dtype)
+        if self.distributed:
+            from mlir_nn.distributed.sharding import sync_random_state
+
+            sync_random_state()
         if verbose:
             print("Training neural network...")
         for epoch in range(n_epochs):

@@ -37,9 +37,12 @@ from mlir_nn.distributed.optimizer import DistributedOptimizer
 
 def broadcast_parameters(params: Iterable[Any], root: int = 0) -> None:
     """Overwrite every parameter (Tensors or numpy arrays) with the root rank's values, in place."""
-    from mlir_nn.distributed.comm import broadcast
+    from mlir_nn.distributed.comm import broadcast, require_init
     from mlir_nn.engine import Tensor
 
+    require_init("broadcast_parameters")
+    if not 0 <= root < size():
+        raise ValueError(f"broadcast_parameters: root {root} is not a rank of this world of {size()}")
     arrays = [p.data if isinstance(p, Tensor) else p for p in params]
     for a in arrays:
         if not isinstance(a, np.ndarray):
