@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import pickle
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait for the other ranks
+SPIN_POLLS = 200  # polls of a pending collective before each further poll yields the core
 
 
 class DistributedError(RuntimeError):
@@ -88,9 +90,17 @@ def _abort_if_broken() -> None:
 
 
 def _wait(request: Any, what: str) -> None:
-    """Wait for ``request`` until the deadline; on timeout mark the job broken and raise."""
+    """Wait for ``request`` until the deadline; on timeout mark the job broken and raise.
+
+    Polls without pause for a moment (the usual case: the others are about to arrive), then
+    yields the core between polls, so a waiting rank does not take the core from a rank
+    still computing when there are fewer cores than processes."""
     deadline = time.monotonic() + _state.timeout
+    polls = 0
     while not request.Test():
+        polls += 1
+        if polls > SPIN_POLLS:
+            os.sched_yield()
         if time.monotonic() > deadline:
             _state.broken = True
             raise DistributedTimeout(
@@ -121,18 +131,18 @@ def current_weight() -> float:
 def allreduce_mean(arrays: list[np.ndarray]) -> list[np.ndarray]:
     """The weighted mean of each array over all ranks, in one collective: sum(w_r * x_r) / sum(w_r).
 
-    The arrays are packed into one float64 buffer with the weight as its last element, so
-    a whole gradient set costs one MPI call."""
+    The arrays are packed into one buffer of their common dtype with the weight as its
+    last element, so a whole gradient set costs one MPI call."""
     if _state.comm is None or size() == 1:
         return [np.array(a, copy=True) for a in arrays]
     weight = current_weight()
+    dtype = np.result_type(*arrays)
     total = sum(a.size for a in arrays)
-    send = np.empty(total + 1, np.float64)
+    send = np.empty(total + 1, dtype)
     offset = 0
     for a in arrays:
-        send[offset:offset + a.size] = a.reshape(-1)
+        np.multiply(a.reshape(-1), weight, out=send[offset:offset + a.size], casting="unsafe")
         offset += a.size
-    send[:total] *= weight
     send[total] = weight
     received = np.empty_like(send)
     _wait(_state.comm.Iallreduce(send, received), "allreduce_mean")
