@@ -6,6 +6,7 @@ the parameters a single process would have. Rank 0 prints and writes the plots. 
 ``dist`` extra: ``pip install -e '.[dist]'``.
 """
 
+import argparse
 import random
 import time
 
@@ -17,6 +18,10 @@ from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
 from mlir_nn.trainer import Trainer
 
+parser = argparse.ArgumentParser(description="The moons MLP trained on all MPI ranks")
+parser.add_argument("--epochs", type=int, default=500)
+args = parser.parse_args()
+
 dist.init()
 random.seed(42)
 np.random.seed(42)
@@ -27,7 +32,7 @@ optimizer = dist.DistributedOptimizer(SGD(model.parameters(), lr=0.005))
 trainer = Trainer(model, optimizer, distributed=True)  # starts from rank 0's weights
 
 start = time.perf_counter()
-history = trainer.train(X, y, n_epochs=500, batch_size=10, verbose=dist.rank() == 0)
+history = trainer.train(X, y, n_epochs=args.epochs, batch_size=10, verbose=dist.rank() == 0)
 elapsed = time.perf_counter() - start
 
 weights = dist.allgather(np.concatenate([p.data.ravel() for p in model.parameters()]))
