@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait for the other ranks
-SPIN_POLLS = 200  # polls of a pending collective before each further poll yields the core
+SPIN_SECONDS = 0.002  # a pending collective is polled without pause this long, then yields between polls
 
 
 class DistributedError(RuntimeError):
@@ -95,13 +95,15 @@ def _wait(request: Any, what: str) -> None:
     Polls without pause for a moment (the usual case: the others are about to arrive), then
     yields the core between polls, so a waiting rank does not take the core from a rank
     still computing when there are fewer cores than processes."""
-    deadline = time.monotonic() + _state.timeout
-    polls = 0
+    if request.Test():
+        return
+    start = time.monotonic()
+    spin_until, deadline = start + SPIN_SECONDS, start + _state.timeout
     while not request.Test():
-        polls += 1
-        if polls > SPIN_POLLS:
+        now = time.monotonic()
+        if now > spin_until:
             os.sched_yield()
-        if time.monotonic() > deadline:
+        if now > deadline:
             _state.broken = True
             raise DistributedTimeout(
                 f"{what}: rank {rank()} of {size()} waited {_state.timeout:g} s for the other ranks; "
@@ -148,10 +150,11 @@ def allreduce_mean(arrays: list[np.ndarray]) -> list[np.ndarray]:
     _wait(_state.comm.Iallreduce(send, received), "allreduce_mean")
     if received[total] <= 0:
         raise DistributedError("allreduce_mean: the sample weights of all ranks sum to zero")
-    received[:total] /= received[total]
     out, offset = [], 0
     for a in arrays:
-        out.append(received[offset:offset + a.size].reshape(a.shape).astype(a.dtype))
+        mean = np.empty(a.shape, a.dtype)
+        np.divide(received[offset:offset + a.size].reshape(a.shape), received[total], out=mean, casting="unsafe")
+        out.append(mean)
         offset += a.size
     return out
 

@@ -32,8 +32,9 @@ class Split:
     """The two halves and how their values connect.
 
     ``first.outputs`` are the original outputs that need no reduction, then the updates
-    that need none, then the values handed to the second half (``cut``). ``second.inputs``
-    are the original inputs it reads, then one input per cut value, then one per collective.
+    that need none, then ``cut``: the values the second half reads and the collectives'
+    operands. ``second.inputs`` are the original inputs it reads, then the cut values it
+    reads (the first ``handed``), then one input per collective (its reduced operand).
     """
 
     first: Graph
@@ -41,14 +42,21 @@ class Split:
     first_outputs: list[int]  # original output index of each of first's leading outputs
     second_outputs: list[int]  # original output index of each of second's outputs
     first_updates: list[str]  # parameters updated from first's outputs after both halves ran
-    cut: list[Node]  # values of the first half that the second half reads
+    cut: list[Node]  # first-half values that leave it: read by the second half (first), or reduced
+    handed: int  # how many leading ``cut`` values the second half reads
     reduced: list[int]  # per collective, the index in ``cut`` of its operand
     second_inputs: list[int]  # per original input that second reads, its index in graph.inputs
 
 
-def _params_of(graph_params: tuple[Node, ...], nodes: list[Node], updated: set[str]) -> tuple[Node, ...]:
-    used = set(nodes)
-    return tuple(p for p in graph_params if p in used or p.attr("name") in updated)
+def _graph(inputs: tuple[Node, ...], params: tuple[Node, ...], outputs: list[Node],
+           updates: tuple[tuple[str, Node], ...], name: str) -> Graph:
+    """A graph declaring only the inputs and params its outputs and updates use (updated
+    params always)."""
+    reached = set(Graph((), (), tuple(outputs) + tuple(n for _, n in updates)).nodes)
+    updated = {name for name, _ in updates}
+    return Graph(tuple(x for x in inputs if x in reached),
+                 tuple(p for p in params if p in reached or p.attr("name") in updated),
+                 tuple(outputs), updates, name=name)
 
 
 def split_graph(graph: Graph) -> Split:
@@ -57,18 +65,16 @@ def split_graph(graph: Graph) -> Split:
     for n in graph.nodes:
         if n.op in COLLECTIVES or any(i in after for i in n.inputs):
             after.add(n)
-    for n in graph.nodes:
-        if n.op in COLLECTIVES and n.inputs[0].op in LEAVES:
-            raise ValueError(f"{graph.name}: allreduce_mean of a {n.inputs[0].op} is not supported; "
-                             "reduce a computed value")
-    cut: list[Node] = []
-    for n in graph.nodes:
-        if n in after and n.op not in COLLECTIVES:
-            cut.extend(i for i in n.inputs if i not in after and i.op not in LEAVES and i not in cut)
     collectives = [n for n in graph.nodes if n.op in COLLECTIVES]
     for c in collectives:
-        if c.inputs[0] not in cut:
-            cut.append(c.inputs[0])
+        if c.inputs[0].op in LEAVES:
+            raise ValueError(f"{graph.name}: allreduce_mean of a {c.inputs[0].op} is not supported; "
+                             "reduce a computed value")
+    read: list[Node] = []  # first-half values read by second-half nodes
+    for n in graph.nodes:
+        if n in after and n.op not in COLLECTIVES:
+            read.extend(i for i in n.inputs if i not in after and i.op not in LEAVES and i not in read)
+    cut = read + [o for o in dict.fromkeys(c.inputs[0] for c in collectives) if o not in read]
     early_outputs = [k for k, o in enumerate(graph.outputs) if o not in after]
     late_outputs = [k for k, o in enumerate(graph.outputs) if o in after]
     early_updates = [(name, n) for name, n in graph.updates if n not in after]
@@ -76,13 +82,12 @@ def split_graph(graph: Graph) -> Split:
         if node.op in LEAVES:
             raise ValueError(f"{graph.name}: a step that returns or assigns a {node.op} as is cannot be split "
                              "at its allreduce")
-    first_roots = [graph.outputs[k] for k in early_outputs] + [n for _, n in early_updates] + cut
-    first_nodes = [n for n in graph.nodes if n not in after]
-    first = Graph(graph.inputs, _params_of(graph.params, first_nodes, set()), tuple(first_roots), (),
-                  name=f"{graph.name}_before_allreduce")
+    first = _graph(graph.inputs, graph.params,
+                   [graph.outputs[k] for k in early_outputs] + [n for _, n in early_updates] + cut, (),
+                   f"{graph.name}_before_allreduce")
 
     renamed: dict[Node, Node] = {}
-    for i, n in enumerate(cut):
+    for i, n in enumerate(read):
         renamed[n] = make_node("input", (), name=f"cut{i}", shape=n.shape, dtype=n.dtype)
     for i, n in enumerate(collectives):
         renamed[n] = make_node("input", (), name=f"reduced{i}", shape=n.shape, dtype=n.dtype)
@@ -90,18 +95,14 @@ def split_graph(graph: Graph) -> Split:
         if n in after and n not in renamed:
             renamed[n] = make_node(n.op, [renamed.get(i, i) for i in n.inputs], **n.attr_dict)
     late_updates = tuple((name, renamed[n]) for name, n in graph.updates if n in after)
-    late_roots = [renamed[graph.outputs[k]] for k in late_outputs] + [n for _, n in late_updates]
-    probe = Graph((), (), tuple(late_roots))  # only to list the nodes the second half reaches
-    reached = set(probe.nodes)
-    kept_inputs = [k for k, x in enumerate(graph.inputs) if x in reached]
-    second_inputs = tuple(graph.inputs[k] for k in kept_inputs) + tuple(renamed[n] for n in cut + collectives)
-    second = Graph(second_inputs, _params_of(graph.params, list(probe.nodes), {nm for nm, _ in late_updates}),
-                   tuple(renamed[graph.outputs[k]] for k in late_outputs), late_updates,
-                   name=f"{graph.name}_after_allreduce")
+    inputs = graph.inputs + tuple(renamed[n] for n in read + collectives)
+    second = _graph(inputs, graph.params, [renamed[graph.outputs[k]] for k in late_outputs], late_updates,
+                    f"{graph.name}_after_allreduce")
     verify(first)
     verify(second)
-    return Split(first, second, early_outputs, late_outputs, [name for name, _ in early_updates], cut,
-                 [cut.index(c.inputs[0]) for c in collectives], kept_inputs)
+    return Split(first, second, early_outputs, late_outputs, [name for name, _ in early_updates], cut, len(read),
+                 [cut.index(c.inputs[0]) for c in collectives], [k for k, x in enumerate(graph.inputs)
+                                                                 if x in second.inputs])
 
 
 class SplitExecutable:
@@ -114,6 +115,7 @@ class SplitExecutable:
         self.first: Executable = compile_half(self.split.first)
         self.second: Executable = compile_half(self.split.second)
         slot = {p.attr("name"): i for i, p in enumerate(graph.params)}
+        self._first_inputs = [k for k, x in enumerate(graph.inputs) if x in self.split.first.inputs]
         self._first_params = [slot[p.attr("name")] for p in self.split.first.params]
         self._second_params = [slot[p.attr("name")] for p in self.split.second.params]
         self._late_update_slots = [slot[name] for name in self.split.first_updates]
@@ -125,13 +127,13 @@ class SplitExecutable:
 
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
         s = self.split
-        early = self.first.run(inputs, [params[i] for i in self._first_params])
+        early = self.first.run([inputs[k] for k in self._first_inputs], [params[i] for i in self._first_params])
         n_out, n_upd = len(s.first_outputs), len(s.first_updates)
         cut_values = early[n_out + n_upd:]
         start = time.perf_counter()
         reduced = comm.allreduce_mean([cut_values[i] for i in s.reduced])
         self.allreduce_seconds += time.perf_counter() - start
-        late = self.second.run([inputs[k] for k in s.second_inputs] + cut_values + reduced,
+        late = self.second.run([inputs[k] for k in s.second_inputs] + cut_values[:s.handed] + reduced,
                                [params[i] for i in self._second_params])
         for slot, value in zip(self._late_update_slots, early[n_out:n_out + n_upd]):
             params[slot][...] = value
