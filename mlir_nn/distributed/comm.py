@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import os
 import pickle
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait for the other ranks
+ABORT_GRACE_SECONDS = 0.5
 SPIN_SECONDS = 0.002  # a pending collective is polled without pause this long, then yields between polls
 
 
@@ -86,6 +88,9 @@ def size() -> int:
 
 def _abort_if_broken() -> None:
     if _state.broken and _state.comm is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(ABORT_GRACE_SECONDS)  # lets mpiexec forward this rank's last output before the abort
         _state.comm.Abort(1)
 
 

@@ -112,8 +112,9 @@ def mismatch() -> None:
     raise AssertionError("different steps on the ranks were not detected")
 
 
-def stuck(how: str) -> None:
-    """Rank 1 never reaches the allreduce (it hangs or dies); rank 0 must fail, not hang."""
+def stuck(how: str, report: str) -> None:
+    """Rank 1 never reaches the allreduce (it hangs or dies); rank 0 must fail, not hang.
+    Rank 0 writes the error to ``report`` (the job's abort may cut its forwarded output)."""
     dist.init(timeout=3.0)
     model = MLP(3, [4, 2])
     opt = dist.DistributedOptimizer(SGD(model.parameters(), lr=0.1))
@@ -124,7 +125,12 @@ def stuck(how: str) -> None:
         if how == "dies":
             os._exit(9)
         time.sleep(600)
-    step(x, y)
+    try:
+        step(x, y)
+    except dist.DistributedTimeout as e:
+        with open(report, "w") as f:
+            f.write(str(e))
+        raise
     raise AssertionError("rank 0 finished a step without rank 1")
 
 
@@ -139,7 +145,7 @@ def main() -> None:
     elif scenario == "mismatch":
         mismatch()
     elif scenario in ("hangs", "dies"):
-        stuck(scenario)
+        stuck(scenario, sys.argv[2])
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     print(f"OK {scenario} rank {dist.rank()}", flush=True)
