@@ -99,8 +99,15 @@ def trainer() -> None:
 
 
 def mismatch() -> None:
-    """Ranks whose traced steps differ fail at the first step, naming the rank."""
+    """Ranks with different models: broadcast_parameters refuses, and their traced steps
+    differ, which fails at the first step, naming the rank."""
     model = MLP(3, [4 + dist.rank(), 2])
+    try:
+        dist.broadcast_parameters(model.parameters())
+    except dist.DistributedError as e:
+        assert "ranks [1] hold parameters of other shapes" in str(e), e
+    else:
+        raise AssertionError("broadcast_parameters accepted parameters of different shapes")
     opt = dist.DistributedOptimizer(SGD(model.parameters(), lr=0.1))
     step = mlir_nn.jit(train_step(model, opt), backend="numpy", optimize=False)
     x, y = batches(1, 4)[0]
