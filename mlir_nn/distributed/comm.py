@@ -3,7 +3,8 @@
 Every collective is non-blocking underneath and waited for with a deadline, so a rank
 that died or hangs makes the others raise ``DistributedTimeout`` instead of waiting
 forever; such a process then aborts the MPI job when it exits (MPI_Finalize would wait
-for the missing rank), so ``mpiexec`` ends with an error.
+for the missing rank), so ``mpiexec`` ends with an error. So does a rank that ends with
+an uncaught exception, at once.
 
 Outside ``init()`` nothing here touches MPI: ``rank()`` is 0, ``size()`` 1 and
 ``allreduce_mean`` returns its arguments, so single-process code runs unchanged.
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait for the other ranks
+COMPILE_TIMEOUT = 900.0  # seconds ranks may wait for each other to finish compiling a step
 ABORT_GRACE_SECONDS = 0.5
 SPIN_SECONDS = 0.002  # a pending collective is polled without pause this long, then yields between polls
 
@@ -65,6 +67,18 @@ def init(timeout: float = DEFAULT_TIMEOUT) -> None:
     if _state.comm is None:
         _state.comm = _mpi().COMM_WORLD
         atexit.register(_abort_if_broken)
+        sys.excepthook = _aborting_excepthook(sys.excepthook)
+
+
+def _aborting_excepthook(previous: Any) -> Any:
+    """An uncaught exception on one rank aborts the job at exit: the other ranks would
+    otherwise wait for it until their collectives time out."""
+
+    def hook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
+        previous(kind, value, traceback)
+        _state.broken = True
+
+    return hook
 
 
 def is_initialized() -> bool:
@@ -94,16 +108,18 @@ def _abort_if_broken() -> None:
         _state.comm.Abort(1)
 
 
-def _wait(request: Any, what: str) -> None:
-    """Wait for ``request`` until the deadline; on timeout mark the job broken and raise.
+def _wait(request: Any, what: str, timeout: float | None = None) -> None:
+    """Wait for ``request`` at most ``timeout`` seconds (init's by default); on timeout mark
+    the job broken and raise.
 
     Polls without pause for a moment (the usual case: the others are about to arrive), then
     yields the core between polls, so a waiting rank does not take the core from a rank
     still computing when there are fewer cores than processes."""
     if request.Test():
         return
+    timeout = _state.timeout if timeout is None else timeout
     start = time.monotonic()
-    spin_until, deadline = start + SPIN_SECONDS, start + _state.timeout
+    spin_until, deadline = start + SPIN_SECONDS, start + timeout
     while not request.Test():
         now = time.monotonic()
         if now > spin_until:
@@ -111,7 +127,7 @@ def _wait(request: Any, what: str) -> None:
         if now > deadline:
             _state.broken = True
             raise DistributedTimeout(
-                f"{what}: rank {rank()} of {size()} waited {_state.timeout:g} s for the other ranks; "
+                f"{what}: rank {rank()} of {size()} waited {timeout:g} s for the other ranks; "
                 "one of them died or is stuck (the MPI job is aborted when this process exits)"
             )
 
@@ -162,6 +178,12 @@ def allreduce_mean(arrays: list[np.ndarray]) -> list[np.ndarray]:
         out.append(mean)
         offset += a.size
     return out
+
+
+def synchronize(what: str, timeout: float) -> None:
+    """Wait until every rank got here (at most ``timeout`` seconds, or init's if longer)."""
+    comm = require_init(what)
+    _wait(comm.Ibarrier(), what, max(timeout, _state.timeout))
 
 
 def broadcast(array: np.ndarray, root: int = 0) -> None:

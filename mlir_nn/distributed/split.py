@@ -151,9 +151,14 @@ def compile_step(backend: str, graph: Graph, traced: Graph | None = None) -> Exe
     ``distributed.init()`` the reduction is over one process: its values pass unchanged."""
     if not has_collectives(graph):
         return get_backend(backend).compile(graph)
-    if comm.is_initialized():
-        check_same_step(traced or graph)
-    return SplitExecutable(graph, backend)
+    if not comm.is_initialized():
+        return SplitExecutable(graph, backend)
+    check_same_step(traced or graph)
+    executable = SplitExecutable(graph, backend)
+    # A cold compile can take long and not as long on every rank: wait for it with a longer
+    # deadline here, so the step's first reduction is not the one that times out.
+    comm.synchronize(f"{graph.name}: compiling on every rank", comm.COMPILE_TIMEOUT)
+    return executable
 
 
 def check_same_step(graph: Graph) -> None:

@@ -120,9 +120,11 @@ def mismatch() -> None:
 
 
 def stuck(how: str, report: str) -> None:
-    """Rank 1 never reaches the allreduce (it hangs or dies); rank 0 must fail, not hang.
-    Rank 0 writes the error to ``report`` (the job's abort may cut its forwarded output)."""
-    dist.init(timeout=3.0)
+    """Rank 1 never reaches the allreduce (it hangs, dies or raises); rank 0 must fail, not
+    hang. Rank 0 writes its error to ``report`` (the job's abort may cut forwarded output).
+    A rank that raises aborts the job at once: rank 0 keeps the 60 s timeout there."""
+    if how != "raises":
+        dist.init(timeout=3.0)
     model = MLP(3, [4, 2])
     opt = dist.DistributedOptimizer(SGD(model.parameters(), lr=0.1))
     step = mlir_nn.jit(train_step(model, opt), backend="numpy", optimize=False)
@@ -131,6 +133,8 @@ def stuck(how: str, report: str) -> None:
     if dist.rank() == 1:
         if how == "dies":
             os._exit(9)
+        if how == "raises":
+            raise RuntimeError("rank 1 fails on purpose")
         time.sleep(600)
     try:
         step(x, y)
@@ -151,7 +155,7 @@ def main() -> None:
         trainer()
     elif scenario == "mismatch":
         mismatch()
-    elif scenario in ("hangs", "dies"):
+    elif scenario in ("hangs", "dies", "raises"):
         stuck(scenario, sys.argv[2])
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")

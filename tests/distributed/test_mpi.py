@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,13 +41,17 @@ def test_ranks_with_different_steps_fail_at_the_first_step():
     assert "ranks [1] traced a different step than rank 0" in result.stderr
 
 
-@pytest.mark.parametrize("how", ["hangs", "dies"])
+@pytest.mark.parametrize("how", ["hangs", "dies", "raises"])
 def test_a_missing_rank_ends_the_job_with_an_error(how, tmp_path):
-    """Rank 1 stops taking part (stuck in a sleep, or exits): the job ends with an error
-    well before the subprocess limit instead of hanging."""
+    """Rank 1 stops taking part (stuck in a sleep, exits, or raises): the job ends with an
+    error well before the subprocess limit instead of hanging; a raising rank ends it at
+    once, long before rank 0's 60 s timeout."""
     report = tmp_path / "rank0-error.txt"
+    start = time.monotonic()
     result = run_two_ranks(how, str(report), limit=120)
     assert result.returncode != 0, result.stdout + result.stderr
+    if how == "raises":
+        assert time.monotonic() - start < 40
     assert "OK" not in result.stdout
     if how == "hangs":  # rank 0 gave up after init(timeout=3.0); a dead rank is ended by mpiexec itself
         assert "rank 0 of 2 waited 3 s for the other ranks" in report.read_text()
