@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.backends import Executable, get_backend
+from mlir_nn.distributed.split import compile_step
 from mlir_nn.engine import Tensor, Trace, numeric_array, set_trace
 from mlir_nn.feeds import FedTensor
 from mlir_nn.guards import StructureGuard
@@ -122,7 +123,7 @@ class CompiledStep:
             from mlir_nn.egraph.cache import optimize_cached
 
             self.optimized_graph, self.optimize_report = optimize_cached(graph, batch_estimate)
-        self.executable: Executable = get_backend(backend).compile(self.optimized_graph)
+        self.executable: Executable = compile_step(backend, self.optimized_graph, traced=graph)
         self.feeds = [t for t in captured if isinstance(t, FedTensor)]
         self.stages: dict[str, str] = {"tensor": str(graph), "optimized": str(self.optimized_graph)}
         self.stages.update(getattr(self.executable, "stages", {}))

@@ -121,11 +121,22 @@ class Trainer:
 
     ``loss_fn`` (None: mse, or cross-entropy for multi-class) is read at every batch, so it
     can be changed at any time; each loss function gets its own compiled step.
+
+    ``distributed=True`` (after ``mlir_nn.distributed.init()``, under ``mpiexec``): every
+    rank starts from rank 0's parameters and shuffles like rank 0, then trains on its share
+    of each batch with gradients averaged over the ranks; losses, accuracies and the
+    parameters are those of a single process training on the whole batches. Only rank 0
+    shows the progress bar.
     """
 
     def __init__(self, model: Module, optimizer: Optimizer,
                  loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
-                 backend: str | None = None, optimize: bool = True) -> None:
+                 backend: str | None = None, optimize: bool = True, distributed: bool = False) -> None:
+        if distributed:  # data parallel over MPI: see mlir_nn.distributed.sharding
+            from mlir_nn.distributed.sharding import prepare
+
+            optimizer = prepare(model, optimizer)
+        self.distributed = distributed
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -136,7 +147,7 @@ class Trainer:
         self.val_accuracies: list[float | None] = []
         self._forward = JitFunction(self._predict_step, backend=backend, optimize=optimize)
         self.backend = self._forward.backend
-        self._steps: dict[Callable, JitFunction] = {}
+        self._steps: dict[Callable, Callable] = {}
 
     @property
     def dtype(self) -> str:
@@ -145,10 +156,15 @@ class Trainer:
     def _predict_step(self, x: Tensor) -> Tensor:
         return self.model(x)
 
-    def _step_for(self, loss_fn: Callable[[Tensor, Tensor], Tensor]) -> JitFunction:
+    def _step_for(self, loss_fn: Callable[[Tensor, Tensor], Tensor]) -> Callable:
         if loss_fn not in self._steps:
             step = train_step(self.model, self.optimizer, loss_fn, return_prediction=True)
-            self._steps[loss_fn] = JitFunction(step, backend=self.backend, optimize=self.optimize)
+            compiled = JitFunction(step, backend=self.backend, optimize=self.optimize)
+            if self.distributed:
+                from mlir_nn.distributed.sharding import ShardedStep
+
+                compiled = ShardedStep(compiled)
+            self._steps[loss_fn] = compiled
         return self._steps[loss_fn]
 
     def predict(self, X: Any) -> np.ndarray:
@@ -184,6 +200,12 @@ class Trainer:
         if validation_data is not None:
             val = _as_arrays(*validation_data, self.dtype, "validation")
             Task(val[1], task.outputs)  # the same checks as y
+        if self.distributed:
+            from mlir_nn.distributed import rank
+            from mlir_nn.distributed.sharding import sync_random_state
+
+            sync_random_state()
+            verbose = verbose and rank() == 0
         best, stale = float("inf"), 0
         bar = tqdm(total=n_epochs, desc="Training", unit="epoch", disable=not verbose)
         for epoch in range(n_epochs):

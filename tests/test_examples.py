@@ -31,3 +31,16 @@ def test_digits_example_reaches_95_percent_on_held_out_digits(tmp_path):
     assert "on backend 'cpu'" in result.stdout
     for name in ("digits_training.png", "digits_confusion.png"):
         assert (tmp_path / "output" / name).stat().st_size > 1000
+
+
+def test_data_parallel_moons_example_runs_on_two_ranks(tmp_path):
+    """examples/moons_dp.py under mpiexec -n 2 (a few epochs): both ranks end with the same weights."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    result = subprocess.run([str(mpiexec), "-n", "2", sys.executable, str(ROOT / "examples" / "moons_dp.py"),
+                             "--epochs", "20"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "2 ranks trained" in result.stdout
+    assert "largest parameter difference between ranks: 0\n" in result.stdout
+    for name in ("training_progress_dp.png", "decision_boundary_dp.png"):
+        assert (tmp_path / "output" / name).stat().st_size > 1000

@@ -200,11 +200,13 @@ class CpuExecutable:
         self._bound: list[np.ndarray | None] = [None] * self._n_params
         self._outputs = [(n.shape, np.dtype(n.dtype), self._batch_major(n.shape)) for n in graph.outputs]
         self._input_fast = [self._batch_major(n.shape) for n in graph.inputs]
-        self._input_specs = [(np.dtype(n.dtype), len(n.shape), tuple(n.shape[1:])) for n in graph.inputs]
+        # (dtype, rank, shape after the batch dim or the whole static shape, batch-major) per input
+        self._input_specs = [(np.dtype(n.dtype), len(n.shape), tuple(n.shape[1:]) if fast else tuple(n.shape), fast)
+                             for n, fast in zip(graph.inputs, self._input_fast)]
         self._param_shapes = [tuple(n.shape) for n in graph.params]
         self._input_offsets = [self._args.offsets[i] for i in range(self._n_inputs)]
         out_offsets = self._args.offsets[self._n_inputs + self._n_params:]
-        self._all_fast = all(self._input_fast) and all(
+        self._all_fast = all(fast or BATCH not in n.shape for n, fast in zip(graph.inputs, self._input_fast)) and all(
             fast or BATCH not in shape for shape, _, fast in self._outputs)
         # (descriptor offset, static shape, dtype, batch-major) per output, for the fast path
         self._output_slots = [(o, tuple(shape[1:]) if fast else tuple(shape), dtype, fast)
@@ -258,24 +260,34 @@ class CpuExecutable:
                                      "the cpu backend updates parameters in place and needs separate buffers")
 
     def _quick_batch(self, inputs: Sequence[np.ndarray], params: list[np.ndarray]) -> int | None:
-        """The batch size when the arguments are plainly valid: batch-major finite C-contiguous
-        inputs that share no memory with a parameter, and the same parameter arrays as last
-        call. None means "take the fully checked path"."""
+        """The batch size when the arguments are plainly valid: batch-major or static-shaped
+        finite C-contiguous inputs that share no memory with a parameter, and the same
+        parameter arrays as last call (1 when no input has a batch dim). None means "take
+        the fully checked path"."""
         if not self._all_fast or len(inputs) != self._n_inputs or len(params) != self._n_params:
             return None
         batch = None
-        for x, (dtype, rank, rest) in zip(inputs, self._input_specs):
-            if type(x) is not np.ndarray or x.dtype != dtype or x.ndim != rank or x.shape[1:] != rest:
+        for x, (dtype, rank, shape, batch_major) in zip(inputs, self._input_specs):
+            if type(x) is not np.ndarray or x.dtype != dtype or x.ndim != rank:
                 return None
-            if batch is None:
-                batch = x.shape[0]
-            if x.shape[0] != batch or not x.flags.c_contiguous or x.base is not None:
+            if batch_major:
+                if x.shape[1:] != shape:
+                    return None
+                if batch is None:
+                    batch = x.shape[0]
+                if x.shape[0] != batch:
+                    return None
+            elif x.shape != shape:
+                return None
+            if not x.flags.c_contiguous or x.base is not None:
                 return None  # views may alias parameters: the checked path copies them
             if not math.isfinite(_SUM(x, None)):
                 return None  # a finite sum implies finite elements; check_arguments decides the rest
         for p, bound, shape in zip(params, self._bound, self._param_shapes):
             if p is not bound or p.shape != shape or not p.flags.writeable:
                 return None
+        if batch is None:
+            return 1
         return batch if batch else None
 
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
@@ -289,9 +301,10 @@ class CpuExecutable:
         if batch is None:
             return None
         words = self._args.words
-        for x, o in zip(inputs, self._input_offsets):
+        for x, o, batch_major in zip(inputs, self._input_offsets, self._input_fast):
             words[o] = words[o + 1] = _address(x)
-            words[o + 3] = batch
+            if batch_major:
+                words[o + 3] = batch
         outputs = []
         for o, shape, dtype, batch_major in self._output_slots:
             out = np.empty((batch, *shape) if batch_major else shape, dtype)

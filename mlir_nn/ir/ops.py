@@ -642,3 +642,20 @@ def _xent_grad_reference(args, attrs, shape):
 register("softmax_xent_grad", 2, _xent_grad_infer, _xent_grad_reference, None,
          "Fused gradient of mean cross-entropy wrt the logits, from y = log_softmax(z) (N, C) and targets p: "
          "scale * (softmax(z) * sum(p, 1) - p) / N; (softmax(z) - onehot) / N for labels.")
+
+
+# ---------------------------------------------------------------------------- collectives
+# Opaque to the e-graph (no rule sees through them), so the update is never folded into
+# the gradient's GEMM across the reduction; codegen never sees them either: a step that
+# holds one is split there and the reduction runs between the compiled halves
+# (mlir_nn.distributed.split).
+
+
+def _allreduce_mean_reference(args, attrs, shape):
+    from mlir_nn.distributed import comm
+
+    return comm.allreduce_mean([args[0]])[0]
+
+
+register("allreduce_mean", 1, _unary_infer, _allreduce_mean_reference, None,
+         "Mean of x over all ranks, each weighted by its sample weight (default 1); x itself outside MPI.")

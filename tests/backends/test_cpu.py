@@ -389,3 +389,34 @@ def test_huge_batches_do_not_grow_the_stack():
     out = forward(x)
     (want,), _ = evaluate(forward.lower(x).optimized_graph, [x], [p.data for p in model.parameters()], len(x))
     np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-4)
+
+
+def test_fast_path_takes_static_shaped_inputs():
+    """Inputs without a batch dim (a split step's gradients) take the fast path too, and a
+    wrong static shape, a NaN or a view still goes to the checked path."""
+    x = make_node("input", (), name="x", shape=("N", 3), dtype="float32")
+    g = make_node("input", (), name="g", shape=(2, 3), dtype="float32")
+    s = make_node("input", (), name="s", shape=(), dtype="float32")
+    w = make_node("param", (), name="w", shape=(2, 3), dtype="float32")
+    new_w = make_node("sub", (w, make_node("mul", (s, g))))
+    graph = Graph((x, g, s), (w,), (make_node("sum_to", (x,), shape=(3,)), new_w), (("w", new_w),),
+                  name="static_inputs")
+    executable = get_backend("cpu").compile(graph)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((2, 3)).astype(np.float32),
+              np.array(0.5, np.float32)]
+    weights = rng.standard_normal((2, 3)).astype(np.float32)
+    executable.run(inputs, [weights])  # binds the parameter
+    want, _ = evaluate(graph, inputs, [weights.copy()], 5)
+    got = executable.run_plain(inputs, [weights])
+    assert got is not None
+    for g_, w_ in zip(got, want):
+        np.testing.assert_allclose(g_, w_, **TOL["float32"])
+    no_batch = get_backend("cpu").compile(Graph((g, s), (w,), (new_w,), (("w", new_w),), name="static_only"))
+    no_batch.run(inputs[1:], [weights])
+    assert no_batch.run_plain(inputs[1:], [weights]) is not None  # no batch dim anywhere
+    bad_shape = [inputs[0], np.ones((3, 2), np.float32), inputs[2]]
+    with_nan = [inputs[0], np.full((2, 3), np.nan, np.float32), inputs[2]]
+    view = [inputs[0], np.ones((4, 3), np.float32)[:2], inputs[2]]
+    for args in (bad_shape, with_nan, view):
+        assert executable.run_plain(args, [weights]) is None
