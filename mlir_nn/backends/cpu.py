@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import math
 import os
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -30,12 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
-from mlir_nn.backends.base import check_arguments
+from mlir_nn.backends.base import check_arguments, non_finite_error
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.cpu_target import register_block
-from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
+from mlir_nn.backends.input_guard import guard_inputs
+from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm, run_pipeline
+from mlir_nn.backends.memory_plan import MemoryPlan, plan_memory
 from mlir_nn.backends.memref_args import ArgumentBlock
 from mlir_nn.backends.native import OPT_LEVEL, NativeError, NativeFunction, jit, link_shared_object, load_shared_object
+from mlir_nn.backends.workspace import Workspaces
 from mlir_nn.ir import BATCH, Graph
 from mlir_nn.ir.shapes import resolve
 from mlir_nn.pipelines import Pipeline, load_pipeline, shipped_dir
@@ -49,6 +52,7 @@ class Kernel:
 
     native: NativeFunction
     stages: dict[str, str]
+    plan: MemoryPlan  # the workspace it takes as its last argument
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
     source: str = "compiled"  # "compiled", "disk" or "memory"
     pipeline: Pipeline | None = None  # what it was lowered with
@@ -60,7 +64,8 @@ class Kernel:
 
 
 _MEMORY: dict[str, Kernel] = {}
-_BACKEND_SOURCES = ("cpu.py", "cpu_target.py", "lowering.py", "native.py")
+_BACKEND_SOURCES = ("cpu.py", "cpu_target.py", "lowering.py", "native.py", "memory_plan.py", "input_guard.py")
+PLAN_PASS = "buffer-deallocation-pipeline"  # the memory plan and the input check run right before it
 SCHEDULE = "cpu_matmul.mlir"  # the transform schedule mlir_nn.codegen.cpu_matmul applies
 PARALLEL_FN = "parallel_compute_fn"  # a parallel loop body outlined by the async-parallel-for pass
 THREAD_PASS = "async-parallel-for"
@@ -88,8 +93,17 @@ def codegen_digest() -> str:
 
 
 def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[object, dict[str, str], dict[str, float]]:
-    """Emit linalg, make updates in place and run ``pipeline``: (LLVM module, stages, timings).
-    Large products use threads when ``threads`` is set and the pipeline has the async passes."""
+    """Emit linalg, make updates in place and run ``pipeline``: (LLVM module, stages, timings)."""
+    module, stages, timings, _ = lower_with_plan(graph, pipeline, threads)
+    return module, stages, timings
+
+
+def lower_with_plan(graph: Graph, pipeline: Pipeline,
+                    threads: bool = True) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None]:
+    """``lower`` and the step's memory plan (None when the pipeline has no ``PLAN_PASS``).
+    Large products use threads when ``threads`` is set and the pipeline has the async
+    passes. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
+    argument and an input check guards the body (``memory_plan``, ``input_guard``)."""
     from mlir_nn.codegen import emit_linalg
     from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
     from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
@@ -104,10 +118,24 @@ def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[objec
     rewrite_matmuls(module, threads and any(p.startswith(THREAD_PASS) for p in pipeline.passes))
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
-    run_pipeline(module, pipeline, {"buffer-results-to-out-params": copy_repeated_results})
+    plans: list[MemoryPlan] = []
+
+    def plan_and_guard(module: object) -> None:
+        plan, workspace = plan_memory(module, batch_dims(graph))
+        guard_inputs(module, list(range(len(graph.inputs))), workspace)
+        plans.append(plan)
+
+    run_pipeline(module, pipeline, {"buffer-results-to-out-params": copy_repeated_results,
+                                    PLAN_PASS: plan_and_guard})
     timings["passes"] = time.perf_counter() - start
     stages["llvm"] = str(module)
-    return module, stages, timings
+    return module, stages, timings, plans[-1] if plans else None
+
+
+def batch_dims(graph: Graph) -> set[tuple[int, int]]:
+    """(argument, dim) pairs of the native function that hold the batch size."""
+    leaves = list(graph.inputs) + list(graph.params) + list(graph.outputs)
+    return {(i, d) for i, node in enumerate(leaves) for d, size in enumerate(node.shape) if size == BATCH}
 
 
 def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: bool = True,
@@ -127,34 +155,39 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         entry = read_entry(key)
         if entry is not None and entry.meta.get("symbol") == name:
             try:
+                plan = MemoryPlan.from_json(entry.meta["memory_plan"])
                 native = load_shared_object(entry.library, name)
-            except NativeError:
+            except (NativeError, KeyError, TypeError, ValueError):
                 native = None
             if native is not None:
-                kernel = Kernel(native, entry.stages, {"load": time.perf_counter() - start}, "disk", pipeline)
+                kernel = Kernel(native, entry.stages, plan, {"load": time.perf_counter() - start}, "disk", pipeline)
                 _MEMORY[key] = kernel
                 return kernel
-    module, stages, timings = lower(graph, pipeline, threads)
+    module, stages, timings, plan = lower_with_plan(graph, pipeline, threads)
     check_lowered_to_llvm(module, pipeline)
+    if plan is None:
+        raise LoweringError(f"pipeline {pipeline.name} has no {PLAN_PASS} pass: the cpu backend places the "
+                            "step's buffers in its workspace and checks its inputs right before that pass")
     start = time.perf_counter()
     native, engine = jit(module, name)
     timings["llvm"] = time.perf_counter() - start
     if use_disk:
         start = time.perf_counter()
-        _store(key, engine, name, stages)
+        _store(key, engine, name, stages, plan)
         timings["cache-write"] = time.perf_counter() - start
-    kernel = Kernel(native, stages, timings, "compiled", pipeline)
+    kernel = Kernel(native, stages, plan, timings, "compiled", pipeline)
     _MEMORY[key] = kernel
     return kernel
 
 
-def _store(key: str, engine: object, name: str, stages: dict[str, str]) -> None:
+def _store(key: str, engine: object, name: str, stages: dict[str, str], plan: MemoryPlan) -> None:
     """Write the disk-cache entry; a failure only costs the next process a recompile."""
     try:
         with tempfile.TemporaryDirectory() as tmp:
             library = Path(tmp) / "step.so"
             link_shared_object(engine, library)
-            write_entry(key, library, {"symbol": name, "target": TARGET, "version": _version()}, stages)
+            write_entry(key, library, {"symbol": name, "target": TARGET, "version": _version(),
+                                                  "memory_plan": plan.to_json()}, stages)
     except (NativeError, OSError) as error:
         warnings.warn(f"mlir-nn: could not write the compile cache entry: {error}", RuntimeWarning, stacklevel=3)
 
@@ -164,7 +197,6 @@ def clear_memory_cache() -> None:
     _MEMORY.clear()
 
 
-_SUM = np.add.reduce
 _threads_started = False  # a threaded kernel was called: the async runtime's threads exist
 _threads_lost = False  # this process was forked after they started: here they do not
 
@@ -178,7 +210,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _address(array: np.ndarray) -> int:
-    """Data pointer of a C-contiguous array (the buffer protocol is ~5x faster than .ctypes)."""
+    """Data pointer of a C-contiguous array (the buffer protocol is ~3x faster than .ctypes)."""
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(array))
     except (TypeError, ValueError):  # read-only or empty buffers
@@ -186,24 +218,29 @@ def _address(array: np.ndarray) -> int:
 
 
 class CpuExecutable:
-    """A compiled step bound to prebuilt argument descriptors."""
+    """A compiled step bound to prebuilt argument descriptors and a workspace per batch size.
+
+    One lock serializes the calls of a step: its descriptors, its workspaces and the
+    parameters it updates are shared by every thread that calls it.
+    """
 
     def __init__(self, graph: Graph, kernel: Kernel) -> None:
         self.graph = graph
-        self.kernel = kernel
         self.stages = kernel.stages
         leaves = list(graph.inputs) + list(graph.params) + list(graph.outputs)
-        self._args = ArgumentBlock([len(n.shape) for n in leaves])
-        self._call = self._threaded_call if kernel.threaded else kernel.native.call
+        self._args = ArgumentBlock([len(n.shape) for n in leaves] + [1])  # + the workspace
+        self._workspace_slot = len(leaves)
+        self._lock = threading.Lock()
+        self._use_kernel(kernel)
         self._n_inputs = len(graph.inputs)
         self._n_params = len(graph.params)
-        self._bound: list[np.ndarray | None] = [None] * self._n_params
         self._outputs = [(n.shape, np.dtype(n.dtype), self._batch_major(n.shape)) for n in graph.outputs]
         self._input_fast = [self._batch_major(n.shape) for n in graph.inputs]
         self._input_specs = [(np.dtype(n.dtype), len(n.shape), tuple(n.shape[1:])) for n in graph.inputs]
-        self._param_shapes = [tuple(n.shape) for n in graph.params]
+        # per parameter: the array last validated and bound, and the layout it had then
+        self._bound: list[tuple[np.ndarray, np.dtype, tuple, tuple] | None] = [None] * self._n_params
         self._input_offsets = [self._args.offsets[i] for i in range(self._n_inputs)]
-        out_offsets = self._args.offsets[self._n_inputs + self._n_params:]
+        out_offsets = self._args.offsets[self._n_inputs + self._n_params:self._workspace_slot]
         self._all_fast = all(self._input_fast) and all(
             fast or BATCH not in shape for shape, _, fast in self._outputs)
         # (descriptor offset, static shape, dtype, batch-major) per output, for the fast path
@@ -215,14 +252,37 @@ class CpuExecutable:
             elif BATCH not in node.shape:
                 self._args.set_static_layout(i, node.shape)
 
+    def _use_kernel(self, kernel: Kernel) -> None:
+        """Call ``kernel`` from now on; its workspaces start empty (plans differ per build)."""
+        self.kernel = kernel
+        self._native = self._threaded_call if kernel.threaded else kernel.native.call
+        self._workspaces = Workspaces(kernel.plan, self.graph.name)
+        self._workspace_batch: int | None = None
+        self._status = np.zeros(1, np.int32)
+
+    def _bind_workspace(self, batch: int) -> None:
+        """Point the workspace descriptor at the workspace for ``batch`` (allocated on first use)."""
+        if batch != self._workspace_batch:
+            workspace = self._workspaces.get(batch)
+            self._args.bind(self._workspace_slot, workspace)
+            self._status = workspace[:4].view(np.int32)
+            self._workspace_batch = batch
+
+    def _call(self, batch: int) -> int:
+        """Bind the workspace, run the native step; its status (0, or 1 + a bad input's index)."""
+        self._bind_workspace(batch)
+        self._native(self._args.address)
+        return int(self._status[0])
+
     def _threaded_call(self, address: int) -> None:
         """Call a kernel that uses the async runtime's threads; in a process forked after they
         started, switch to a build without threads (see the module docstring)."""
         global _threads_started
         if _threads_lost:
-            self.kernel = compile_kernel(self.graph, self.kernel.pipeline, threads=False)
-            self._call = self.kernel.native.call  # from now on, in this process
-            self._call(address)
+            batch = self._workspace_batch
+            self._use_kernel(compile_kernel(self.graph, self.kernel.pipeline, threads=False))
+            self._bind_workspace(batch)  # from now on, in this process
+            self._native(self._args.address)
             return
         _threads_started = True
         self.kernel.native.call(address)
@@ -233,17 +293,17 @@ class CpuExecutable:
         return bool(shape) and shape[0] == BATCH and BATCH not in shape[1:]
 
     def _bind_params(self, params: list[np.ndarray]) -> None:
-        """(Re)bind parameters whose array object changed; they must not share memory."""
+        """(Re)bind parameters whose array or layout changed; they must not share memory."""
         changed = False
         for i, p in enumerate(params):
-            bound = self._bound[i]
-            if bound is p and p.flags.c_contiguous:  # shape and dtype were checked by check_arguments
-                continue
             if not p.flags.c_contiguous:
                 raise ValueError(f"{self.graph.name}: parameter {self.graph.params[i].attr('name')} is not "
                                  "C-contiguous; the cpu backend updates parameters in place in their own buffers")
+            bound = self._bound[i]
+            if bound is not None and bound[0] is p and bound[1:] == (p.dtype, p.shape, p.strides):
+                continue
             self._args.bind(self._n_inputs + i, p)
-            self._bound[i] = p
+            self._bound[i] = (p, p.dtype, p.shape, p.strides)
             changed = True
         if changed:
             self._check_param_overlap(params)
@@ -258,9 +318,10 @@ class CpuExecutable:
                                      "the cpu backend updates parameters in place and needs separate buffers")
 
     def _quick_batch(self, inputs: Sequence[np.ndarray], params: list[np.ndarray]) -> int | None:
-        """The batch size when the arguments are plainly valid: batch-major finite C-contiguous
-        inputs that share no memory with a parameter, and the same parameter arrays as last
-        call. None means "take the fully checked path"."""
+        """The batch size when the arguments are plainly valid: batch-major C-contiguous inputs
+        that share no memory with a parameter, and the parameter arrays bound last call with
+        the dtype, shape and strides they had then, still writable. None means "take the
+        fully checked path". Inputs' values are checked by the compiled step itself."""
         if not self._all_fast or len(inputs) != self._n_inputs or len(params) != self._n_params:
             return None
         batch = None
@@ -271,10 +332,9 @@ class CpuExecutable:
                 batch = x.shape[0]
             if x.shape[0] != batch or not x.flags.c_contiguous or x.base is not None:
                 return None  # views may alias parameters: the checked path copies them
-            if not math.isfinite(_SUM(x, None)):
-                return None  # a finite sum implies finite elements; check_arguments decides the rest
-        for p, bound, shape in zip(params, self._bound, self._param_shapes):
-            if p is not bound or p.shape != shape or not p.flags.writeable:
+        for p, bound in zip(params, self._bound):
+            if bound is None or p is not bound[0] or p.dtype is not bound[1] or p.shape != bound[2] \
+                    or p.strides != bound[3] or not p.flags.writeable:
                 return None
         return batch if batch else None
 
@@ -288,47 +348,51 @@ class CpuExecutable:
         batch = self._quick_batch(inputs, params)
         if batch is None:
             return None
-        words = self._args.words
-        for x, o in zip(inputs, self._input_offsets):
-            words[o] = words[o + 1] = _address(x)
-            words[o + 3] = batch
         outputs = []
-        for o, shape, dtype, batch_major in self._output_slots:
-            out = np.empty((batch, *shape) if batch_major else shape, dtype)
-            words[o] = words[o + 1] = _address(out)
-            if batch_major:
+        with self._lock:
+            words = self._args.words
+            for x, o in zip(inputs, self._input_offsets):
+                words[o] = words[o + 1] = _address(x)
                 words[o + 3] = batch
-            outputs.append(out)
-        self._call(self._args.address)
+            for o, shape, dtype, batch_major in self._output_slots:
+                out = np.empty((batch, *shape) if batch_major else shape, dtype)
+                words[o] = words[o + 1] = _address(out)
+                if batch_major:
+                    words[o + 3] = batch
+                outputs.append(out)
+            status = self._call(batch)
+        if status:
+            raise non_finite_error(self.graph, status - 1, inputs[status - 1])
         return outputs
 
     def _run_checked(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
         """Every argument checked, views of parameters copied, any layout bound."""
-        batch = check_arguments(self.graph, inputs, params)
-        self._bind_params(params)
-        args = self._args
+        batch = check_arguments(self.graph, inputs, params, check_values=False)
         held = []  # arrays the native call reads must outlive it
-        for i, x in enumerate(inputs):
+        for x in inputs:
             if not x.flags.c_contiguous:
                 x = np.ascontiguousarray(x)
             elif x.base is not None and any(np.shares_memory(x, p) for p in params):
                 x = x.copy()  # parameters are written in place while inputs are read
             held.append(x)
-            if self._input_fast[i]:
-                args.bind_batch_major(i, x.ctypes.data, batch)
-            else:
-                args.bind(i, x)
-        outputs = []
-        slot = self._n_inputs + self._n_params
-        for k, (shape, dtype, fast) in enumerate(self._outputs):
-            out = np.empty(resolve(shape, batch), dtype)
-            if fast:
-                args.bind_batch_major(slot + k, out.ctypes.data, batch)
-            else:
-                args.bind(slot + k, out)
-            outputs.append(out)
-        self._call(args.address)
-        del held
+        outputs = [np.empty(resolve(shape, batch), dtype) for shape, dtype, _ in self._outputs]
+        with self._lock:
+            self._bind_params(params)
+            args = self._args
+            for i, x in enumerate(held):
+                if self._input_fast[i]:
+                    args.bind_batch_major(i, x.ctypes.data, batch)
+                else:
+                    args.bind(i, x)
+            slot = self._n_inputs + self._n_params
+            for k, (out, (_, _, fast)) in enumerate(zip(outputs, self._outputs)):
+                if fast:
+                    args.bind_batch_major(slot + k, out.ctypes.data, batch)
+                else:
+                    args.bind(slot + k, out)
+            status = self._call(batch or 1)
+        if status:
+            raise non_finite_error(self.graph, status - 1, held[status - 1])
         return outputs
 
 
