@@ -1,44 +1,69 @@
 """Workspaces of a compiled CPU step: one numpy buffer per batch size, allocated once.
 
-The step's intermediates live in the workspace its memory plan sizes
-(``mlir_nn.backends.memory_plan``). Allocating it here, in Python, turns an impossible
-batch into a ``MemoryError`` before native code runs; keeping it turns every later step
-of that batch size into one without malloc and without fresh pages to fault in.
+A workspace holds the step's intermediates, laid out by its memory plan
+(``mlir_nn.backends.memory_plan``), followed by its outputs, which the caller copies
+out after each call. Allocating it here, in Python, turns an impossible batch into a
+``MemoryError`` before native code runs; keeping it makes every later step of that batch
+size one without malloc and without fresh pages to fault in.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from mlir_nn.backends.memory_plan import ALIGN, MemoryPlan
+from mlir_nn.ir.shapes import Shape, resolve
 
 KEEP = 4  # workspaces kept per step (the most recently used batch sizes)
+
+
+def _round_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """An ``ALIGN``-aligned byte buffer: the plan's part, then one view per output."""
+
+    buffer: np.ndarray  # uint8, the plan's bytes (status word first)
+    outputs: list[np.ndarray]  # C-contiguous views after it, one per output of the step
+    status: np.ndarray  # int32 view of the status word
+
+    def copy_outputs(self) -> list[np.ndarray]:
+        return [out.copy() for out in self.outputs]
 
 
 class Workspaces:
     """The workspaces of one step, by batch size, least recently used dropped first."""
 
-    def __init__(self, plan: MemoryPlan, step_name: str) -> None:
+    def __init__(self, plan: MemoryPlan, outputs: Sequence[tuple[Shape, np.dtype]], step_name: str) -> None:
         self.plan = plan
+        self.outputs = list(outputs)
         self.step_name = step_name
-        self._by_batch: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._by_batch: OrderedDict[int, Workspace] = OrderedDict()
 
-    def get(self, batch: int) -> np.ndarray:
-        """The ``ALIGN``-aligned uint8 workspace for ``batch`` rows."""
+    def get(self, batch: int) -> tuple[Workspace, bool]:
+        """The workspace for ``batch`` rows, and whether it was allocated just now."""
         workspace = self._by_batch.get(batch)
-        if workspace is None:
-            workspace = self._allocate(batch)
-            self._by_batch[batch] = workspace
-            while len(self._by_batch) > KEEP:
-                self._by_batch.popitem(last=False)
-        else:
+        if workspace is not None:
             self._by_batch.move_to_end(batch)
-        return workspace
+            return workspace, False
+        workspace = self._allocate(batch)
+        self._by_batch[batch] = workspace
+        while len(self._by_batch) > KEEP:
+            self._by_batch.popitem(last=False)
+        return workspace, True
 
-    def _allocate(self, batch: int) -> np.ndarray:
-        size = self.plan.workspace_bytes(batch)
+    def _allocate(self, batch: int) -> Workspace:
+        shapes = [resolve(shape, batch) for shape, _ in self.outputs]
+        sizes = [_round_up(int(np.prod(shape, dtype=object)) * dtype.itemsize)
+                 for shape, (_, dtype) in zip(shapes, self.outputs)]
+        planned = _round_up(self.plan.workspace_bytes(batch))
+        size = planned + sum(sizes)
         try:
             raw = np.empty(size + ALIGN, np.uint8)
         except (MemoryError, ValueError):  # ValueError: larger than the address space
@@ -46,4 +71,10 @@ class Workspaces:
                               f"{size / 2**20:,.1f} MiB for its intermediates, which cannot be allocated; "
                               "use smaller batches") from None
         start = -raw.ctypes.data % ALIGN
-        return raw[start:start + size]
+        buffer = raw[start:start + size]
+        views, offset = [], planned
+        for shape, (_, dtype), nbytes in zip(shapes, self.outputs, sizes):
+            count = int(np.prod(shape, dtype=object))
+            views.append(buffer[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape))
+            offset += nbytes
+        return Workspace(buffer[:planned], views, buffer[:4].view(np.int32))

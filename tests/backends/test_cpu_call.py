@@ -132,3 +132,18 @@ def test_nan_in_any_input_is_reported_by_the_compiled_step_with_parameters_untou
         np.testing.assert_array_equal(p.data, b)
     step(x, y)
     assert not np.array_equal(model.parameters()[0].data, before[0])  # good calls still run
+
+
+def test_outputs_are_fresh_arrays_not_views_of_the_workspace():
+    model = MLP(3, [4, 2])
+
+    def forward(x):
+        return model(x)
+
+    step = jit(forward)
+    x = np.ones((5, 3), np.float32)
+    first = step(x)
+    kept = first.copy()
+    second = step(2 * x)
+    assert first.base is None and second.base is None and first is not second
+    np.testing.assert_array_equal(first, kept)

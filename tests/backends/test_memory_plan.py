@@ -51,19 +51,24 @@ def test_workspace_bytes_scale_with_the_batch():
 
 
 def test_an_impossible_workspace_is_a_memory_error_naming_the_step():
-    workspaces = Workspaces(MemoryPlan((0, 4096), 1, 0), "step")
+    workspaces = Workspaces(MemoryPlan((0, 4096), 1, 0), [((), np.dtype(np.float32))], "step")
     with pytest.raises(MemoryError, match=r"step: a batch of 35184372088832 rows needs a workspace of"):
         workspaces.get(2**45)
 
 
 def test_workspaces_are_kept_per_batch_size_and_reused():
-    workspaces = Workspaces(MemoryPlan((64, 128), 2, 0), "step")
-    first = workspaces.get(3)
-    assert first.ctypes.data % 64 == 0 and first.nbytes == HEADER + 64 + 3 * 128
-    assert workspaces.get(3) is first
+    outputs = [((), np.dtype(np.float32)), (("N", 3), np.dtype(np.float64))]
+    workspaces = Workspaces(MemoryPlan((64, 128), 2, 0), outputs, "step")
+    first, new = workspaces.get(3)
+    assert new and first.buffer.ctypes.data % 64 == 0 and first.buffer.nbytes == HEADER + 64 + 3 * 128
+    loss, rows = first.outputs
+    assert loss.shape == () and rows.shape == (3, 3) and rows.dtype == np.float64 and rows.flags.c_contiguous
+    assert loss.ctypes.data >= first.buffer.ctypes.data + first.buffer.nbytes  # outputs follow the plan's bytes
+    assert rows.ctypes.data % 64 == 0 and rows.ctypes.data >= loss.ctypes.data + 4
+    assert workspaces.get(3) == (first, False)
     for batch in range(4, 4 + KEEP):
         workspaces.get(batch)
-    assert workspaces.get(3) is not first  # the least recently used one was dropped
+    assert workspaces.get(3)[0] is not first  # the least recently used one was dropped
 
 
 def test_the_moons_step_calls_no_malloc_and_reuses_buffers():
