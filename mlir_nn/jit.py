@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from mlir_nn.backends import Executable, get_backend
 from mlir_nn.engine import Tensor, Trace, numeric_array, set_trace
 from mlir_nn.ir import BATCH, Graph, verify
 from mlir_nn.ir.shapes import dtype_name
+from mlir_nn.tiered import BackgroundCompile, from_caches, tiered_default
 
 Signature = tuple[tuple[tuple, str], ...]
 
@@ -89,27 +91,65 @@ class CompiledStep:
     """
 
     def __init__(self, graph: Graph, captured: list[Tensor], single: bool, backend: str,
-                 optimize: bool = True, batch_estimate: int | None = None) -> None:
+                 optimize: bool = True, batch_estimate: int | None = None, tiered: bool = False) -> None:
         self.graph = graph
         self.captured = captured
         self.single = single
         self.backend = backend
-        self.optimized_graph, self.optimize_report = graph, None
-        if optimize:
+        self._optimize, self._batch_estimate = optimize, batch_estimate
+        self._background: BackgroundCompile | None = None
+        self._switch = threading.Lock()
+        cached = from_caches(graph, batch_estimate, optimize) if tiered and backend == "cpu" else None
+        if cached is not None:
+            self._use(*cached)
+        elif tiered and backend == "cpu":  # see mlir_nn.tiered
+            self._background = BackgroundCompile(graph, batch_estimate, optimize)
+            self.optimized_graph, self.optimize_report = graph, None
+            self.executable: Executable = get_backend("numpy").compile(graph)
+            self.stages: dict[str, str] = {"tensor": str(graph)}
+        else:
+            self._compile()
+
+    def _compile(self) -> None:
+        """Optimize (unless off) and compile for the backend, from the caches where possible."""
+        optimized, report = self.graph, None
+        if self._optimize:
             from mlir_nn.egraph.cache import optimize_cached
 
-            self.optimized_graph, self.optimize_report = optimize_cached(graph, batch_estimate)
-        self.executable: Executable = get_backend(backend).compile(self.optimized_graph)
-        self.stages: dict[str, str] = {"tensor": str(graph), "optimized": str(self.optimized_graph)}
-        self.stages.update(getattr(self.executable, "stages", {}))
+            optimized, report = optimize_cached(self.graph, self._batch_estimate)
+        self._use(optimized, report, get_backend(self.backend).compile(optimized))
+
+    def _use(self, optimized: Graph, report: Any, executable: Executable) -> None:
+        self.optimized_graph, self.optimize_report, self.executable = optimized, report, executable
+        self.stages = {"tensor": str(self.graph), "optimized": str(optimized)}
+        self.stages.update(getattr(executable, "stages", {}))
+
+    @property
+    def tier(self) -> str:
+        """The backend that runs the next call: ``"numpy"`` while a tiered compile is pending."""
+        return "numpy" if self._background is not None else self.backend
+
+    def finish_compile(self, wait: bool = True) -> None:
+        """Switch a tiered step to compiled code: when its compile process is done, or (``wait``)
+        after waiting for it. A failed background compile is redone here, raising its error."""
+        with self._switch:
+            background = self._background
+            if background is None or not (wait or background.done()):
+                return
+            background.wait()
+            self._compile()
+            self._background = None
 
     def as_text(self, stage: str = "tensor") -> str:
+        self.finish_compile()
         try:
             return self.stages[stage]
         except KeyError:
             raise ValueError(f"stage {stage!r} not available; have {', '.join(self.stages)}") from None
 
     def __call__(self, arrays: list[np.ndarray]) -> Any:
+        if self._background is not None:
+            self.finish_compile(wait=False)
         return self._result(self.executable.run(arrays, [t.data for t in self.captured]))
 
     def call_if_plain(self, args: tuple) -> Any:
@@ -131,11 +171,12 @@ class JitFunction:
     """A step function compiled per input signature (ndim, shape without batch, dtype)."""
 
     def __init__(self, fn: Callable[..., Any], backend: str | None = None, dynamic_batch: bool = True,
-                 optimize: bool = True) -> None:
+                 optimize: bool = True, tiered: bool | None = None) -> None:
         backend = backend or DEFAULT_BACKEND
         get_backend(backend)  # fail early on an unknown backend
         functools.update_wrapper(self, fn)
         self.fn, self.backend, self.dynamic_batch, self.optimize = fn, backend, dynamic_batch, optimize
+        self.tiered = tiered_default() if tiered is None else tiered
         self._names = list(inspect.signature(fn).parameters)
         self._cache: dict[Signature, CompiledStep] = {}
         self._fast: dict[tuple, CompiledStep] = {}  # same steps, keyed for the call fast path
@@ -157,15 +198,17 @@ class JitFunction:
         if key not in self._cache:
             graph, captured, single = trace_step(self.fn, arrays, self._arg_names(len(arrays)), self.dynamic_batch)
             batch = arrays[0].shape[0] if arrays and arrays[0].ndim else None
-            self._cache[key] = CompiledStep(graph, captured, single, self.backend, self.optimize, batch)
+            self._cache[key] = CompiledStep(graph, captured, single, self.backend, self.optimize, batch, self.tiered)
         return self._cache[key]
 
     def lower(self, *args: Any) -> CompiledStep:
-        """Trace and compile for these arguments' signature (cached)."""
-        return self._lower_arrays(self._arrays(args))
+        """Trace and compile for these arguments' signature (cached; waits for a tiered compile)."""
+        step = self._lower_arrays(self._arrays(args))
+        step.finish_compile()
+        return step
 
     def trace(self, *args: Any) -> Graph:
-        return self.lower(*args).graph
+        return self._lower_arrays(self._arrays(args)).graph
 
     def _fast_key(self, args: tuple) -> tuple | None:
         """A cheap signature for plain float C-contiguous ndarray arguments, else None."""
@@ -194,11 +237,13 @@ class JitFunction:
 
 
 def jit(fn: Callable[..., Any] | None = None, *, backend: str | None = None, dynamic_batch: bool = True,
-        optimize: bool = True) -> Any:
+        optimize: bool = True, tiered: bool | None = None) -> Any:
     """Compile an eager-style step function; usable as ``jit(f)`` or ``@jit(backend=...)``.
 
     ``optimize=False`` skips the e-graph optimizer (the backend runs the traced graph).
+    ``tiered`` (default: ``MLIR_NN_TIERED``, on) runs the first calls of a new cpu step on the
+    reference interpreter while another process compiles it (``mlir_nn.tiered``).
     """
     if fn is None:
-        return lambda f: JitFunction(f, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize)
-    return JitFunction(fn, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize)
+        return lambda f: JitFunction(f, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize, tiered=tiered)
+    return JitFunction(fn, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize, tiered=tiered)

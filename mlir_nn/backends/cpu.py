@@ -34,12 +34,9 @@ import numpy as np
 from mlir_nn.backends.base import check_arguments, non_finite_error
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.cpu_target import register_block
-from mlir_nn.backends.input_guard import guard_inputs
-from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm, run_pipeline
-from mlir_nn.backends.memory_plan import MemoryPlan, plan_memory
 from mlir_nn.backends.memref_args import ArgumentBlock
 from mlir_nn.backends.native import OPT_LEVEL, NativeError, NativeFunction, jit, link_shared_object, load_shared_object
-from mlir_nn.backends.workspace import Workspaces
+from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph
 from mlir_nn.pipelines import Pipeline, load_pipeline, shipped_dir
 
@@ -104,6 +101,9 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline,
     Large products use threads when ``threads`` is set and the pipeline has the async
     passes. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
     argument and an input check guards the body (``memory_plan``, ``input_guard``)."""
+    from mlir_nn.backends.input_guard import guard_inputs
+    from mlir_nn.backends.lowering import run_pipeline
+    from mlir_nn.backends.memory_plan import plan_memory
     from mlir_nn.codegen import emit_linalg
     from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
     from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
@@ -138,31 +138,48 @@ def batch_dims(graph: Graph) -> set[tuple[int, int]]:
     return {(i, d) for i, node in enumerate(leaves) for d, size in enumerate(node.shape) if size == BATCH}
 
 
+def _key(graph: Graph, pipeline: Pipeline, threads: bool) -> str:
+    target = TARGET if threads else f"{TARGET}-serial"
+    return cache_key(graph.fingerprint(), pipeline.text, target, f"{_version()}+{codegen_digest()}", OPT_LEVEL)
+
+
+def cached_kernel(graph: Graph, pipeline: Pipeline | None = None, threads: bool = True) -> Kernel | None:
+    """Native code for ``graph`` from the memory or the disk cache, or None. Imports no MLIR
+    (the key covers the graph's text, its name included)."""
+    pipeline = pipeline or load_pipeline(TARGET)
+    key = _key(graph, pipeline, threads)
+    if key in _MEMORY:
+        return replace(_MEMORY[key], timings={}, source="memory")
+    start = time.perf_counter()
+    entry = read_entry(key)
+    if entry is None:
+        return None
+    try:
+        plan = MemoryPlan.from_json(entry.meta["memory_plan"])
+        native = load_shared_object(entry.library, str(entry.meta["symbol"]))
+    except (NativeError, KeyError, TypeError, ValueError):
+        return None
+    kernel = Kernel(native, entry.stages, plan, {"load": time.perf_counter() - start}, "disk", pipeline)
+    _MEMORY[key] = kernel
+    return kernel
+
+
 def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: bool = True,
                    threads: bool = True) -> Kernel:
     """Native code for ``graph`` from the memory cache, the disk cache, or a fresh compile.
     ``threads=False`` builds every product to run on the calling thread."""
-    from mlir_nn.codegen import symbol_name
-
     pipeline = pipeline or load_pipeline(TARGET)
-    target = TARGET if threads else f"{TARGET}-serial"
-    key = cache_key(graph.fingerprint(), pipeline.text, target, f"{_version()}+{codegen_digest()}", OPT_LEVEL)
+    key = _key(graph, pipeline, threads)
     if key in _MEMORY:
         return replace(_MEMORY[key], timings={}, source="memory")
-    name = symbol_name(graph)
     if use_disk:
-        start = time.perf_counter()
-        entry = read_entry(key)
-        if entry is not None and entry.meta.get("symbol") == name:
-            try:
-                plan = MemoryPlan.from_json(entry.meta["memory_plan"])
-                native = load_shared_object(entry.library, name)
-            except (NativeError, KeyError, TypeError, ValueError):
-                native = None
-            if native is not None:
-                kernel = Kernel(native, entry.stages, plan, {"load": time.perf_counter() - start}, "disk", pipeline)
-                _MEMORY[key] = kernel
-                return kernel
+        kernel = cached_kernel(graph, pipeline, threads)
+        if kernel is not None:
+            return kernel
+    from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
+    from mlir_nn.codegen import symbol_name
+
+    name = symbol_name(graph)
     module, stages, timings, plan = lower_with_plan(graph, pipeline, threads)
     check_lowered_to_llvm(module, pipeline)
     if plan is None:
@@ -388,3 +405,8 @@ class CpuBackend:
 
     def compile(self, graph: Graph) -> CpuExecutable:
         return CpuExecutable(graph, compile_kernel(graph, self.pipeline))
+
+    def load_cached(self, graph: Graph) -> CpuExecutable | None:
+        """The executable when its native code is in the memory or disk cache, else None."""
+        kernel = cached_kernel(graph, self.pipeline)
+        return None if kernel is None else CpuExecutable(graph, kernel)

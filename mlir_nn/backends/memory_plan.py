@@ -18,34 +18,13 @@ hold the step's status word (see ``mlir_nn.backends.input_guard``).
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from mlir import ir
 from mlir.dialects import arith, memref
 
-HEADER = 64  # bytes before the first buffer: the status word, padded to a cache line
-ALIGN = 64  # every buffer starts on a cache line
+from mlir_nn.backends.workspace import HEADER, MemoryPlan, round_up
+
 ENTRY_ATTR = "llvm.emit_c_interface"
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """Workspace bytes per power of the batch size, and what stayed on the heap."""
-
-    group_bytes: tuple[int, ...]  # group_bytes[k]: bytes of buffers with k batch-sized dims, per batch**k
-    buffers: int  # allocations placed in the workspace
-    heap_buffers: int  # allocations left to malloc (nested in loops, or sizes not provably the batch)
-
-    def workspace_bytes(self, batch: int) -> int:
-        """Bytes of the workspace for ``batch`` rows (Python ints: no overflow)."""
-        return HEADER + sum(size * batch**k for k, size in enumerate(self.group_bytes))
-
-    def to_json(self) -> dict:
-        return {"group_bytes": list(self.group_bytes), "buffers": self.buffers, "heap_buffers": self.heap_buffers}
-
-    @classmethod
-    def from_json(cls, data: dict) -> MemoryPlan:
-        return cls(tuple(int(b) for b in data["group_bytes"]), int(data["buffers"]), int(data["heap_buffers"]))
 
 
 def entry_function(module: ir.Module) -> ir.Operation:
@@ -121,10 +100,6 @@ def first_fit(lives: list[tuple[int, int, int]]) -> tuple[list[int], int]:
     return offsets, total
 
 
-def _round_up(n: int, to: int = ALIGN) -> int:
-    return -(-n // to) * to
-
-
 def plan_memory(module: ir.Module, batch_dims: Collection[tuple[int, int]]) -> tuple[MemoryPlan, ir.Value]:
     """Rewrite the step's allocations into views of a new trailing workspace argument
     (``memref<?xi8>``). ``batch_dims`` lists the (argument, dim) pairs that hold the batch
@@ -148,7 +123,7 @@ def plan_memory(module: ir.Module, batch_dims: Collection[tuple[int, int]]) -> t
             continue  # stays a heap allocation
         for d in static:
             size *= d
-        allocs.append((op, len(dynamic), i, max(i, _last_use(op.result, top_index)), _round_up(size)))
+        allocs.append((op, len(dynamic), i, max(i, _last_use(op.result, top_index)), round_up(size)))
     heap = sum(1 for o in top_index if o.name == "memref.alloc") - len(allocs)
     groups = max((power for _, power, *_ in allocs), default=-1) + 1
     offsets: dict[int, int] = {}

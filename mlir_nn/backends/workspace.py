@@ -1,4 +1,4 @@
-"""Workspaces of a compiled CPU step: one numpy buffer per batch size, allocated once.
+"""Workspaces of a compiled CPU step: one numpy buffer per batch size, allocated once (no MLIR import).
 
 A workspace holds the step's intermediates, laid out by its memory plan
 (``mlir_nn.backends.memory_plan``), followed by its outputs, which the caller copies
@@ -15,13 +15,35 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlir_nn.backends.memory_plan import ALIGN, MemoryPlan
 from mlir_nn.ir.shapes import Shape, resolve
 
 KEEP = 4  # workspaces kept per step (the most recently used batch sizes)
+HEADER = 64  # bytes before the first buffer: the status word, padded to a cache line
+ALIGN = 64  # every buffer starts on a cache line
 
 
-def _round_up(n: int) -> int:
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Workspace bytes per power of the batch size, and what stayed on the heap."""
+
+    group_bytes: tuple[int, ...]  # group_bytes[k]: bytes of buffers with k batch-sized dims, per batch**k
+    buffers: int  # allocations placed in the workspace
+    heap_buffers: int  # allocations left to malloc (nested in loops, or sizes not provably the batch)
+
+    def workspace_bytes(self, batch: int) -> int:
+        """Bytes of the workspace for ``batch`` rows (Python ints: no overflow)."""
+        return HEADER + sum(size * batch**k for k, size in enumerate(self.group_bytes))
+
+    def to_json(self) -> dict:
+        return {"group_bytes": list(self.group_bytes), "buffers": self.buffers, "heap_buffers": self.heap_buffers}
+
+    @classmethod
+    def from_json(cls, data: dict) -> MemoryPlan:
+        return cls(tuple(int(b) for b in data["group_bytes"]), int(data["buffers"]), int(data["heap_buffers"]))
+
+
+def round_up(n: int) -> int:
+    """``n`` rounded up to a multiple of ``ALIGN``."""
     return -(-n // ALIGN) * ALIGN
 
 
@@ -60,9 +82,9 @@ class Workspaces:
 
     def _allocate(self, batch: int) -> Workspace:
         shapes = [resolve(shape, batch) for shape, _ in self.outputs]
-        sizes = [_round_up(int(np.prod(shape, dtype=object)) * dtype.itemsize)
+        sizes = [round_up(int(np.prod(shape, dtype=object)) * dtype.itemsize)
                  for shape, (_, dtype) in zip(shapes, self.outputs)]
-        planned = _round_up(self.plan.workspace_bytes(batch))
+        planned = round_up(self.plan.workspace_bytes(batch))
         size = planned + sum(sizes)
         try:
             raw = np.empty(size + ALIGN, np.uint8)
