@@ -2,11 +2,14 @@
 
 ``compile_kernel`` turns a graph into native code once per (graph, pipeline, target,
 version) and caches it in memory and on disk. ``CpuExecutable.run`` checks the
-arguments in Python, binds them to prebuilt memref descriptors and makes one native
-call; parameters are updated in their own numpy buffers.
+arguments' shapes and dtypes in Python, binds them to prebuilt memref descriptors and
+makes one native call; parameters are updated in their own numpy buffers.
 
 Native calling convention (after ``passes/cpu.pipeline``): arguments are the graph's
-inputs, then its params, then one caller-allocated buffer per output.
+inputs, then its params, then one caller-allocated buffer per output, then the workspace
+(``memref<?xi8>``: the status word, then every intermediate, see ``memory_plan``). The
+step first checks its inputs for NaN and infinity (``input_guard``) and writes nothing
+when it finds one; the status word says which input it was.
 
 Threads: the row blocks of large matrix products run on MLIR's async runtime thread pool
 (``mlir_nn.codegen.cpu_matmul``). A fork copies only the calling thread, so a process
