@@ -59,9 +59,11 @@ class BackgroundCompile:
 
     def __init__(self, graph: Graph, batch_estimate: int | None, optimize: bool) -> None:
         package_root = str(Path(__file__).resolve().parent.parent)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")]))
+        paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         self._process = subprocess.Popen([sys.executable, "-m", "mlir_nn.tiered"], stdin=subprocess.PIPE,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        self._owner = os.getpid()  # a forked child neither waits for nor stops its parent's compile
         _RUNNING.add(self)
         try:
             self._process.stdin.write(pickle.dumps((graph, batch_estimate, optimize)))
@@ -70,14 +72,16 @@ class BackgroundCompile:
             pass
 
     def done(self) -> bool:
-        """True once the process has exited (successfully or not); never blocks."""
-        return self._process.poll() is not None
+        """True once the process has exited (successfully or not), or this is a forked child
+        of the process that started it; never blocks."""
+        return os.getpid() != self._owner or self._process.poll() is not None
 
     def wait(self, timeout: float | None = None) -> None:
-        self._process.wait(timeout)
+        if os.getpid() == self._owner:
+            self._process.wait(timeout)
 
     def cancel(self) -> None:
-        if self._process.poll() is None:
+        if os.getpid() == self._owner and self._process.poll() is None:
             self._process.kill()
             self._process.wait()
 

@@ -308,7 +308,7 @@ class CpuExecutable:
         self._bind_workspace(batch)
         self._native(self._args.address)
         workspace = self._workspace
-        status = int(workspace.status[0])
+        status = workspace.status[0]
         if status:
             raise non_finite_error(self.graph, status - 1, inputs[status - 1])
         return workspace.copy_outputs()

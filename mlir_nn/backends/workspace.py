@@ -53,7 +53,7 @@ class Workspace:
 
     buffer: np.ndarray  # uint8, the plan's bytes (status word first)
     outputs: list[np.ndarray]  # C-contiguous views after it, one per output of the step
-    status: np.ndarray  # int32 view of the status word
+    status: memoryview  # the status word as one int32 (item reads ~3x faster than numpy's)
 
     def copy_outputs(self) -> list[np.ndarray]:
         return [out.copy() for out in self.outputs]
@@ -99,4 +99,4 @@ class Workspaces:
             count = int(np.prod(shape, dtype=object))
             views.append(buffer[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape))
             offset += nbytes
-        return Workspace(buffer[:planned], views, buffer[:4].view(np.int32))
+        return Workspace(buffer[:planned], views, memoryview(buffer[:4]).cast("i"))
