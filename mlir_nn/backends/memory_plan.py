@@ -22,7 +22,7 @@ from collections.abc import Collection
 from mlir import ir
 from mlir.dialects import arith, memref
 
-from mlir_nn.backends.workspace import HEADER, MemoryPlan, round_up
+from mlir_nn.backends.workspace import ALIGN, HEADER, MemoryPlan, round_up
 
 ENTRY_ATTR = "llvm.emit_c_interface"
 
@@ -81,19 +81,21 @@ def _last_use(value: ir.Value, top_index: dict[ir.Operation, int]) -> int:
 
 def first_fit(lives: list[tuple[int, int, int]]) -> tuple[list[int], int]:
     """Offsets for (first, last, bytes) live ranges so that overlapping ranges never share
-    bytes; returns (offsets, total bytes). Largest buffers are placed first."""
+    bytes; returns (offsets, total bytes). Largest buffers are placed first, each at a
+    multiple of its size's lowest set bit (at most ``ALIGN``)."""
     offsets = [0] * len(lives)
     placed: list[int] = []
     total = 0
     for i in sorted(range(len(lives)), key=lambda i: (-lives[i][2], lives[i][0])):
         first, last, size = lives[i]
+        align = min(ALIGN, size & -size)  # a size's lowest set bit: its buffer's alignment
         busy = sorted((offsets[j], offsets[j] + lives[j][2]) for j in placed
                       if lives[j][0] <= last and first <= lives[j][1])
         offset = 0
         for lo, hi in busy:
             if offset + size <= lo:
                 break
-            offset = max(offset, hi)
+            offset = max(offset, -(-hi // align) * align)
         offsets[i] = offset
         placed.append(i)
         total = max(total, offset + size)
@@ -123,7 +125,10 @@ def plan_memory(module: ir.Module, batch_dims: Collection[tuple[int, int]]) -> t
             continue  # stays a heap allocation
         for d in static:
             size *= d
-        allocs.append((op, len(dynamic), i, max(i, _last_use(op.result, top_index)), round_up(size)))
+        # whole cache lines, except per-row sizes under one (a 1-column buffer takes 4 bytes a row,
+        # not 64): those are padded to 16 or 4 bytes and aligned to that much
+        size = round_up(size) if not dynamic or size >= ALIGN else -(-size // 16) * 16 if size > 4 else 4
+        allocs.append((op, len(dynamic), i, max(i, _last_use(op.result, top_index)), size))
     heap = sum(1 for o in top_index if o.name == "memref.alloc") - len(allocs)
     groups = max((power for _, power, *_ in allocs), default=-1) + 1
     offsets: dict[int, int] = {}
@@ -132,7 +137,7 @@ def plan_memory(module: ir.Module, batch_dims: Collection[tuple[int, int]]) -> t
         members = [k for k, a in enumerate(allocs) if a[1] == power]
         placed, total = first_fit([allocs[k][2:] for k in members])
         offsets.update(zip(members, placed))
-        group_bytes.append(total)
+        group_bytes.append(round_up(total))  # the next group starts on a cache line
     with module.context, fn.location:
         workspace = append_argument(fn, ir.MemRefType.get([ir.ShapedType.get_dynamic_size()],
                                                           ir.IntegerType.get_signless(8)))
@@ -148,7 +153,7 @@ def plan_memory(module: ir.Module, batch_dims: Collection[tuple[int, int]]) -> t
 def _byte_offset(group_bytes: list[int], power: int, offset: int, batch: ir.Value | None) -> ir.Value:
     """HEADER + sum_{j<power} group_bytes[j] * batch**j + offset * batch**power, as index ops."""
     index = ir.IndexType.get()
-    total = arith.constant(index, HEADER + (group_bytes[0] if power else 0) + (offset if not power else 0))
+    total = arith.constant(index, HEADER + (group_bytes[0] if power else offset))
     if batch is None:
         return total
     scale = batch

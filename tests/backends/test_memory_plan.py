@@ -28,10 +28,11 @@ def test_first_fit_never_shares_bytes_between_live_buffers(seed):
     lives = []
     for _ in range(40):
         first = int(rng.integers(0, 60))
-        lives.append((first, first + int(rng.integers(0, 12)), 64 * int(rng.integers(1, 50))))
+        size = int(rng.choice([4, 16, 48, 64 * int(rng.integers(1, 50))]))
+        lives.append((first, first + int(rng.integers(0, 12)), size))
     offsets, total = first_fit(lives)
     for i, (a0, a1, size_a) in enumerate(lives):
-        assert offsets[i] % 64 == 0 and offsets[i] + size_a <= total
+        assert offsets[i] % min(64, size_a & -size_a) == 0 and offsets[i] + size_a <= total
         for j, (b0, b1, size_b) in enumerate(lives[:i]):
             if _overlap((a0, a1), (b0, b1)):
                 assert offsets[i] + size_a <= offsets[j] or offsets[j] + size_b <= offsets[i], (i, j)
@@ -41,6 +42,12 @@ def test_first_fit_never_shares_bytes_between_live_buffers(seed):
 def test_first_fit_reuses_a_dead_buffer_and_keeps_a_live_one_apart():
     offsets, total = first_fit([(0, 1, 128), (2, 3, 128), (1, 2, 64)])
     assert offsets[0] == offsets[1] == 0 and offsets[2] == 128 and total == 192
+
+
+def test_first_fit_aligns_each_buffer_to_its_size():
+    offsets, total = first_fit([(0, 2, 4), (0, 2, 48), (0, 2, 128), (0, 2, 4)])
+    assert offsets[2] == 0 and offsets[1] == 128 and offsets[1] % 16 == 0
+    assert sorted([offsets[0], offsets[3]]) == [176, 180] and total == 184
 
 
 def test_workspace_bytes_scale_with_the_batch():
@@ -79,8 +86,9 @@ def test_the_moons_step_calls_no_malloc_and_reuses_buffers():
     assert "@malloc" not in llvm and "@free" not in llvm and "llvm.alloca" not in llvm
     plan = compiled.executable.kernel.plan
     assert plan.heap_buffers == 0 and plan.buffers > 10
-    # every buffer apart would need at least 32+32+32+16+16+1 floats a row, twice (forward and backward)
+    # every buffer apart would need 32+32+32+16+16+1 floats a row, twice (forward and backward)
     assert 0 < plan.group_bytes[1] < 2 * 4 * (32 + 32 + 32 + 16 + 16 + 1)
+    assert plan.group_bytes[1] % 64 == 0
 
 
 def test_one_step_at_awkward_batch_sizes_in_turn_matches_the_reference():
