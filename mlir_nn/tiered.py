@@ -61,9 +61,14 @@ class BackgroundCompile:
         package_root = str(Path(__file__).resolve().parent.parent)
         paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-        self._process = subprocess.Popen([sys.executable, "-m", "mlir_nn.tiered"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         self._owner = os.getpid()  # a forked child neither waits for nor stops its parent's compile
+        try:
+            self._process: subprocess.Popen | None = subprocess.Popen(
+                [sys.executable, "-m", "mlir_nn.tiered"], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        except OSError:  # no process: done() is true at once and the caller compiles in this one
+            self._process = None
+            return
         _RUNNING.add(self)
         try:
             self._process.stdin.write(pickle.dumps((graph, batch_estimate, optimize)))
@@ -74,14 +79,14 @@ class BackgroundCompile:
     def done(self) -> bool:
         """True once the process has exited (successfully or not), or this is a forked child
         of the process that started it; never blocks."""
-        return os.getpid() != self._owner or self._process.poll() is not None
+        return self._process is None or os.getpid() != self._owner or self._process.poll() is not None
 
     def wait(self, timeout: float | None = None) -> None:
-        if os.getpid() == self._owner:
+        if not self.done():
             self._process.wait(timeout)
 
     def cancel(self) -> None:
-        if os.getpid() == self._owner and self._process.poll() is None:
+        if not self.done():
             self._process.kill()
             self._process.wait()
 

@@ -94,3 +94,12 @@ def test_a_cold_first_step_loads_neither_egglog_nor_mlir(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout.splitlines()[-1])
     assert report["tier"] == "numpy" and report["loaded"] == []
+
+
+def test_when_no_compile_process_can_start_the_first_call_compiles_in_this_one(monkeypatch):
+    np.random.seed(12)
+    model = MLP(SIZES[0], SIZES[1:])
+    step = jit(train_step(model, SGD(model.parameters(), lr=0.0301)), tiered=True)  # a graph no test compiled
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    step(*next(_batches(1)))
+    assert step._last.tier == "cpu"
