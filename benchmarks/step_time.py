@@ -3,8 +3,12 @@
 Workloads: the moons MLP 2-32-32-16-1 at batch 10 (the demo's step) and an MLP
 784-1024-1024-10 at batch 512. Backends: the NumPy reference interpreter, the compiled
 CPU backend, a hand-written NumPy step (the same math written directly), PyTorch CPU
-and JAX jit when importable (the ``bench`` extra). Also: cold compile time of the moons
-step and its disk-cache load time in a new process (medians over fresh processes).
+and JAX jit when importable (the ``bench`` extra). The backends run round-robin (a
+slice of each per round) and the reported time is the median of the per-round medians,
+so machine load that comes and goes hits all of them alike; minor page faults per step
+come from ``resource.getrusage``. Also, in fresh processes: the first step of the moons
+step with an empty cache (import + jit + first call; mlir-nn tiered and JAX), the cold
+compile of the moons step with its time per stage, and its disk-cache load time.
 
     python benchmarks/step_time.py [--quick] [--json benchmarks/results/step_time.json]
 """
@@ -15,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -34,7 +39,13 @@ LR = 0.005
 
 def median_time(fn: Callable[[], object], budget_s: float, min_reps: int = 5) -> float:
     fn()  # warm up
+    return timed_slice(fn, budget_s, min_reps)[0]
+
+
+def timed_slice(fn: Callable[[], object], budget_s: float, min_reps: int = 5) -> tuple[float, int, int]:
+    """(median seconds per call, calls, minor page faults) of calling ``fn`` for ``budget_s``."""
     times: list[float] = []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
     while len(times) < min_reps or time.perf_counter() - start < budget_s:
         t = time.perf_counter()
@@ -42,7 +53,25 @@ def median_time(fn: Callable[[], object], budget_s: float, min_reps: int = 5) ->
         times.append(time.perf_counter() - t)
         if len(times) >= 20000:
             break
-    return statistics.median(times)
+    return statistics.median(times), len(times), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+
+
+def round_robin(steps: dict[str, Callable[[], object]], budget_s: float, rounds: int) -> dict[str, dict]:
+    """Each step for ``budget_s / rounds`` per round, in turn: the median of the rounds' medians
+    and the minor page faults per call."""
+    for fn in steps.values():
+        fn()  # warm up: compile, first-touch the workspace
+    medians: dict[str, list[float]] = {label: [] for label in steps}
+    calls = dict.fromkeys(steps, 0)
+    faults = dict.fromkeys(steps, 0)
+    for _ in range(rounds):
+        for label, fn in steps.items():
+            median, n, f = timed_slice(fn, budget_s / rounds, min_reps=3)
+            medians[label].append(median)
+            calls[label] += n
+            faults[label] += f
+    return {label: {"median_s": statistics.median(medians[label]), "round_medians_s": medians[label],
+                    "page_faults_per_step": faults[label] / calls[label]} for label in steps}
 
 
 def init_weights(sizes: list[int], seed: int = 0) -> list[np.ndarray]:
@@ -73,7 +102,7 @@ def mlir_nn_step(sizes: list[int], backend: str) -> Callable[[np.ndarray, np.nda
 
     step = train_step(model, opt)
 
-    return jit(step, backend=backend)
+    return jit(step, backend=backend, tiered=False)  # compiled from the first call: steady state only
 
 
 def numpy_step(sizes: list[int]) -> Callable[[np.ndarray, np.ndarray], object]:
@@ -173,29 +202,66 @@ def flops_per_step(sizes: list[int], batch: int) -> float:
     return float(total)
 
 
-def process_times(cache: str, warm: bool) -> float:
-    """Seconds for a new process to get a callable moons step (compiled cold or loaded from disk)."""
-    program = (
-        "import time, numpy as np\n"
-        "from benchmarks.step_time import mlir_nn_step, data\n"
-        "x, y = data([2, 32, 32, 16, 1], 10)\n"
-        "step = mlir_nn_step([2, 32, 32, 16, 1], 'cpu')\n"
-        "from mlir_nn.backends.cpu import compile_kernel\n"
-        "t = time.perf_counter(); c = step.lower(x, y); dt = time.perf_counter() - t\n"
-        "print(dt, c.executable.kernel.source)\n"
-    )
+def _run_fresh(program: str, cache: str, clear: bool) -> list[str]:
+    """stdout words of ``program`` run in a new Python process with ``cache`` as its compile cache."""
     env = dict(os.environ, MLIR_NN_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
-    if not warm:
+    if clear:
         for child in Path(cache).iterdir():
             subprocess.run(["rm", "-rf", str(child)], check=True)
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(out.stderr)
-    seconds, source = out.stdout.split()
+    return out.stdout.split()
+
+
+COMPILE = (
+    "import json, time, numpy as np\n"
+    "from benchmarks.step_time import mlir_nn_step, data\n"
+    "x, y = data([2, 32, 32, 16, 1], 10)\n"
+    "step = mlir_nn_step([2, 32, 32, 16, 1], 'cpu')\n"
+    "t = time.perf_counter(); c = step.lower(x, y); dt = time.perf_counter() - t\n"
+    "stages = dict(c.executable.kernel.timings, egglog=c.optimize_report.seconds if c.optimize_report else 0)\n"
+    "print(dt, c.executable.kernel.source, json.dumps(stages).replace(' ', ''))\n"
+)
+
+FIRST_STEP = {  # import + jit + the first step, timed from the program's first line
+    "mlir-nn (tiered)": (
+        "import time; start = time.perf_counter()\n"
+        "import numpy as np\n"
+        "from mlir_nn import jit\nfrom mlir_nn.nn import MLP\nfrom mlir_nn.optim import SGD\n"
+        "from mlir_nn.trainer import train_step\n"
+        "model = MLP(2, [32, 32, 16, 1])\n"
+        "step = jit(train_step(model, SGD(model.parameters(), lr=0.005)), tiered=True)\n"
+        "step(np.ones((10, 2), np.float32), np.ones((10, 1), np.float32))\n"
+        "print(time.perf_counter() - start, step._last.tier)\n"),
+    "jax-jit": (
+        "import time; start = time.perf_counter()\n"
+        "import numpy as np\n"
+        "from benchmarks.step_time import jax_step, data\n"
+        "x, y = data([2, 32, 32, 16, 1], 10)\n"
+        "jax_step([2, 32, 32, 16, 1])(x, y)\n"
+        "print(time.perf_counter() - start, 'jit')\n"),
+}
+
+
+def process_times(cache: str, warm: bool) -> tuple[float, dict[str, float]]:
+    """Seconds for a new process to get a callable moons step (compiled cold or loaded from disk),
+    and the seconds per compile stage."""
+    seconds, source, stages = _run_fresh(COMPILE, cache, clear=not warm)
     expected = "disk" if warm else "compiled"
     if source != expected:
         raise RuntimeError(f"expected a {expected} step, got {source}")
-    return float(seconds)
+    return float(seconds), json.loads(stages)
+
+
+def first_step_times(cache: str, processes: int, peers_found: dict) -> dict[str, list[float]]:
+    """Per peer, seconds to the end of the first moons step in fresh processes, empty cache."""
+    times: dict[str, list[float]] = {}
+    for label, program in FIRST_STEP.items():
+        if label == "jax-jit" and isinstance(peers_found.get("jax-jit"), str):
+            continue
+        times[label] = [float(_run_fresh(program, cache, clear=True)[0]) for _ in range(processes)]
+    return times
 
 
 def main() -> None:
@@ -203,50 +269,67 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter timing budgets")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "step_time.json"))
     parser.add_argument("--processes", type=int, default=5, help="fresh processes for compile/load medians")
+    parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds over the backends")
     args = parser.parse_args()
-    budget = 0.5 if args.quick else 2.0
+    budget = 1.0 if args.quick else 5.0  # seconds per backend and workload, over all rounds
     results: dict = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                     "workloads": {}, "skipped": {}}
+                     "load_average": os.getloadavg(), "workloads": {}, "skipped": {}}
     peer_factories = peers()
     for name, reason in peer_factories.items():
         if isinstance(reason, str):
             results["skipped"][name] = reason
             print(f"skipping {name}: {reason}")
+    print(f"load average at start: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
     for workload, (sizes, batch) in WORKLOADS.items():
         x, y = data(sizes, batch)
-        rows: dict[str, float] = {}
         steps: dict[str, Callable] = {"reference (numpy interpreter)": mlir_nn_step(sizes, "numpy"),
                                       "compiled cpu": mlir_nn_step(sizes, "cpu"),
                                       "hand-written numpy": numpy_step(sizes)}
         steps.update({k: f(sizes) for k, f in peer_factories.items() if not isinstance(f, str)})
-        for label, step in steps.items():
-            rows[label] = median_time(lambda s=step, x=x, y=y: s(x, y), budget)
+        timed = round_robin({label: (lambda s=step, x=x, y=y: s(x, y)) for label, step in steps.items()},
+                            budget, args.rounds)
+        rows = {label: row["median_s"] for label, row in timed.items()}
         if workload == "mlp-784":
             a = np.random.default_rng(0).standard_normal((batch, 1024)).astype(np.float32)
             b = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float32)
-            t = median_time(lambda a=a, b=b: a @ b, budget)
+            t = median_time(lambda a=a, b=b: a @ b, budget / 5)
             results["numpy_matmul_gflops"] = 2 * batch * 1024 * 1024 / t / 1e9
         flops = flops_per_step(sizes, batch)
         compiled = rows["compiled cpu"]
         results["workloads"][workload] = {
-            "sizes": sizes, "batch": batch, "flops_per_step": flops,
-            "median_s": rows, "speedup_of_compiled": {k: v / compiled for k, v in rows.items()},
+            "sizes": sizes, "batch": batch, "flops_per_step": flops, "median_s": rows,
+            "round_medians_s": {k: v["round_medians_s"] for k, v in timed.items()},
+            "page_faults_per_step": {k: v["page_faults_per_step"] for k, v in timed.items()},
+            "speedup_of_compiled": {k: v / compiled for k, v in rows.items()},
             "gflops": {k: flops / v / 1e9 for k, v in rows.items()},
         }
-        print(f"\n{workload}: MLP {'-'.join(map(str, sizes))}, batch {batch}, {flops / 1e6:.2f} MFLOP/step")
-        print(f"  {'backend':32s} {'median step':>14s} {'GFLOP/s':>9s} {'time / compiled':>16s}")
+        print(f"\n{workload}: MLP {'-'.join(map(str, sizes))}, batch {batch}, {flops / 1e6:.2f} MFLOP/step, "
+              f"{args.rounds} rounds")
+        print(f"  {'backend':32s} {'median step':>14s} {'GFLOP/s':>9s} {'time / compiled':>16s} {'faults/step':>12s}")
         for label, t in rows.items():
-            print(f"  {label:32s} {t * 1e6:11.1f} us {flops / t / 1e9:9.2f} {t / compiled:15.2f}x")
+            faults = timed[label]["page_faults_per_step"]
+            print(f"  {label:32s} {t * 1e6:11.1f} us {flops / t / 1e9:9.2f} {t / compiled:15.2f}x {faults:12.1f}")
     if "numpy_matmul_gflops" in results:
         print(f"\nnumpy (OpenBLAS) 512x1024 @ 1024x1024 matmul: {results['numpy_matmul_gflops']:.1f} GFLOP/s")
     with tempfile.TemporaryDirectory() as cache:
+        first = first_step_times(cache, args.processes, peer_factories)
         cold = [process_times(cache, warm=False) for _ in range(args.processes)]
-        warm = [process_times(cache, warm=True) for _ in range(args.processes)]
-    results["moons_compile_cold_s"] = {"median": statistics.median(cold), "all": cold}
+        warm = [process_times(cache, warm=True)[0] for _ in range(args.processes)]
+    cold_s = [c[0] for c in cold]
+    stages = {k: statistics.median(c[1].get(k, 0.0) for c in cold) for k in cold[0][1]}
+    results["moons_first_step_fresh_process_s"] = {k: {"median": statistics.median(v), "all": v}
+                                                   for k, v in first.items()}
+    results["moons_compile_cold_s"] = {"median": statistics.median(cold_s), "all": cold_s, "stages": stages}
     results["moons_disk_cache_load_s"] = {"median": statistics.median(warm), "all": warm}
-    print(f"\nmoons step, new process: cold trace+compile median {statistics.median(cold) * 1e3:.0f} ms "
-          f"(all: {', '.join(f'{c * 1e3:.0f}' for c in cold)}); "
+    print("\nmoons step, first step in a new process with an empty cache (import + jit + first call):")
+    for label, times in first.items():
+        print(f"  {label:20s} median {statistics.median(times) * 1e3:.0f} ms "
+              f"(all: {', '.join(f'{t * 1e3:.0f}' for t in times)})")
+    print(f"moons step, new process: cold trace+compile median {statistics.median(cold_s) * 1e3:.0f} ms "
+          f"(all: {', '.join(f'{c * 1e3:.0f}' for c in cold_s)}); "
           f"trace + disk-cache load median {statistics.median(warm) * 1e3:.1f} ms")
+    print("  cold compile per stage (median ms): " + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in stages.items()))
+    print(f"load average at end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.json}")

@@ -29,12 +29,13 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.backends import Executable, get_backend
-from mlir_nn.distributed.split import compile_step
+from mlir_nn.distributed.split import compile_step, has_collectives
 from mlir_nn.engine import Tensor, Trace, numeric_array, set_trace
 from mlir_nn.feeds import FedTensor
 from mlir_nn.guards import StructureGuard
 from mlir_nn.ir import BATCH, Graph, verify
 from mlir_nn.ir.shapes import dtype_name
+from mlir_nn.tiered import BackgroundCompile, from_caches, tiered_default
 
 Signature = tuple[tuple[tuple, str], ...]
 
@@ -113,22 +114,59 @@ class CompiledStep:
     """
 
     def __init__(self, graph: Graph, captured: list[Tensor], single: bool, backend: str,
-                 optimize: bool = True, batch_estimate: int | None = None) -> None:
+                 optimize: bool = True, batch_estimate: int | None = None, tiered: bool = False) -> None:
         self.graph = graph
         self.captured = captured
         self.single = single
         self.backend = backend
-        self.optimized_graph, self.optimize_report = graph, None
-        if optimize:
+        self.feeds = [t for t in captured if isinstance(t, FedTensor)]
+        self._optimize, self._batch_estimate = optimize, batch_estimate
+        self._background: BackgroundCompile | None = None
+        self._switch = threading.Lock()
+        tiered = tiered and backend == "cpu" and not has_collectives(graph)  # split steps compile at once
+        cached = from_caches(graph, batch_estimate, optimize) if tiered else None
+        if cached is not None:
+            self._use(*cached)
+        elif tiered:  # see mlir_nn.tiered
+            self._background = BackgroundCompile(graph, batch_estimate, optimize)
+            self.optimized_graph, self.optimize_report = graph, None
+            self.executable: Executable = get_backend("numpy").compile(graph)
+            self.stages: dict[str, str] = {"tensor": str(graph)}
+        else:
+            self._compile()
+
+    def _compile(self) -> None:
+        """Optimize (unless off) and compile for the backend, from the caches where possible."""
+        optimized, report = self.graph, None
+        if self._optimize:
             from mlir_nn.egraph.cache import optimize_cached
 
-            self.optimized_graph, self.optimize_report = optimize_cached(graph, batch_estimate)
-        self.executable: Executable = compile_step(backend, self.optimized_graph, traced=graph)
-        self.feeds = [t for t in captured if isinstance(t, FedTensor)]
-        self.stages: dict[str, str] = {"tensor": str(graph), "optimized": str(self.optimized_graph)}
-        self.stages.update(getattr(self.executable, "stages", {}))
+            optimized, report = optimize_cached(self.graph, self._batch_estimate)
+        self._use(optimized, report, compile_step(self.backend, optimized, traced=self.graph))
+
+    def _use(self, optimized: Graph, report: Any, executable: Executable) -> None:
+        self.optimized_graph, self.optimize_report, self.executable = optimized, report, executable
+        self.stages = {"tensor": str(self.graph), "optimized": str(optimized)}
+        self.stages.update(getattr(executable, "stages", {}))
+
+    @property
+    def tier(self) -> str:
+        """The backend that runs the next call: ``"numpy"`` while a tiered compile is pending."""
+        return "numpy" if self._background is not None else self.backend
+
+    def finish_compile(self, wait: bool = True) -> None:
+        """Switch a tiered step to compiled code: when its compile process is done, or (``wait``)
+        after waiting for it. A failed background compile is redone here, raising its error."""
+        with self._switch:
+            background = self._background
+            if background is None or not (wait or background.done()):
+                return
+            background.wait()
+            self._compile()
+            self._background = None
 
     def as_text(self, stage: str = "tensor") -> str:
+        self.finish_compile()
         try:
             return self.stages[stage]
         except KeyError:
@@ -137,6 +175,8 @@ class CompiledStep:
     def __call__(self, arrays: list[np.ndarray]) -> Any:
         for t in self.feeds:
             t.refresh()
+        if self._background is not None:
+            self.finish_compile(wait=False)
         return self._result(self.executable.run(arrays, [t.data for t in self.captured]))
 
     def call_if_plain(self, args: tuple) -> Any:
@@ -160,11 +200,12 @@ class JitFunction:
     """A step function compiled per input signature (ndim, shape without batch, dtype)."""
 
     def __init__(self, fn: Callable[..., Any], backend: str | None = None, dynamic_batch: bool = True,
-                 optimize: bool = True) -> None:
+                 optimize: bool = True, tiered: bool | None = None) -> None:
         backend = DEFAULT_BACKEND if backend is None else backend
         get_backend(backend)  # fail early on an unknown backend
         functools.update_wrapper(self, fn)
         self.fn, self.backend, self.dynamic_batch, self.optimize = fn, backend, dynamic_batch, optimize
+        self.tiered = tiered_default() if tiered is None else tiered
         self._signature_of_fn = inspect.signature(fn)
         self._names = list(self._signature_of_fn.parameters)
         self._lock = threading.RLock()  # one thread traces and compiles a signature
@@ -213,7 +254,8 @@ class JitFunction:
                                                      self.dynamic_batch)
                 self._guard.snapshot()  # the trace may have created optimizer state
                 batch = arrays[0].shape[0] if arrays and arrays[0].ndim else None
-                self._cache[key] = CompiledStep(graph, captured, single, self.backend, self.optimize, batch)
+                self._cache[key] = CompiledStep(graph, captured, single, self.backend, self.optimize, batch,
+                                                self.tiered)
             return self._cache[key]
 
     def _check_structure(self) -> None:
@@ -225,12 +267,15 @@ class JitFunction:
                     self._guard.snapshot()
 
     def lower(self, *args: Any, **kwargs: Any) -> CompiledStep:
-        """Trace and compile for these arguments' signature (cached)."""
+        """Trace and compile for these arguments' signature (cached; waits for a tiered compile)."""
         self._check_structure()
-        return self._lower_arrays(self._arrays(self._positional(args, kwargs) if kwargs else args))
+        step = self._lower_arrays(self._arrays(self._positional(args, kwargs) if kwargs else args))
+        step.finish_compile()
+        return step
 
     def trace(self, *args: Any) -> Graph:
-        return self.lower(*args).graph
+        self._check_structure()
+        return self._lower_arrays(self._arrays(args)).graph
 
     def _fast_key(self, args: tuple) -> tuple | None:
         """A cheap signature for plain float C-contiguous ndarray arguments, else None."""
@@ -262,11 +307,13 @@ class JitFunction:
 
 
 def jit(fn: Callable[..., Any] | None = None, *, backend: str | None = None, dynamic_batch: bool = True,
-        optimize: bool = True) -> Any:
+        optimize: bool = True, tiered: bool | None = None) -> Any:
     """Compile an eager-style step function; usable as ``jit(f)`` or ``@jit(backend=...)``.
 
     ``optimize=False`` skips the e-graph optimizer (the backend runs the traced graph).
+    ``tiered`` (default: ``MLIR_NN_TIERED``, on) runs the first calls of a new cpu step on the
+    reference interpreter while another process compiles it (``mlir_nn.tiered``).
     """
     if fn is None:
-        return lambda f: JitFunction(f, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize)
-    return JitFunction(fn, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize)
+        return lambda f: JitFunction(f, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize, tiered=tiered)
+    return JitFunction(fn, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize, tiered=tiered)

@@ -19,6 +19,18 @@ def _seed():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _blocking_compiles():
+    """Compiled results are compared from the first call: no tiered execution unless a test asks."""
+    old = os.environ.get("MLIR_NN_TIERED")
+    os.environ["MLIR_NN_TIERED"] = "0"
+    yield
+    if old is None:
+        os.environ.pop("MLIR_NN_TIERED", None)
+    else:
+        os.environ["MLIR_NN_TIERED"] = old
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _private_compile_cache(tmp_path_factory):
     """Compiled steps go to a fresh cache folder, never the user's ~/.cache/mlir-nn."""
     old = os.environ.get("MLIR_NN_CACHE_DIR")

@@ -29,8 +29,16 @@ class Backend(Protocol):
     def compile(self, graph: Graph) -> Executable: ...
 
 
-def check_arguments(graph: Graph, inputs: list[np.ndarray], params: list[np.ndarray]) -> int | None:
-    """Validate shapes, dtypes and values; return the bound batch size (or None)."""
+def non_finite_error(graph: Graph, index: int, array: np.ndarray) -> ValueError:
+    """The error for input ``index`` of ``graph`` holding NaN or infinite values."""
+    bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
+    return ValueError(f"{graph.name}: input {graph.inputs[index].attr('name')} contains {bad} NaN or infinite value(s)")
+
+
+def check_arguments(graph: Graph, inputs: list[np.ndarray], params: list[np.ndarray],
+                    check_values: bool = True) -> int | None:
+    """Validate shapes, dtypes and (unless the backend's code does) input values; return the
+    bound batch size (or None)."""
     if len(inputs) != len(graph.inputs):
         raise TypeError(f"{graph.name}: expected {len(graph.inputs)} inputs, got {len(inputs)}")
     if len(params) != len(graph.params):
@@ -61,9 +69,8 @@ def check_arguments(graph: Graph, inputs: list[np.ndarray], params: list[np.ndar
                     raise ShapeError(
                         f"{graph.name}: {kind} {name} has shape {fmt_shape(array.shape)}, expected {type_text(node)}"
                     )
-            if kind == "input" and not np.all(np.isfinite(array)):
-                bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
-                raise ValueError(f"{graph.name}: input {name} contains {bad} NaN or infinite value(s)")
+            if kind == "input" and check_values and not np.all(np.isfinite(array)):
+                raise non_finite_error(graph, graph.inputs.index(node), array)
             if kind == "parameter" and not array.flags.writeable:
                 raise ValueError(f"{graph.name}: parameter {name} is read-only; it must be writable")
     if batch is not None and batch < 1:

@@ -14,9 +14,11 @@ import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlir import ir
-from mlir.execution_engine import ExecutionEngine
+if TYPE_CHECKING:  # MLIR is imported only to JIT: loading a cached shared object does without it
+    from mlir import ir
+    from mlir.execution_engine import ExecutionEngine
 
 PackedFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 OPT_LEVEL_VARIABLE = "MLIR_NN_OPT_LEVEL"
@@ -93,6 +95,8 @@ def packed_symbol(name: str) -> str:
 
 def jit(module: ir.Module, name: str) -> tuple[NativeFunction, ExecutionEngine]:
     """JIT-compile the LLVM-dialect ``module`` at ``OPT_LEVEL``; the engine can also dump an object."""
+    from mlir.execution_engine import ExecutionEngine
+
     load_async_runtime()
     try:
         engine = ExecutionEngine(module, opt_level=OPT_LEVEL, shared_libs=runtime_libs(), enable_pic=True)

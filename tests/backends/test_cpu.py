@@ -392,8 +392,9 @@ def test_huge_batches_do_not_grow_the_stack():
 
 
 def test_fast_path_takes_static_shaped_inputs():
-    """Inputs without a batch dim (a split step's gradients) take the fast path too, and a
-    wrong static shape, a NaN or a view still goes to the checked path."""
+    """Inputs without a batch dim (a split step's gradients) take the fast path too; a wrong
+    static shape or a view still goes to the checked path, and a NaN is refused by the
+    compiled step's own input check with parameters untouched."""
     x = make_node("input", (), name="x", shape=("N", 3), dtype="float32")
     g = make_node("input", (), name="g", shape=(2, 3), dtype="float32")
     s = make_node("input", (), name="s", shape=(), dtype="float32")
@@ -418,5 +419,9 @@ def test_fast_path_takes_static_shaped_inputs():
     bad_shape = [inputs[0], np.ones((3, 2), np.float32), inputs[2]]
     with_nan = [inputs[0], np.full((2, 3), np.nan, np.float32), inputs[2]]
     view = [inputs[0], np.ones((4, 3), np.float32)[:2], inputs[2]]
-    for args in (bad_shape, with_nan, view):
+    for args in (bad_shape, view):
         assert executable.run_plain(args, [weights]) is None
+    before = weights.copy()
+    with pytest.raises(ValueError, match="input g contains 6 NaN or infinite"):
+        executable.run_plain(with_nan, [weights])
+    np.testing.assert_array_equal(weights, before)

@@ -1,0 +1,76 @@
+"""The compiled step checks its own inputs: NaN or infinity stops it before it writes anything.
+
+Runs on the bufferized step after the memory plan. At the top of the function one loop
+per floating-point input ORs ``isnan(x - x)`` over its elements (true for NaN and
+infinity); the whole rest of the body moves into ``scf.if (status == 0)``. The status,
+0 or 1 + the index of the first bad input, is stored into the first word of the
+workspace on every call, where the caller reads it back.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mlir import ir
+from mlir.dialects import arith, memref, scf
+
+from mlir_nn.backends.memory_plan import entry_function
+
+STATUS_OK = 0
+
+
+def _flat(value: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """A 1-D view of a contiguous memref and its element count."""
+    kind = ir.MemRefType(value.type)
+    index = ir.IndexType.get()
+    if kind.rank == 1:
+        flat = value
+    else:
+        count = ir.ShapedType.get_dynamic_size() if not kind.has_static_shape else math.prod(kind.shape)
+        flat_type = ir.MemRefType.get([count], kind.element_type)
+        flat = memref.collapse_shape(flat_type, value, ir.ArrayAttr.get([
+            ir.ArrayAttr.get([ir.IntegerAttr.get(ir.IntegerType.get_signless(64), d) for d in range(kind.rank)])]))
+    return flat, memref.dim(flat, arith.constant(index, 0))
+
+
+def _any_not_finite(value: ir.Value) -> ir.Value:
+    """An i1 that is true when some element of the float memref ``value`` is NaN or infinite."""
+    false = arith.constant(ir.IntegerType.get_signless(1), 0)
+    kind = ir.MemRefType(value.type)
+    if kind.rank == 0:
+        x = memref.load(value, [])
+        d = arith.subf(x, x)
+        return arith.cmpf(arith.CmpFPredicate.UNO, d, d)
+    index = ir.IndexType.get()
+    flat, count = _flat(value)
+    loop = scf.ForOp(arith.constant(index, 0), count, arith.constant(index, 1), [false])
+    with ir.InsertionPoint(loop.body):
+        x = memref.load(flat, [loop.induction_variable])
+        d = arith.subf(x, x)
+        bad = arith.cmpf(arith.CmpFPredicate.UNO, d, d)
+        scf.YieldOp([arith.ori(loop.inner_iter_args[0], bad)])
+    return loop.results[0]
+
+
+def guard_inputs(module: ir.Module, inputs: list[int], workspace: ir.Value) -> None:
+    """Check the arguments ``inputs`` (float memrefs) at entry; run the body only if all are
+    finite; store the status (0, or 1 + position in ``inputs`` of the first bad one)."""
+    fn = entry_function(module)
+    block = fn.regions[0].blocks[0]
+    body = list(block.operations)[:-1]  # everything but the return moves into the scf.if
+    i32 = ir.IntegerType.get_signless(32)
+    with module.context, fn.location, ir.InsertionPoint.at_block_begin(block):
+        status = arith.constant(i32, STATUS_OK)
+        for position in reversed(range(len(inputs))):  # the first bad input wins
+            arg = block.arguments[inputs[position]]
+            if isinstance(ir.MemRefType(arg.type).element_type, ir.FloatType):
+                status = arith.select(_any_not_finite(arg), arith.constant(i32, position + 1), status)
+        index = ir.IndexType.get()
+        word = memref.view(ir.MemRefType.get([1], i32), workspace, arith.constant(index, 0), [])
+        memref.store(status, word, [arith.constant(index, 0)])
+        ok = arith.cmpi(arith.CmpIPredicate.eq, status, arith.constant(i32, STATUS_OK))
+        guarded = scf.IfOp(ok)
+        with ir.InsertionPoint(guarded.then_block):
+            end = scf.YieldOp([])
+    for op in body:
+        op.operation.move_before(end)

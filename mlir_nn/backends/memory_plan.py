@@ -1,0 +1,166 @@
+"""A static memory plan: every intermediate buffer of a step is a view of one workspace.
+
+Runs on the bufferized step (memref level, before buffer deallocation). Each top-level
+``memref.alloc`` whose dynamic sizes are all the batch size becomes a ``memref.view``
+of a workspace argument appended to the function, so the compiled step calls no malloc.
+Buffers are grouped by how many batch-sized dims they have (power ``k``); within a
+group every buffer gets a fixed offset, reused across buffers whose live ranges do not
+overlap (first fit by decreasing size). Because all sizes of a group scale by the same
+``batch**k``, one plan serves every batch size:
+
+    workspace bytes = HEADER + sum_k group_bytes[k] * batch**k
+
+The caller allocates that (from numpy, so a failed allocation is a ``MemoryError``
+before native code runs) and passes it as the last argument. The first ``HEADER`` bytes
+hold the step's status word (see ``mlir_nn.backends.input_guard``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from mlir import ir
+from mlir.dialects import arith, memref
+
+from mlir_nn.backends.workspace import ALIGN, HEADER, MemoryPlan, round_up
+
+ENTRY_ATTR = "llvm.emit_c_interface"
+
+
+def entry_function(module: ir.Module) -> ir.Operation:
+    """The step's public function (the one with a C interface)."""
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ENTRY_ATTR in op.attributes and op.regions[0].blocks:
+            return op
+    raise ValueError("memory plan: the module has no function with a C interface")
+
+
+def append_argument(fn: ir.Operation, kind: ir.Type) -> ir.Value:
+    """Add a trailing argument of type ``kind`` to ``fn`` (signature and entry block)."""
+    block = fn.regions[0].blocks[0]
+    value = block.add_argument(kind, fn.location)
+    old = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+    fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get([*old.inputs, kind], old.results))
+    if "arg_attrs" in fn.attributes:
+        attrs = list(ir.ArrayAttr(fn.attributes["arg_attrs"]))
+        fn.attributes["arg_attrs"] = ir.ArrayAttr.get([*attrs, ir.DictAttr.get({})])
+    return value
+
+
+def _element_bytes(kind: ir.Type) -> int | None:
+    if isinstance(kind, ir.IndexType):
+        return 8
+    for cls in (ir.FloatType, ir.IntegerType):
+        if isinstance(kind, cls):
+            return (cls(kind).width + 7) // 8
+    return None
+
+
+def _is_batch(value: ir.Value, batch_dims: Collection[tuple[int, int]]) -> bool:
+    """True when ``value`` is ``memref.dim`` of an argument at a batch-sized position."""
+    owner = value.owner
+    if not isinstance(owner, ir.Operation | ir.OpView) or owner.name != "memref.dim":
+        return False
+    source, index = owner.operands
+    if not isinstance(source, ir.BlockArgument) or index.owner.name != "arith.constant":
+        return False
+    dim = ir.IntegerAttr(index.owner.attributes["value"]).value
+    return (ir.BlockArgument(source).arg_number, dim) in batch_dims
+
+
+def _last_use(value: ir.Value, top_index: dict[ir.Operation, int]) -> int:
+    """Position of the last top-level op that uses ``value`` or a view of it."""
+    last, pending = -1, [value]
+    while pending:
+        for use in pending.pop().uses:
+            owner = use.owner.operation
+            last = max(last, top_index[owner])
+            pending.extend(r for r in owner.results if isinstance(r.type, ir.MemRefType))
+    return last
+
+
+def first_fit(lives: list[tuple[int, int, int]]) -> tuple[list[int], int]:
+    """Offsets for (first, last, bytes) live ranges so that overlapping ranges never share
+    bytes; returns (offsets, total bytes). Largest buffers are placed first, each at a
+    multiple of its size's lowest set bit (at most ``ALIGN``)."""
+    offsets = [0] * len(lives)
+    placed: list[int] = []
+    total = 0
+    for i in sorted(range(len(lives)), key=lambda i: (-lives[i][2], lives[i][0])):
+        first, last, size = lives[i]
+        align = min(ALIGN, size & -size)  # a size's lowest set bit: its buffer's alignment
+        busy = sorted((offsets[j], offsets[j] + lives[j][2]) for j in placed
+                      if lives[j][0] <= last and first <= lives[j][1])
+        offset = 0
+        for lo, hi in busy:
+            if offset + size <= lo:
+                break
+            offset = max(offset, -(-hi // align) * align)
+        offsets[i] = offset
+        placed.append(i)
+        total = max(total, offset + size)
+    return offsets, total
+
+
+def plan_memory(module: ir.Module, batch_dims: Collection[tuple[int, int]]) -> tuple[MemoryPlan, ir.Value]:
+    """Rewrite the step's allocations into views of a new trailing workspace argument
+    (``memref<?xi8>``). ``batch_dims`` lists the (argument, dim) pairs that hold the batch
+    size. Returns the plan and the workspace value."""
+    fn = entry_function(module)
+    block = fn.regions[0].blocks[0]
+    top_index: dict[ir.Operation, int] = {}
+    top_ops = list(block.operations)
+    for i, op in enumerate(top_ops):
+        op.operation.walk(lambda nested, i=i: top_index.__setitem__(nested, i) or ir.WalkResult.ADVANCE)
+    allocs = []
+    for i, op in enumerate(top_ops):
+        if op.operation.name != "memref.alloc":
+            continue
+        kind = ir.MemRefType(op.result.type)
+        size = _element_bytes(kind.element_type)
+        dynamic = list(op.operands)
+        static = [d for d in kind.shape if not ir.ShapedType.is_dynamic_size(d)]
+        plain = kind.affine_map == ir.AffineMap.get_identity(kind.rank)
+        if size is None or not plain or not all(_is_batch(v, batch_dims) for v in dynamic):
+            continue  # stays a heap allocation
+        for d in static:
+            size *= d
+        # whole cache lines, except per-row sizes under one (a 1-column buffer takes 4 bytes a row,
+        # not 64): those are padded to 16 or 4 bytes and aligned to that much
+        size = round_up(size) if not dynamic or size >= ALIGN else -(-size // 16) * 16 if size > 4 else 4
+        allocs.append((op, len(dynamic), i, max(i, _last_use(op.result, top_index)), size))
+    heap = sum(1 for o in top_index if o.name == "memref.alloc") - len(allocs)
+    groups = max((power for _, power, *_ in allocs), default=-1) + 1
+    offsets: dict[int, int] = {}
+    group_bytes = []
+    for power in range(groups):
+        members = [k for k, a in enumerate(allocs) if a[1] == power]
+        placed, total = first_fit([allocs[k][2:] for k in members])
+        offsets.update(zip(members, placed))
+        group_bytes.append(round_up(total))  # the next group starts on a cache line
+    with module.context, fn.location:
+        workspace = append_argument(fn, ir.MemRefType.get([ir.ShapedType.get_dynamic_size()],
+                                                          ir.IntegerType.get_signless(8)))
+        for k, (op, power, *_rest) in enumerate(allocs):
+            with ir.InsertionPoint(op), op.location:
+                shift = _byte_offset(group_bytes, power, offsets[k], op.operands[0] if power else None)
+                view = memref.view(op.result.type, workspace, shift, list(op.operands))
+            op.result.replace_all_uses_with(view)
+            op.erase()
+    return MemoryPlan(tuple(group_bytes), len(allocs), heap), workspace
+
+
+def _byte_offset(group_bytes: list[int], power: int, offset: int, batch: ir.Value | None) -> ir.Value:
+    """HEADER + sum_{j<power} group_bytes[j] * batch**j + offset * batch**power, as index ops."""
+    index = ir.IndexType.get()
+    total = arith.constant(index, HEADER + (group_bytes[0] if power else offset))
+    if batch is None:
+        return total
+    scale = batch
+    for j in range(1, power + 1):
+        bytes_j = offset if j == power else group_bytes[j]
+        if bytes_j:
+            total = arith.addi(total, arith.muli(scale, arith.constant(index, bytes_j)))
+        if j < power:
+            scale = arith.muli(scale, batch)
+    return total

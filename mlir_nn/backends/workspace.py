@@ -1,0 +1,102 @@
+"""Workspaces of a compiled CPU step: one numpy buffer per batch size, allocated once (no MLIR import).
+
+A workspace holds the step's intermediates, laid out by its memory plan
+(``mlir_nn.backends.memory_plan``), followed by its outputs, which the caller copies
+out after each call. Allocating it here, in Python, turns an impossible batch into a
+``MemoryError`` before native code runs; keeping it makes every later step of that batch
+size one without malloc and without fresh pages to fault in.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlir_nn.ir.shapes import Shape, resolve
+
+KEEP = 4  # workspaces kept per step (the most recently used batch sizes)
+HEADER = 64  # bytes before the first buffer: the status word, padded to a cache line
+ALIGN = 64  # every buffer starts on a cache line
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Workspace bytes per power of the batch size, and what stayed on the heap."""
+
+    group_bytes: tuple[int, ...]  # group_bytes[k]: bytes of buffers with k batch-sized dims, per batch**k
+    buffers: int  # allocations placed in the workspace
+    heap_buffers: int  # allocations left to malloc (nested in loops, or sizes not provably the batch)
+
+    def workspace_bytes(self, batch: int) -> int:
+        """Bytes of the workspace for ``batch`` rows (Python ints: no overflow)."""
+        return HEADER + sum(size * batch**k for k, size in enumerate(self.group_bytes))
+
+    def to_json(self) -> dict:
+        return {"group_bytes": list(self.group_bytes), "buffers": self.buffers, "heap_buffers": self.heap_buffers}
+
+    @classmethod
+    def from_json(cls, data: dict) -> MemoryPlan:
+        return cls(tuple(int(b) for b in data["group_bytes"]), int(data["buffers"]), int(data["heap_buffers"]))
+
+
+def round_up(n: int) -> int:
+    """``n`` rounded up to a multiple of ``ALIGN``."""
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """An ``ALIGN``-aligned byte buffer: the plan's part, then one view per output."""
+
+    buffer: np.ndarray  # uint8, the plan's bytes (status word first)
+    outputs: list[np.ndarray]  # C-contiguous views after it, one per output of the step
+    status: memoryview  # the status word as one int32 (item reads ~3x faster than numpy's)
+
+    def copy_outputs(self) -> list[np.ndarray]:
+        return [out.copy() for out in self.outputs]
+
+
+class Workspaces:
+    """The workspaces of one step, by batch size, least recently used dropped first."""
+
+    def __init__(self, plan: MemoryPlan, outputs: Sequence[tuple[Shape, np.dtype]], step_name: str) -> None:
+        self.plan = plan
+        self.outputs = list(outputs)
+        self.step_name = step_name
+        self._by_batch: OrderedDict[int, Workspace] = OrderedDict()
+
+    def get(self, batch: int) -> tuple[Workspace, bool]:
+        """The workspace for ``batch`` rows, and whether it was allocated just now."""
+        workspace = self._by_batch.get(batch)
+        if workspace is not None:
+            self._by_batch.move_to_end(batch)
+            return workspace, False
+        workspace = self._allocate(batch)
+        self._by_batch[batch] = workspace
+        while len(self._by_batch) > KEEP:
+            self._by_batch.popitem(last=False)
+        return workspace, True
+
+    def _allocate(self, batch: int) -> Workspace:
+        shapes = [resolve(shape, batch) for shape, _ in self.outputs]
+        sizes = [round_up(int(np.prod(shape, dtype=object)) * dtype.itemsize)
+                 for shape, (_, dtype) in zip(shapes, self.outputs)]
+        planned = round_up(self.plan.workspace_bytes(batch))
+        size = planned + sum(sizes)
+        try:
+            raw = np.empty(size + ALIGN, np.uint8)
+        except (MemoryError, ValueError):  # ValueError: larger than the address space
+            raise MemoryError(f"{self.step_name}: a batch of {batch} rows needs a workspace of "
+                              f"{size / 2**20:,.1f} MiB for its intermediates, which cannot be allocated; "
+                              "use smaller batches") from None
+        start = -raw.ctypes.data % ALIGN
+        buffer = raw[start:start + size]
+        views, offset = [], planned
+        for shape, (_, dtype), nbytes in zip(shapes, self.outputs, sizes):
+            count = int(np.prod(shape, dtype=object))
+            views.append(buffer[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape))
+            offset += nbytes
+        return Workspace(buffer[:planned], views, memoryview(buffer[:4]).cast("i"))

@@ -1,0 +1,116 @@
+"""Tiered execution: a new step runs on the reference interpreter while another process compiles it.
+
+A cold compile (egglog, the MLIR passes, LLVM) takes seconds, and the MLIR and LLVM
+bindings hold the GIL, so a thread cannot hide it. Instead ``jit`` starts a fresh Python
+process (``python -m mlir_nn.tiered``, never a fork: a forked egglog or LLVM is not safe)
+that optimizes and compiles the traced graph into the disk caches, and runs the first
+calls on the NumPy reference interpreter meanwhile. Once the process has exited, the next
+call loads the optimized graph and the native code from the caches and switches to it.
+Both tiers update the same parameter arrays in place and agree within the compiled
+backend's tolerances, so the switch is invisible to a training loop.
+
+``jit(..., tiered=False)`` or ``MLIR_NN_TIERED=0`` compiles before the first call instead.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+from typing import Any
+
+from mlir_nn.ir import Graph
+
+ENV = "MLIR_NN_TIERED"
+
+
+def from_caches(graph: Graph, batch_estimate: int | None, optimize: bool) -> tuple[Graph, Any, Any] | None:
+    """(optimized graph, optimizer report, cpu executable) when both disk caches hold this
+    step already; None otherwise. Loads neither egglog nor MLIR."""
+    from mlir_nn.backends.cpu import CpuBackend
+
+    optimized, report = graph, None
+    if optimize:
+        from mlir_nn.egraph.cache import load
+
+        cached = load(graph, batch_estimate)
+        if cached is None:
+            return None
+        optimized, report = cached
+    executable = CpuBackend().load_cached(optimized)
+    return None if executable is None else (optimized, report, executable)
+
+
+def tiered_default() -> bool:
+    """``MLIR_NN_TIERED``: 1 (the default) or 0."""
+    value = os.environ.get(ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+class BackgroundCompile:
+    """A separate process that optimizes and compiles ``graph`` into the disk caches; one still
+    running when this process exits is stopped (no orphans; its cache writes are atomic)."""
+
+    def __init__(self, graph: Graph, batch_estimate: int | None, optimize: bool) -> None:
+        package_root = str(Path(__file__).resolve().parent.parent)
+        paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+        self._owner = os.getpid()  # a forked child neither waits for nor stops its parent's compile
+        try:
+            self._process: subprocess.Popen | None = subprocess.Popen(
+                [sys.executable, "-m", "mlir_nn.tiered"], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        except OSError:  # no process: done() is true at once and the caller compiles in this one
+            self._process = None
+            return
+        _RUNNING.add(self)
+        try:
+            self._process.stdin.write(pickle.dumps((graph, batch_estimate, optimize)))
+            self._process.stdin.close()
+        except OSError:  # it died at start: done() says so, and the caller compiles in process
+            pass
+
+    def done(self) -> bool:
+        """True once the process has exited (successfully or not), or this is a forked child
+        of the process that started it; never blocks."""
+        return self._process is None or os.getpid() != self._owner or self._process.poll() is not None
+
+    def wait(self, timeout: float | None = None) -> None:
+        if not self.done():
+            self._process.wait(timeout)
+
+    def cancel(self) -> None:
+        if not self.done():
+            self._process.kill()
+            self._process.wait()
+
+
+_RUNNING: weakref.WeakSet[BackgroundCompile] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running() -> None:
+    for background in list(_RUNNING):
+        background.cancel()
+
+
+def _compile_into_caches() -> None:
+    """The child process: read (graph, batch estimate, optimize) from stdin, fill the caches."""
+    from mlir_nn.backends.cpu import compile_kernel
+
+    graph, batch_estimate, optimize = pickle.loads(sys.stdin.buffer.read())
+    if optimize:
+        from mlir_nn.egraph.cache import optimize_cached
+
+        graph, _ = optimize_cached(graph, batch_estimate)
+    compile_kernel(graph)
+
+
+if __name__ == "__main__":
+    _compile_into_caches()

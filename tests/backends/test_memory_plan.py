@@ -1,0 +1,158 @@
+"""The static memory plan: the step's buffers in one workspace per batch size, no malloc.
+
+Numerical checks against the reference use test_cpu.py's float32 tolerances.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mlir_nn.backends.memory_plan import HEADER, MemoryPlan, first_fit
+from mlir_nn.backends.workspace import KEEP, Workspaces
+from tests.backends.test_cpu import make_step
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_first_fit_never_shares_bytes_between_live_buffers(seed):
+    rng = np.random.default_rng(seed)
+    lives = []
+    for _ in range(40):
+        first = int(rng.integers(0, 60))
+        size = int(rng.choice([4, 16, 48, 64 * int(rng.integers(1, 50))]))
+        lives.append((first, first + int(rng.integers(0, 12)), size))
+    offsets, total = first_fit(lives)
+    for i, (a0, a1, size_a) in enumerate(lives):
+        assert offsets[i] % min(64, size_a & -size_a) == 0 and offsets[i] + size_a <= total
+        for j, (b0, b1, size_b) in enumerate(lives[:i]):
+            if _overlap((a0, a1), (b0, b1)):
+                assert offsets[i] + size_a <= offsets[j] or offsets[j] + size_b <= offsets[i], (i, j)
+    assert total < sum(size for *_, size in lives)  # buffers with disjoint lives were reused
+
+
+def test_first_fit_reuses_a_dead_buffer_and_keeps_a_live_one_apart():
+    offsets, total = first_fit([(0, 1, 128), (2, 3, 128), (1, 2, 64)])
+    assert offsets[0] == offsets[1] == 0 and offsets[2] == 128 and total == 192
+
+
+def test_first_fit_aligns_each_buffer_to_its_size():
+    offsets, total = first_fit([(0, 2, 4), (0, 2, 48), (0, 2, 128), (0, 2, 4)])
+    assert offsets[2] == 0 and offsets[1] == 128 and offsets[1] % 16 == 0
+    assert sorted([offsets[0], offsets[3]]) == [176, 180] and total == 184
+
+
+def test_workspace_bytes_scale_with_the_batch():
+    plan = MemoryPlan((640, 128, 64), buffers=3, heap_buffers=0)
+    assert plan.workspace_bytes(1) == HEADER + 832
+    assert plan.workspace_bytes(10) == HEADER + 640 + 1280 + 6400
+    assert MemoryPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+
+
+def test_an_impossible_workspace_is_a_memory_error_naming_the_step():
+    workspaces = Workspaces(MemoryPlan((0, 4096), 1, 0), [((), np.dtype(np.float32))], "step")
+    with pytest.raises(MemoryError, match=r"step: a batch of 35184372088832 rows needs a workspace of"):
+        workspaces.get(2**45)
+
+
+def test_workspaces_are_kept_per_batch_size_and_reused():
+    outputs = [((), np.dtype(np.float32)), (("N", 3), np.dtype(np.float64))]
+    workspaces = Workspaces(MemoryPlan((64, 128), 2, 0), outputs, "step")
+    first, new = workspaces.get(3)
+    assert new and first.buffer.ctypes.data % 64 == 0 and first.buffer.nbytes == HEADER + 64 + 3 * 128
+    loss, rows = first.outputs
+    assert loss.shape == () and rows.shape == (3, 3) and rows.dtype == np.float64 and rows.flags.c_contiguous
+    assert loss.ctypes.data >= first.buffer.ctypes.data + first.buffer.nbytes  # outputs follow the plan's bytes
+    assert rows.ctypes.data % 64 == 0 and rows.ctypes.data >= loss.ctypes.data + 4
+    assert workspaces.get(3) == (first, False)
+    for batch in range(4, 4 + KEEP):
+        workspaces.get(batch)
+    assert workspaces.get(3)[0] is not first  # the least recently used one was dropped
+
+
+def test_the_moons_step_calls_no_malloc_and_reuses_buffers():
+    step, _, _ = make_step([2, 32, 32, 16, 1], "sgd", "cpu", 0, lr=0.01)
+    x, y = np.ones((10, 2), np.float32), np.ones((10, 1), np.float32)
+    compiled = step.lower(x, y)
+    llvm = compiled.as_text("llvm")
+    assert "@malloc" not in llvm and "@free" not in llvm and "llvm.alloca" not in llvm
+    plan = compiled.executable.kernel.plan
+    assert plan.heap_buffers == 0 and plan.buffers > 10
+    # every buffer apart would need 32+32+32+16+16+1 floats a row, twice (forward and backward)
+    assert 0 < plan.group_bytes[1] < 2 * 4 * (32 + 32 + 32 + 16 + 16 + 1)
+    assert plan.group_bytes[1] % 64 == 0
+
+
+def test_one_step_at_awkward_batch_sizes_in_turn_matches_the_reference():
+    """More batch sizes than workspaces kept: each is allocated, dropped and allocated again."""
+    sizes = [3, 33, 7, 1]
+    fast, fast_model, _ = make_step(sizes, "sgd", "cpu", 4, lr=0.05, momentum=0.5)
+    slow, slow_model, _ = make_step(sizes, "sgd", "numpy", 4, lr=0.05, momentum=0.5)
+    rng = np.random.default_rng(5)
+    for batch in [1, 7, 13, 33, 257, 2, 1, 13, 257, 7] * 2:
+        x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+        y = rng.standard_normal((batch, sizes[-1])).astype(np.float32)
+        np.testing.assert_allclose(fast(x, y), slow(x, y), rtol=2e-4, atol=2e-5)
+    for p, q in zip(fast_model.parameters(), slow_model.parameters()):
+        np.testing.assert_allclose(p.data, q.data, atol=2e-4)
+
+
+def test_page_faults_per_step_stay_near_zero_once_warm():
+    step, _, _ = make_step([64, 1024, 10], "sgd", "cpu", 0, lr=1e-3)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((512, 64)).astype(np.float32), rng.standard_normal((512, 10)).astype(np.float32)
+    for _ in range(3):
+        step(x, y)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        step(x, y)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20
+    # malloc'ed intermediates (~8 MB a step) took ~2,000 minor faults a step before the plan
+    assert faults < 20
+
+
+OOM_CHILD = """
+import resource, sys
+import numpy as np
+from mlir_nn import jit
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD
+from mlir_nn.trainer import train_step
+
+model = MLP(2, [1024, 1])
+opt = SGD(model.parameters(), lr=0.01)
+step = jit(train_step(model, opt))
+rng = np.random.default_rng(0)
+step(rng.standard_normal((4, 2)).astype(np.float32), np.ones((4, 1), np.float32))
+x, y = rng.standard_normal((8_000_000, 2)).astype(np.float32), np.ones((8_000_000, 1), np.float32)
+before = [p.data.copy() for p in model.parameters()]
+# about 1 GB of address space beyond what is mapped now: the inputs fit, the step's intermediates do not
+with open("/proc/self/statm") as f:
+    mapped = int(f.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (mapped + 2**30, resource.RLIM_INFINITY))
+try:
+    step(x, y)
+    print("no error")
+except MemoryError as error:
+    print("MemoryError:", error)
+print("untouched" if all((p.data == b).all() for p, b in zip(model.parameters(), before)) else "changed")
+x, y = x[:4].copy(), y[:4].copy()
+print("still works", float(step(x, y)) > 0)
+"""
+
+
+def test_a_batch_too_large_for_memory_is_a_memory_error_with_parameters_untouched():
+    """Issue 9 item 1: the compiled step mallocs its intermediates and crashed when malloc failed."""
+    result = subprocess.run([sys.executable, "-c", OOM_CHILD], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("MemoryError: step: a batch of 8000000 rows needs a workspace of"), lines
+    assert lines[1:] == ["untouched", "still works True"]

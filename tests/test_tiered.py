@@ -1,0 +1,105 @@
+"""Tiered execution: interpreted first calls while another process compiles, then native code.
+
+Parameters after the switch are compared with a step that ran on the reference backend
+throughout: float32 atol 2e-4, as in tests/backends/test_cpu.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mlir_nn import jit
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD
+from mlir_nn.tiered import ENV, tiered_default
+from mlir_nn.trainer import train_step
+
+SIZES = [3, 6, 5, 1]  # a step no other test compiles, so its first compile is a cold one
+
+
+def _step(backend: str, tiered: bool):
+    np.random.seed(11)
+    model = MLP(SIZES[0], SIZES[1:])
+    return jit(train_step(model, SGD(model.parameters(), lr=0.03)), backend=backend, tiered=tiered), model
+
+
+def _batches(count: int):
+    rng = np.random.default_rng(3)
+    for _ in range(count):
+        x = rng.standard_normal((9, SIZES[0])).astype(np.float32)
+        yield x, np.tanh(x.sum(axis=1, keepdims=True))
+
+
+def test_a_tiered_step_is_interpreted_until_its_compile_is_done_then_native():
+    tiered, tiered_model = _step("cpu", tiered=True)
+    reference, reference_model = _step("numpy", tiered=False)
+    batches = list(_batches(40))
+    for x, y in batches[:3]:
+        np.testing.assert_allclose(tiered(x, y), reference(x, y), rtol=1e-6)  # both on the interpreter
+    compiled = tiered._last
+    assert compiled.tier == "numpy" and "llvm" not in compiled.stages
+    compiled._background.wait(timeout=300)
+    for x, y in batches[3:]:
+        np.testing.assert_allclose(tiered(x, y), reference(x, y), rtol=2e-4, atol=2e-5)
+    assert compiled.tier == "cpu" and "llvm" in compiled.stages
+    for p, q in zip(tiered_model.parameters(), reference_model.parameters()):
+        np.testing.assert_allclose(p.data, q.data, atol=2e-4)
+    again, _ = _step("cpu", tiered=True)  # both caches hold the step now: native from the first call
+    again(*batches[0])
+    assert again._last.tier == "cpu"
+
+
+def test_lower_waits_for_the_compile():
+    step, _ = _step("cpu", tiered=True)
+    x, y = next(_batches(1))
+    assert "llvm.func" in step.lower(x, y).as_text("llvm")
+
+
+def test_the_environment_switch(monkeypatch):
+    monkeypatch.setenv(ENV, "0")
+    assert not tiered_default() and not jit(lambda x: x).tiered
+    monkeypatch.delenv(ENV)
+    assert tiered_default()
+    monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ValueError, match="MLIR_NN_TIERED must be 0 or 1, got 'yes'"):
+        jit(lambda x: x)
+
+
+FIRST_STEP = """
+import json, sys, time
+start = time.perf_counter()
+import numpy as np
+from mlir_nn import jit
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD
+from mlir_nn.trainer import train_step
+
+model = MLP(2, [32, 32, 16, 1])
+step = jit(train_step(model, SGD(model.parameters(), lr=0.005)))
+step(np.ones((10, 2), np.float32), np.ones((10, 1), np.float32))
+print(json.dumps({"seconds": time.perf_counter() - start, "tier": step._last.tier,
+                  "loaded": sorted(m for m in ("egglog", "mlir") if m in sys.modules)}))
+"""
+
+
+def test_a_cold_first_step_loads_neither_egglog_nor_mlir(tmp_path):
+    env = dict(os.environ, MLIR_NN_CACHE_DIR=str(tmp_path), **{ENV: "1"})
+    result = subprocess.run([sys.executable, "-c", FIRST_STEP], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["tier"] == "numpy" and report["loaded"] == []
+
+
+def test_when_no_compile_process_can_start_the_first_call_compiles_in_this_one(monkeypatch):
+    np.random.seed(12)
+    model = MLP(SIZES[0], SIZES[1:])
+    step = jit(train_step(model, SGD(model.parameters(), lr=0.0301)), tiered=True)  # a graph no test compiled
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    step(*next(_batches(1)))
+    assert step._last.tier == "cpu"
