@@ -32,11 +32,8 @@ def emit_cuda(graph: Graph, args: argparse.Namespace) -> int:
         for name, blob in program.cubin[args.arch].items():
             (out / f"{name}.cubin").write_bytes(blob)
     else:
-        if emit == "gpu":
-            text = program.gpu_text
-        else:
-            modules = program.ptx[args.arch].items()
-            text = "".join(f"// ---- kernel module {name} ----\n{ptx}\n" for name, ptx in modules)
+        # one kernel module per step: its PTX is one file that ptxas accepts as is
+        text = program.gpu_text if emit == "gpu" else "".join(program.ptx[args.arch].values())
         if args.output:
             Path(args.output).write_text(text)
         else:

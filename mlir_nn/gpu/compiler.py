@@ -11,6 +11,7 @@ from mlir.ir import ArrayAttr, Context, Module, Operation
 from mlir.passmanager import PassManager
 
 from mlir_nn.gpu import fixups, fusion, reduction, schedule
+from mlir_nn.gpu.modules import merge_kernel_modules
 from mlir_nn.gpu.pipeline import read_sections, run_section
 from mlir_nn.gpu.plan import extract_plan
 
@@ -105,12 +106,13 @@ def lower_to_gpu(text: str, func: str | None = None) -> tuple[str, dict[str, Any
         host = _find_func(module, func)
         fixups.check_all_launched(host, lambda op: op.name.startswith(HOST_COMPUTE))
         fixups.alloc_to_workgroup_attributions(host)
-        blocks = fixups.tag_launches(host, plans)
-        module = _apply_transform(module, schedule.thread_mapping_script(blocks), "mlirnn_threads")
+        launches = fixups.tag_launches(host, plans)
+        module = _apply_transform(module, schedule.thread_mapping_script([b for b, _ in launches]), "mlirnn_threads")
         timings["map"] = time.perf_counter() - start
         t = time.perf_counter()
         run_section(module, sections, "outline")
         host = _find_func(module, func)
+        merge_kernel_modules(module, host, [name for _, name in launches])
         plan = extract_plan(host)
         timings["outline"] = time.perf_counter() - t
         counts: dict[str, int] = {}

@@ -43,7 +43,7 @@ from mlir.ir import (
     Value,
 )
 
-from mlir_nn.gpu.schedule import REDUCE, THREADS_1D, iterator_kinds
+from mlir_nn.gpu.schedule import NODE, REDUCE, THREADS_1D, iterator_kinds
 
 THREADS = THREADS_1D  # per block, a power of two (the tree halves it)
 ITEMS = 4  # elements per thread before another block is added
@@ -162,11 +162,13 @@ def _fill_before(func_ops: list[Operation], r: Reduction) -> tuple[Operation, Va
     return fill, fill.operands[0]
 
 
-def _block_loop(uppers: list[Value], stage: int) -> tuple[scf.ParallelOp, list[Value], Operation]:
-    """An ``scf.parallel`` over the grid; returns it, its indices and its terminator (insert before it)."""
+def _block_loop(uppers: list[Value], stage: int, of: Operation) -> tuple[scf.ParallelOp, list[Value], Operation]:
+    """An ``scf.parallel`` over the grid for reduction ``of``; returns it, its indices and its terminator."""
     zero, one = _index(0), _index(1)
     loop = scf.ParallelOp([], [zero] * len(uppers), uppers, [one] * len(uppers), [])
     loop.operation.attributes[REDUCE] = IntegerAttr.get(IntegerType.get_signless(64), stage)
+    if NODE in of.attributes:
+        loop.operation.attributes[NODE] = of.attributes[NODE]
     body = loop.regions[0].blocks.append(*[IndexType.get()] * len(uppers))
     with InsertionPoint(body):
         end = scf.ReduceOp([], 0)
@@ -254,7 +256,7 @@ def split(r: Reduction, func_ops: list[Operation]) -> None:
             memref.store(arith.addf(init, total), r.output, idx)
 
         # kernel 1: per-thread strided sums, a tree per block, one partial per block
-        loop, (b, q), end = _block_loop([grid, outputs], 1)
+        loop, (b, q), end = _block_loop([grid, outputs], 1, r.op)
         with InsertionPoint(end):
             shared = _shared(elem)
             t, ip = _thread_loop(THREADS)
@@ -280,7 +282,7 @@ def split(r: Reduction, func_ops: list[Operation]) -> None:
         # kernel 2 (only when G > 1): one block per output adds its G partials
         # Q blocks if G > 1, else none (min(G - 1, 1) * Q: an i1 could not be a kernel argument after cse)
         blocks2 = arith.muli(arith.minui(arith.subi(grid, _index(1)), _index(1)), outputs)
-        loop, (q,), end = _block_loop([blocks2], 2)
+        loop, (q,), end = _block_loop([blocks2], 2, r.op)
         with InsertionPoint(end):
             shared = _shared(elem)
             t, ip = _thread_loop(THREADS)
