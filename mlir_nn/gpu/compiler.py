@@ -11,7 +11,7 @@ from mlir.ir import ArrayAttr, Context, Module, Operation
 from mlir.passmanager import PassManager
 
 from mlir_nn.gpu import fixups, fusion, reduction, schedule
-from mlir_nn.gpu.modules import merge_kernel_modules
+from mlir_nn.gpu.modules import allow_contraction, merge_kernel_modules
 from mlir_nn.gpu.pipeline import read_sections, run_section
 from mlir_nn.gpu.plan import extract_plan
 
@@ -113,6 +113,7 @@ def lower_to_gpu(text: str, func: str | None = None) -> tuple[str, dict[str, Any
         run_section(module, sections, "outline")
         host = _find_func(module, func)
         merge_kernel_modules(module, host, [name for _, name in launches])
+        allow_contraction(module)
         plan = extract_plan(host)
         timings["outline"] = time.perf_counter() - t
         counts: dict[str, int] = {}

@@ -33,3 +33,13 @@ def test_emitted_ptx_goes_through_ptxas_as_is(tmp_path):
     proc = subprocess.run([PTXAS, "-arch=sm_90", str(ptx), "-o", str(tmp_path / "step.cubin")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_products_contract_to_fma(mini_program):
+    """fastmath<contract> on the kernels' float ops: each product feeding a sum is one fma.rn.f32."""
+    ptx = mini_program.ptx["sm_90"]["mini_kernels"]
+    bodies = dict(re.findall(r"\.entry\s+(\w+)(.*?)(?=\.entry|\Z)", ptx, re.S))
+    products = [name for name in bodies if "matmul" in name]
+    assert len(products) == 2
+    for name in products:
+        assert "fma.rn.f32" in bodies[name] and "mul.rn.f32" not in bodies[name], name
