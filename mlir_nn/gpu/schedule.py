@@ -130,7 +130,19 @@ def tag_linalg_ops(func: Operation) -> list[OpSchedule]:
                                     name=node_name([op], "sum") + stage))
         elif op.name.startswith("linalg."):
             raise NotImplementedError(f"cuda: {op.name} was not generalized; cannot schedule it")
-    return plans
+    return _name_initializers(plans)
+
+
+def _name_initializers(plans: list[OpSchedule]) -> list[OpSchedule]:
+    """An op with no ``NODE`` (a fill that generalization rebuilt) is the initializer of the next named op."""
+    out = list(plans)
+    following = ""
+    for i in reversed(range(len(out))):
+        if out[i].name == out[i].kind and following:
+            out[i] = replace(out[i], name=f"{following}_init")
+        elif out[i].name != out[i].kind:
+            following = out[i].name.removesuffix("_partial").removesuffix("_total")
+    return out
 
 
 def _nested(op: Operation) -> list[Operation]:
