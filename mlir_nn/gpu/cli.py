@@ -49,9 +49,14 @@ def emit_cuda(graph: Graph, args: argparse.Namespace) -> int:
 
 def simt_check(graph: Graph, args: argparse.Namespace, program: Any = None) -> int:
     """Run the step's kernels at ``args.batch`` on the SIMT interpreter; print one line, problems on stderr."""
+    from mlir_nn.gpu.simt import SimtError
     from mlir_nn.gpu.simt_check import check_graph
 
-    result = check_graph(graph, args.batch, args.seed, program)
+    try:
+        result = check_graph(graph, args.batch, args.seed, program)
+    except SimtError as error:
+        print(f"mlir-nn: error: {error}", file=sys.stderr)
+        return 1
     print(result.line)
     for problem in result.problems:
         print(f"simt: {problem}", file=sys.stderr)

@@ -32,6 +32,7 @@ class Group:
     tag: int
     ops: int  # 2 (fill, matmul) or 3 (fill, matmul, epilogue)
     name: str  # the Graph op of the group ("linear", "gemm", ...; "matmul" when unnamed)
+    dtype: str  # element type of the product ("f32", "f64")
 
 
 def _producer(v: Value) -> Operation | None:
@@ -113,7 +114,7 @@ def tag_groups(func: Operation) -> list[Group]:
         tag = len(groups)
         for op, role in zip(ops, ROLES):
             op.attributes[role] = IntegerAttr.get(i64, tag)
-        groups.append(Group(tag, len(ops), name))
+        groups.append(Group(tag, len(ops), name, str(ops[1].results[0].type.element_type)))
     return groups
 
 

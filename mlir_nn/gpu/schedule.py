@@ -33,6 +33,7 @@ LAUNCH_TAG = "mlirnn.launch"
 FUSED = "mlirnn.fused"  # on a tile loop made by mlir_nn.gpu.fusion: how many linalg ops it holds
 REDUCE = "mlirnn.reduce"  # on a block loop made by mlir_nn.gpu.reduction: its kernel (1 or 2)
 STAGE_NAMES = {1: "_partial", 2: "_total"}  # a reduction's kernels
+MATMUL = "mlirnn.matmul"  # on the block loop of a register-tiled product made by mlir_nn.gpu.matmul
 NODE = "mlirnn.node"  # on a linalg op: the op of the Graph node it lowers (names the kernel)
 TILE = 16  # output tile of a contraction per block (rows, columns), as in passes/cuda_schedule.mlir
 THREADS_1D = 256
@@ -56,7 +57,7 @@ def name_ops_by_location(module: Module) -> None:
     for top in module.body.operations:
         for op in _nested(top.operation):
             loc = op.location
-            if op.name.startswith("linalg.") and loc.is_a_name():
+            if op.name.startswith("linalg.") and op.name != "linalg.yield" and loc.is_a_name():
                 op.attributes[NODE] = StringAttr.get(loc.name_str.split("[")[0])
 
 
@@ -122,6 +123,11 @@ def tag_linalg_ops(func: Operation) -> list[OpSchedule]:
             for o in [op, *inner]:
                 o.attributes[TAG] = IntegerAttr.get(i64, tag)
             plans.append(OpSchedule(tag, "fused", (), ("thread<y>", "thread<x>"), (TILE, TILE, 1), len(inner), name))
+        elif op.name == "scf.parallel" and MATMUL in op.attributes:
+            for o in [op, *(o for o in _nested(op) if o.name == "scf.forall")]:
+                o.attributes[TAG] = IntegerAttr.get(i64, tag)
+            plans.append(OpSchedule(tag, "matmul", (), ("thread<y>", "thread<x>"), (16, 16, 1),
+                                    name=node_name([op], "matmul")))
         elif op.name == "scf.parallel" and REDUCE in op.attributes:
             for o in [op, *(o for o in _nested(op) if o.name == "scf.forall")]:
                 o.attributes[TAG] = IntegerAttr.get(i64, tag)
@@ -138,7 +144,7 @@ def _name_initializers(plans: list[OpSchedule]) -> list[OpSchedule]:
     out = list(plans)
     following = ""
     for i in reversed(range(len(out))):
-        if out[i].name == out[i].kind and following:
+        if out[i].kind == "parallel" and out[i].name == out[i].kind and following:
             out[i] = replace(out[i], name=f"{following}_init")
         elif out[i].name != out[i].kind:
             following = out[i].name.removesuffix("_partial").removesuffix("_total")
@@ -198,7 +204,7 @@ def tiling_script(plans: list[OpSchedule]) -> str:
     """The transform module tiling every scheduled op (entry ``@mlirnn_tile``)."""
     body = ""
     for p in plans:
-        if p.kind in ("sequential", "reduction"):
+        if p.kind in ("sequential", "reduction", "matmul"):
             continue
         body += _match(f"%op{p.tag}", TAG, p.tag, "scf.forall" if p.kind == "fused" else None)
         if p.kind == "fused":

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from mlir.ir import Block, Context, FloatAttr, IntegerAttr, MemRefType, Module, Operation, Value
+from mlir.ir import Block, Context, FloatAttr, IntegerAttr, MemRefType, Module, Operation, Value, VectorType
 
 from mlir_nn.runtime.plan import ITEMSIZE, BoundPlan, Copy, Launch, bind
 
@@ -168,8 +168,10 @@ def _lanes(v: Any, n: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(v), (n,))
 
 
-def _where(mask: np.ndarray | None, new: Any, old: Any) -> Any:
-    return new if mask is None else np.where(mask, new, old)
+def _where(mask: np.ndarray, new: Any, old: Any) -> Any:
+    """Per lane ``new`` where ``mask`` else ``old``; vector values (lanes x elements) follow their lane."""
+    extra = max(np.ndim(new), np.ndim(old)) - 1
+    return np.where(mask.reshape(mask.shape + (1,) * extra) if extra > 0 else mask, new, old)
 
 
 def _np_type(t: Any) -> Any:
@@ -340,6 +342,15 @@ class Kernel:
             return self._load(op, ins, outs, where)
         if name == "memref.store":
             return self._store(op, ins, where)
+        if name == "vector.load":
+            return self._vector_load(op, ins, outs, where)
+        if name == "vector.extract":
+            position = list(op.attributes["static_position"])
+            if len(position) != 1 or len(ins) != 1:
+                raise SimtError(f"simt: {where}: only a static position into a 1-d vector is supported")
+
+            def extract(s, mask, run): s[outs[0]] = np.asarray(s[ins[0]])[..., position[0]]
+            return extract
         if name == "memref.subview":
             return self._subview(op, ins, outs)
         if name == "memref.view":
@@ -426,6 +437,27 @@ class Kernel:
             m.buffer.typed(m.dtype)[address] = _lanes(s[ins[0]], len(run.lanes))[lanes]
         return store
 
+    def _vector_load(self, op: Operation, ins: list[int], outs: list[int], where: str) -> Step:
+        """``width`` consecutive elements along the last index; the device needs them aligned to the vector."""
+        vtype = VectorType(op.results[0].type)
+        if vtype.rank != 1:
+            raise SimtError(f"simt: {where}: only 1-d vectors are supported")
+        width, rtype = vtype.shape[0], _np_type(vtype.element_type)
+
+        def load(s, mask, run):
+            m = s[ins[0]]
+            idx = [s[i] for i in ins[1:]]
+            out = np.zeros((len(run.lanes), width), rtype)
+            for e in range(width):
+                address, lanes = self._addresses(m, idx[:-1] + [idx[-1] + e], mask, run, where)
+                if e == 0 and np.any(address % width):
+                    run.report.out_of_bounds.append(f"{where}: {int(np.sum(address % width != 0))} threads load a "
+                                                    f"vector of {width} from an address not aligned to it")
+                run.log(m.buffer, address, lanes, False)
+                out[lanes, e] = m.buffer.typed(m.dtype)[address]
+            s[outs[0]] = out
+        return load
+
     @staticmethod
     def _subview(op: Operation, ins: list[int], outs: list[int]) -> Step:
         static = [list(op.attributes[k]) for k in ("static_offsets", "static_sizes", "static_strides")]
@@ -490,7 +522,7 @@ class Kernel:
                     s[iv] = i
                     _run(body, s, active, run)
                     for c, y in zip(carried, body.yields):
-                        s[c] = np.where(active, s[y], s[c])
+                        s[c] = _where(active, s[y], s[c])
                     i = i + step
             for o, c in zip(outs, carried):
                 s[o] = s[c]
@@ -515,7 +547,7 @@ class Kernel:
             results = [s[y] for y in then.yields]
             if other is not None:
                 _run(other, s, off, run)
-                results = [np.where(cond, a, s[y]) for a, y in zip(results, other.yields)]
+                results = [_where(cond, a, s[y]) for a, y in zip(results, other.yields)]
             for o, v in zip(outs, results):
                 s[o] = v
         return branch

@@ -43,3 +43,23 @@ def test_products_contract_to_fma(mini_program):
     assert len(products) == 2
     for name in products:
         assert "fma.rn.f32" in bodies[name] and "mul.rn.f32" not in bodies[name], name
+
+
+@pytest.mark.skipif(PTXAS is None, reason="ptxas not found (CUDA toolkit not installed)")
+def test_large_step_products_are_register_tiled(tmp_path):
+    """>= 4 FMAs per shared-memory load instruction, no spills, at least 2 resident blocks per SM."""
+    from mlir_nn.runtime.perf_model import occupancy, ptx_bodies, ptxas_resources
+
+    ptx = tmp_path / "step.ptx"
+    proc = subprocess.run([sys.executable, "-m", "mlir_nn.cli", "compile", "--mlp", "784,1024,1024,10", "--batch",
+                           "512", "--target", "cuda", "--arch", "sm_90", "--emit", "ptx", "-o", str(ptx)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    text = ptx.read_text()
+    resources = ptxas_resources(text, "sm_90")
+    products = [k for k in ptx_bodies(text) if re.search(r"_(linear|gemm|matmul_relu_grad)$", k)]
+    assert len(products) == 8
+    for kernel in products:
+        res = resources[kernel]
+        assert res.shared_loads and res.fma / res.shared_loads >= 4, (kernel, res)
+        assert res.spill_bytes == 0 and occupancy(res, 256)[0] >= 2, (kernel, res)

@@ -45,13 +45,19 @@ def test_large_step_at_reduced_width_is_clean():
     assert result.ok, result.problems
 
 
+def test_products_across_several_tiles_with_ragged_edges():
+    """Batch 65 (two row tiles), width 72 (two column tiles), K = 100 (not a multiple of 16)."""
+    result = check_graph(traced("100,72,10", 65, optimized=True), 65)
+    assert result.ok, result.problems
+
+
 def test_a_removed_barrier_is_caught(moons):
-    """Drop the barrier between staging B's tile in shared memory and the product that reads it."""
+    """Drop the barrier between staging the A and B tiles in shared memory and the product that reads them."""
     graph, program = moons
     text = program.gpu_text
     start = text.index("gpu.func @step_k00_linear")
     barriers = [m.start() for m in re.finditer(r"gpu\.barrier\n", text[start:])]
-    cut = start + barriers[2]
+    cut = start + barriers[0]
     broken = text[:cut] + text[cut + len("gpu.barrier\n"):]
     result = check_program(graph, broken, program.plan, 7)
     assert not result.ok and result.report.races
