@@ -35,6 +35,25 @@ def test_second_reduction_kernel_runs_past_one_block():
     assert result.report.kernels == compile_graph(graph, (), cubin=False).kernel_count
 
 
+@pytest.mark.parametrize("batch", [1, 300])
+def test_wide_bias_gradients_are_clean(batch):
+    """70 outputs (the wide form: a thread per output, 19 row chunks at batch 300, one at batch 1)."""
+    result = check_graph(traced("3,70,2", batch, optimized=True), batch)
+    assert result.ok, result.problems
+
+
+def test_wide_reductions_fill_the_gpu():
+    """The large step's 1024-wide bias gradients take many blocks, not 4 threads' worth of blocks."""
+    from mlir_nn.runtime.plan import bind
+
+    graph = traced("784,1024,1024,10", 512, optimized=True)
+    program = compile_graph(graph, (), cubin=False)
+    shapes = [tuple(512 if d == "N" else d for d in n.shape) for n in graph.inputs + graph.params]
+    launches = [a for a in bind(program.plan, shapes).actions if hasattr(a, "kernel")]
+    partial = [a for a in launches if a.kernel.endswith("_sum_to_partial") and a.grid[1] == 4]
+    assert len(partial) == 2 and all(a.grid[0] * a.grid[1] == 128 for a in partial)
+
+
 def test_adam_step_is_clean():
     result = check_graph(traced("3,17,2", 7, optimized=True, extra=("--optimizer", "adam")), 7)
     assert result.ok, result.problems
