@@ -618,20 +618,18 @@ class SimtProgram:
                         kernel = Kernel(f.operation)
                         self.kernels[(op.attributes["sym_name"].value, kernel.name)] = kernel
 
-    def run(self, args: list[np.ndarray], report: Report | None = None,
-            edit: Callable[[Launch], Launch] | None = None) -> tuple[list[np.ndarray], Report]:
+    def run(self, args: list[np.ndarray]) -> tuple[list[np.ndarray], Report]:
         """Run the plan on ``args`` (inputs then parameters, untouched); returns the results and the report."""
-        report = report or Report()
+        report = Report()
         bound: BoundPlan = bind(self.plan, [tuple(a.shape) for a in args])
         memory = {view.buffer: Buffer(view.buffer, np.frombuffer(np.ascontiguousarray(a).tobytes(), np.uint8).copy())
                   for view, a in zip(bound.args, args)}
         for name, nbytes in bound.allocs.items():  # fresh allocations hold NaN: reading one before writing shows
             memory[name] = Buffer(name, np.full(nbytes, 0xFF, np.uint8))
-        for action in bound.actions:
-            if isinstance(action, Copy):
-                _view_array(memory, action.dst)[...] = _view_array(memory, action.src)
+        for launch in bound.actions:
+            if isinstance(launch, Copy):
+                _view_array(memory, launch.dst)[...] = _view_array(memory, launch.src)
                 continue
-            launch = edit(action) if edit else action
             kernel = self.kernels[(launch.binary, launch.kernel)]
             kernel.launch(_kernel_args(kernel, launch, memory), launch.grid, launch.block, report)
         return [_view_array(memory, v).copy() for v in bound.results], report

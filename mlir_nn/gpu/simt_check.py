@@ -8,7 +8,6 @@ cuda --simt-check`` prints its ``line``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +16,6 @@ import numpy as np
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.gpu.simt import Report, SimtProgram
 from mlir_nn.ir import Graph
-from mlir_nn.runtime.plan import Launch
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}  # max error relative to the result's scale (at least 1)
 
@@ -66,12 +64,11 @@ def max_rel_err(got: list[np.ndarray], want: list[np.ndarray]) -> float:
     return err
 
 
-def check_program(graph: Graph, gpu_text: str, plan: dict[str, Any], batch: int, seed: int = 0,
-                  edit: Callable[[Launch], Launch] | None = None) -> SimtCheck:
+def check_program(graph: Graph, gpu_text: str, plan: dict[str, Any], batch: int, seed: int = 0) -> SimtCheck:
     """Run a compiled step (its gpu text and plan) on the interpreter and compare with the reference."""
     inputs, params = random_arguments(graph, batch, seed)
     outputs, updates = evaluate(graph, inputs, [p.copy() for p in params], batch)
-    got, report = SimtProgram(gpu_text, plan).run(inputs + params, edit=edit)
+    got, report = SimtProgram(gpu_text, plan).run(inputs + params)
     dtype = graph.params[0].dtype if graph.params else graph.inputs[0].dtype
     return SimtCheck(report, max_rel_err(got, list(outputs) + list(updates)), TOLERANCE[dtype])
 
