@@ -11,12 +11,13 @@ the GPU (an ``scf.parallel`` block loop holding one ``scf.forall`` thread loop):
 * a block computes a ``BM x BN`` tile of C with ``THREADS`` threads; each thread keeps a
   ``TM x TN`` tile of accumulators in registers (loop-carried values) across the whole K
   loop, starting from the fill value;
-* per step of ``BK`` along K the block stages A's ``BM x BK`` and B's ``BK x BN`` tiles in
-  shared memory (both stored K-major, zero outside the matrices), each thread loading
-  ``BM * BK / threads`` elements, then a barrier;
-* each thread then reads a ``TM``-vector of A and a ``TN``-vector of B per k (two 128-bit
-  shared loads) for ``TM * TN`` multiply-adds (``fma.rn.f32`` with ``fastmath<contract>``),
-  and a barrier before the next tiles overwrite the shared buffers;
+* A's ``BM x BK`` and B's ``BK x BN`` tiles are staged in shared memory (both stored
+  K-major, zero outside the matrices), each thread loading ``BM * BK / threads`` elements;
+  the shared buffers are doubled: while a K step computes from one, the next step's tiles
+  are loaded into registers and stored into the other after the product, so each step
+  needs one barrier and the global loads overlap the arithmetic;
+* per k each thread reads a ``TM``-vector of A and a ``TN``-vector of B (two 128-bit
+  shared loads) for ``TM * TN`` multiply-adds (``fma.rn.f32`` with ``fastmath<contract>``);
 * the epilogue (bias, ReLU, the ReLU-gradient mask, ``W - lr * grad``) is applied to the
   accumulators in registers and each result stored once, inside the matrix bounds.
 
@@ -139,11 +140,12 @@ def _guarded_load(source: Value, row: Value, col: Value, rows: Value, cols: Valu
     return branch.results[0]
 
 
-def _stage(source: Value, shared: Value, k_major: bool, k0: Value, base: Value, extent: Value, k_size: Value,
-           t: Value) -> None:
-    """Copy a 64 x BK tile of ``source`` (rows ``base..`` of ``extent``, columns ``k0..``; or its transpose when
-    ``k_major``) into ``shared[k][i]``, ``BM * BK / threads`` elements per thread, neighbours on neighbours."""
+def _fetch(source: Value, k_major: bool, k0: Value, base: Value, extent: Value, k_size: Value,
+           t: Value) -> list[tuple[Value, Value, Value]]:
+    """This thread's share of a 64 x BK tile of ``source`` (rows ``base..`` of ``extent``, columns ``k0..``;
+    or its transpose when ``k_major``): (value, k, i) for ``shared[k][i]``, neighbours on neighbours."""
     threads = THREADS[0] * THREADS[1]
+    out = []
     for i in range(BM * BK // threads):
         e = arith.addi(t, _index(i * threads))
         if k_major:  # source[k, i]: 64 consecutive i per row
@@ -152,7 +154,13 @@ def _stage(source: Value, shared: Value, k_major: bool, k0: Value, base: Value, 
         else:  # source[i, k]: BK consecutive k per row
             j, k = arith.divui(e, _index(BK)), arith.remui(e, _index(BK))
             value = _guarded_load(source, arith.addi(base, j), arith.addi(k0, k), extent, k_size)
-        memref.store(value, shared, [k, j])
+        out.append((value, k, j))
+    return out
+
+
+def _store(fetched: list[tuple[Value, Value, Value]], shared: Value, stage: Value) -> None:
+    for value, k, j in fetched:
+        memref.store(value, shared, [stage, k, j])
 
 
 def _apply_epilogue(op: Operation, m: Value, n: Value, acc: Value) -> Value:
@@ -204,32 +212,44 @@ def rewrite(p: Product, name: str) -> None:
             end = scf.ReduceOp([], 0)
     with InsertionPoint(end.operation), Location.unknown():
         bm, bn = body.arguments
-        a_tile = memref.alloc(MemRefType.get([BK, BM], f32, memory_space=space), [], [])
-        b_tile = memref.alloc(MemRefType.get([BK, BN], f32, memory_space=space), [], [])
+        a_tile = memref.alloc(MemRefType.get([2, BK, BM], f32, memory_space=space), [], [])
+        b_tile = memref.alloc(MemRefType.get([2, BK, BN], f32, memory_space=space), [], [])
         ty, tx, ip = _thread_loop()
         with ip:
             t = arith.addi(arith.muli(ty, _index(THREADS[1])), tx)
             row0, col0 = arith.muli(bm, _index(BM)), arith.muli(bn, _index(BN))
+
+            def fetch(k0: Value) -> list[tuple[Value, Value, Value]]:
+                return (_fetch(p.a, p.a_k_major, k0, row0, rows, k_size, t)
+                        + _fetch(p.b, not p.b_n_major, k0, col0, cols, k_size, t))
+
+            def store(fetched: list[tuple[Value, Value, Value]], stage: Value) -> None:
+                half = len(fetched) // 2
+                _store(fetched[:half], a_tile, stage)
+                _store(fetched[half:], b_tile, stage)
+
+            store(fetch(_index(0)), _index(0))
+            gpu_dialect.barrier()
             init = p.fill.operands[0]
             k_loop = scf.ForOp(_index(0), k_size, _index(BK), [init] * (TM * TN))
             with InsertionPoint(k_loop.body):
                 k0 = k_loop.induction_variable
-                _stage(p.a, a_tile, p.a_k_major, k0, row0, rows, k_size, t)
-                _stage(p.b, b_tile, not p.b_n_major, k0, col0, cols, k_size, t)
-                gpu_dialect.barrier()
+                stage = arith.remui(arith.divui(k0, _index(BK)), _index(2))
+                upcoming = fetch(arith.addi(k0, _index(BK)))  # the next tiles, into registers (zero past K)
                 inner = scf.ForOp(_index(0), _index(BK), _index(1), list(k_loop.inner_iter_args))
                 with InsertionPoint(inner.body):
                     kk = inner.induction_variable
-                    a = vector.load(VectorType.get([TM], f32), a_tile, [kk, arith.muli(ty, _index(TM))],
+                    a = vector.load(VectorType.get([TM], f32), a_tile, [stage, kk, arith.muli(ty, _index(TM))],
                                     alignment=4 * TM)
-                    b = vector.load(VectorType.get([TN], f32), b_tile, [kk, arith.muli(tx, _index(TN))],
+                    b = vector.load(VectorType.get([TN], f32), b_tile, [stage, kk, arith.muli(tx, _index(TN))],
                                     alignment=4 * TN)
                     a_vals = [vector.extract(a, [], [i]) for i in range(TM)]
                     b_vals = [vector.extract(b, [], [j]) for j in range(TN)]
                     accs = list(inner.inner_iter_args)
                     scf.YieldOp([arith.addf(accs[i * TN + j], arith.mulf(a_vals[i], b_vals[j]))
                                  for i in range(TM) for j in range(TN)])
-                gpu_dialect.barrier()
+                store(upcoming, arith.subi(_index(1), stage))  # after the product, into the other buffer
+                gpu_dialect.barrier()  # one barrier per K step
                 scf.YieldOp(list(inner.results))
             for i in range(TM):
                 m = arith.addi(row0, arith.addi(arith.muli(ty, _index(TM)), _index(i)))

@@ -70,17 +70,19 @@ def test_products_across_several_tiles_with_ragged_edges():
     assert result.ok, result.problems
 
 
-def test_a_removed_barrier_is_caught(moons):
-    """Drop the barrier between staging the A and B tiles in shared memory and the product that reads them."""
+@pytest.mark.parametrize("kernel,which", [("step_k00_linear", 0), ("step_k01_linear", 1)],
+                         ids=["before-the-first-product", "between-K-steps"])
+def test_a_removed_barrier_is_caught(moons, kernel, which):
+    """Drop the barrier after staging the first tiles, or the one closing a K step (K = 32: two steps)."""
     graph, program = moons
     text = program.gpu_text
-    start = text.index("gpu.func @step_k00_linear")
+    start = text.index(f"gpu.func @{kernel}")
     barriers = [m.start() for m in re.finditer(r"gpu\.barrier\n", text[start:])]
-    cut = start + barriers[0]
+    cut = start + barriers[which]
     broken = text[:cut] + text[cut + len("gpu.barrier\n"):]
     result = check_program(graph, broken, program.plan, 7)
     assert not result.ok and result.report.races
-    assert "step_k00_linear" in result.report.races[0] and "shared" in result.report.races[0]
+    assert kernel in result.report.races[0] and "shared" in result.report.races[0]
     assert check_program(graph, text, program.plan, 7).ok  # the same check on the real kernels is clean
 
 
