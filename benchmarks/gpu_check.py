@@ -9,7 +9,10 @@ single ops, the hand-written kernels (``libmlirnn_kernels.so``, built here with 
 when nvcc is present). Results go to RESULTS_DIR/gpu_check.json and stdout.
 ``--dry-run`` does everything that needs no GPU (load each artifact, bind its plan for every
 batch size, check every launch against the PTX, check the saved references), so a machine
-without one can check that the payload is complete.
+without one can check that the payload is complete, and prints the roofline model of each
+case at its first batch size (``mlir_nn.runtime.perf_model``: per node FLOPs, bytes, shared
+traffic, registers, occupancy from ``ptxas -v``, predicted time on an H200), next to the
+measured step time when ``--measured`` names an earlier run's gpu_check.json.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from gpu_cases import CASES, inputs_for, sample_positions  # noqa: E402
 from mlir_nn.runtime.artifact import Artifact  # noqa: E402
 from mlir_nn.runtime.cuda import CudaStep  # noqa: E402
 from mlir_nn.runtime.driver import Device  # noqa: E402
+from mlir_nn.runtime.perf_model import predict, ptxas_resources  # noqa: E402
 from mlir_nn.runtime.plan import bind, check_launch_abi  # noqa: E402
 
 RTOL, ATOL = 2e-3, 2e-4  # float32, sums of up to ~1000 products in a different order
@@ -181,6 +185,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--dry-run", action="store_true", help="check the payload without a GPU")
+    parser.add_argument("--measured", type=Path, help="with --dry-run: a device run's gpu_check.json to compare with")
     args = parser.parse_args()
     args.results.mkdir(parents=True, exist_ok=True)
     if args.dry_run:
@@ -233,8 +238,35 @@ def main() -> int:
     return 0 if all(c.get("ok") for c in report["cases"].values()) else 1
 
 
+def model_case(case: dict, artifact: Artifact, ref: dict) -> dict:
+    """The roofline model (labelled as one) of the case's first batch size; prints a table."""
+    batch = case["batches"][0]
+    params = [ref[f"param{i}"] for i in range(len(artifact.signature["params"]))]
+    bound = bind(artifact.plan, [a.shape for a in inputs_for(case, batch)] + [p.shape for p in params])
+    threads = {a.kernel: a.block[0] * a.block[1] * a.block[2] for a in bound.actions if hasattr(a, "kernel")}
+    resources = {}
+    for ptx in artifact.ptx.values():
+        resources.update(ptxas_resources(ptx, artifact.arch))
+    launched = [k for k in artifact.info["model"] for k in k["kernels"] if k in threads]
+    rows = predict([dict(n, kernels=[k for k in n["kernels"] if k in threads]) for n in artifact.info["model"]],
+                   resources, threads, batch)
+    print(f"  MODEL (roofline on an H200: 67 TFLOP/s fp32, 4.8 TB/s; not a measurement), batch {batch}:")
+    print(f"  {'node':<18}{'kernels':>8}{'GFLOP':>9}{'MB':>9}{'shared MB':>10}{'fma/ld.sh':>10}"
+          f"{'regs':>6}{'smem':>7}{'occ':>6}{'us':>8}")
+    for r in rows:
+        ratio = f"{r['fma_per_shared_load']:.2f}" if r["fma_per_shared_load"] else "-"
+        print(f"  {r['node']:<18}{len(r['kernels']):>8}{r['flops'] / 1e9:>9.3f}{r['bytes'] / 1e6:>9.2f}"
+              f"{r['shared_bytes'] / 1e6:>10.2f}{ratio:>10}{max(r['registers'], default=0):>6}"
+              f"{max(r['smem'], default=0):>7}{min(r['occupancy'], default=0):>6.2f}{r['seconds'] * 1e6:>8.1f}")
+    total = sum(r["seconds"] for r in rows)
+    spills = sum(r["spill_bytes"] for r in rows)
+    print(f"  predicted step: {total * 1e6:.1f} us over {len(launched)} launches; spill bytes {spills}")
+    return {"label": "roofline model, not a measurement", "batch": batch, "predicted_s": total, "nodes": rows}
+
+
 def dry_run(args: argparse.Namespace) -> int:
     report: dict = {"dry_run": True, "cases": {}}
+    measured = json.loads(args.measured.read_text())["cases"] if args.measured else {}
     for name in args.cases:
         try:
             artifact = Artifact.read(args.artifacts / f"{name}.mlirnn")
@@ -245,6 +277,10 @@ def dry_run(args: argparse.Namespace) -> int:
             entry = {"ok": False, "error": "".join(traceback.format_exception(e))}
         report["cases"][name] = entry
         print(f"{name}: {'payload OK' if entry['ok'] else 'ERROR ' + entry['error']} {entry.get('check', '')}")
+        if entry["ok"] and "model" in artifact.info and shutil.which("ptxas"):
+            entry["model"] = model_case(CASES[name], artifact, ref)
+            if "mlir_s" in measured.get(name, {}):
+                print(f"  measured step: {measured[name]['mlir_s'] * 1e6:.1f} us")
     (args.results / "gpu_check.json").write_text(json.dumps(report, indent=1))
     return 0 if all(c["ok"] for c in report["cases"].values()) else 1
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from mlir_nn.backends.cuda import build_artifact  # noqa: E402
 from mlir_nn.backends.reference import evaluate  # noqa: E402
 from mlir_nn.egraph import optimize  # noqa: E402
 from mlir_nn.engine import Tensor  # noqa: E402
+from mlir_nn.ir.shapes import resolve  # noqa: E402
 from mlir_nn.jit import trace_step  # noqa: E402
 from mlir_nn.losses import mse_loss  # noqa: E402
 from mlir_nn.nn import MLP  # noqa: E402
@@ -52,6 +54,49 @@ def step_function(case: dict) -> tuple:
     return (lambda x: (x @ w + b).relu()), ["x"]
 
 
+PRODUCTS = ("matmul", "linear", "gemm", "matmul_relu_grad")
+STAGES = ("_partial", "_total")  # a reduction's two kernels
+
+
+def node_cost(node, batch: int) -> tuple[float, float]:
+    """(FLOPs, compulsory global-memory bytes) of one node at ``batch``: the performance model's input."""
+    numel = [float(np.prod(resolve(n.shape, batch))) for n in (*node.inputs, node)]
+    itemsize = np.dtype(node.dtype).itemsize
+    if node.op in PRODUCTS:
+        k = np.sqrt(numel[0] * numel[1] / numel[-1])  # (M*K) * (K*N) / (M*N)
+        flops = 2 * numel[-1] * k + 2 * numel[-1]  # the product and its epilogue
+    else:
+        flops = max(numel)
+    return flops, itemsize * sum(numel)
+
+
+def node_costs(graph, kernels: list[str]) -> list[dict]:
+    """Kernels (launch order, named ``<func>_kNN_<op>``) grouped by the Graph node they compute, with its
+    FLOPs and bytes as ``[a, b]`` for ``a * batch + b`` (both are linear in the batch size)."""
+    nodes = iter(n for n in graph.compute_nodes)
+    model: list[dict] = []
+    staged = False
+    pending: list[str] = []  # initializers (``<op>_init``) of the next node
+    for kernel in kernels:
+        op = re.search(r"_k\d+_(\w+)$", kernel).group(1)
+        base = next((op[:-len(s)] for s in STAGES if op.endswith(s)), op)
+        if op.endswith("_init"):
+            pending.append(kernel)
+            continue
+        if model and staged and base == model[-1]["op"] and not op.endswith(STAGES[0]):
+            model[-1]["kernels"].append(kernel)  # a reduction's second kernel or its 0-d epilogue
+        else:
+            node = next((n for n in nodes if n.op == base), None)
+            if node is None:
+                raise ValueError(f"kernel {kernel}: no {base} node left in the graph to attribute it to")
+            (f1, b1), (f2, b2) = node_cost(node, 1), node_cost(node, 2)
+            model.append({"op": base, "kernels": [*pending, kernel], "flops": [f2 - f1, 2 * f1 - f2],
+                          "bytes": [b2 - b1, 2 * b1 - b2]})
+            pending = []
+        staged = op != base
+    return model
+
+
 def build_case(name: str, case: dict, out: Path, arch: str) -> dict:
     fn, names = step_function(case)
     first = inputs_for(case, case["batches"][0])
@@ -61,6 +106,8 @@ def build_case(name: str, case: dict, out: Path, arch: str) -> dict:
     if signature_of(optimized) != signature_of(graph):
         raise RuntimeError(f"{name}: the optimized graph changed the step's signature")
     artifact = build_artifact(optimized, arch)
+    launched = [r["kernel"] for r in artifact.plan["program"] if r["op"] == "gpu.launch_func"]
+    artifact.info["model"] = node_costs(optimized, launched)
     artifact.info["egraph"] = {"kernels_before": report.kernels_before, "kernels_after": report.kernels_after,
                                "ok": report.error is None}
     seconds = time.perf_counter() - start

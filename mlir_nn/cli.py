@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
                    help="code to generate (default cpu); with cuda and no --emit, -o FILE gets the .mlirnn artifact")
     c.add_argument("--arch", default="sm_90", help="CUDA arch for --target cuda (default sm_90; also sm_80)")
+    c.add_argument("--simt-check", action="store_true",
+                   help="with --target cuda: run every kernel at --batch on the SIMT interpreter (CPU) against the "
+                        "NumPy reference; prints 'simt: N kernels, R races, max rel err E', exit 1 on a problem")
     c.add_argument("--pipeline", metavar="FILE",
                    help="CPU pass pipeline file (one pass per line) instead of the shipped one")
     c.add_argument("-o", "--output", metavar="FILE", help="write the stage to FILE instead of stdout")

@@ -18,8 +18,12 @@ from mlir_nn.runtime.artifact import Artifact, signature_of
 def graph_to_linalg(graph: Graph) -> tuple[str, str]:
     """(MLIR text of the step on tensors, function name): the shared tensor-level codegen."""
     from mlir_nn.codegen import emit_linalg, symbol_name
+    from mlir_nn.gpu.schedule import name_ops_by_location
 
-    return str(emit_linalg(graph)), symbol_name(graph)
+    module = emit_linalg(graph)
+    with module.context:
+        name_ops_by_location(module)  # kernels are named after the Graph op they compute
+    return str(module), symbol_name(graph)
 
 
 def compile_graph(graph: Graph, archs: tuple[str, ...], cubin: bool = True) -> Any:

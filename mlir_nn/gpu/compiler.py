@@ -10,7 +10,8 @@ from mlir.dialects import gpu
 from mlir.ir import ArrayAttr, Context, Module, Operation
 from mlir.passmanager import PassManager
 
-from mlir_nn.gpu import fixups, fusion, reduction, schedule
+from mlir_nn.gpu import fixups, fusion, matmul, reduction, schedule
+from mlir_nn.gpu.modules import allow_contraction, merge_kernel_modules
 from mlir_nn.gpu.pipeline import read_sections, run_section
 from mlir_nn.gpu.plan import extract_plan
 
@@ -67,22 +68,29 @@ def _binaries(module: Module) -> dict[str, bytes]:
     return out
 
 
-def schedule_module(module: Module, func: str | None, timings: dict[str, float]) -> tuple[Module, list[Any]]:
+def schedule_module(module: Module, func: str | None, timings: dict[str, float],
+                    register_tiles: bool = True) -> tuple[Module, list[Any]]:
     """Fuse, bufferize and tile ``module`` (inside its context): blocks, threads, shared memory.
 
     The result is still plain loops over buffers (``scf.parallel`` for the grid,
-    ``scf.forall`` with ``#gpu.thread`` mappings for the threads), so it can also be run
-    on the CPU (``mlir_nn.gpu.emulate``) to check the schedule without a GPU.
+    ``scf.forall`` with ``#gpu.thread`` mappings for the threads). float32 products become
+    register-tiled kernels (``mlir_nn.gpu.matmul``) unless ``register_tiles`` is False;
+    otherwise, and for float64, they are 16x16 tiles staged through shared memory, which
+    can also be run on the CPU (``mlir_nn.gpu.emulate``) to check the schedule without a GPU.
     """
     sections = read_sections()
     start = time.perf_counter()
     groups = fusion.tag_groups(_find_func(module, func))
-    if groups:
-        module = _apply_transform(module, fusion.fusion_script(groups), "mlirnn_fuse")
+    in_registers = [g for g in groups if register_tiles and g.dtype == "f32"]
+    staged = [g for g in groups if g not in in_registers]
+    if staged:
+        module = _apply_transform(module, fusion.fusion_script(staged), "mlirnn_fuse")
     timings["fuse"] = time.perf_counter() - start
     t = time.perf_counter()
     run_section(module, sections, "bufferize")
     fixups.erase_self_copies(_find_func(module, func))
+    if in_registers:
+        matmul.register_tile(_find_func(module, func), [g.name for g in in_registers])
     reduction.split_reductions(_find_func(module, func))
     plans = schedule.tag_linalg_ops(_find_func(module, func))
     timings["bufferize"] = time.perf_counter() - t
@@ -105,12 +113,14 @@ def lower_to_gpu(text: str, func: str | None = None) -> tuple[str, dict[str, Any
         host = _find_func(module, func)
         fixups.check_all_launched(host, lambda op: op.name.startswith(HOST_COMPUTE))
         fixups.alloc_to_workgroup_attributions(host)
-        blocks = fixups.tag_launches(host, plans)
-        module = _apply_transform(module, schedule.thread_mapping_script(blocks), "mlirnn_threads")
+        launches = fixups.tag_launches(host, plans)
+        module = _apply_transform(module, schedule.thread_mapping_script([b for b, _ in launches]), "mlirnn_threads")
         timings["map"] = time.perf_counter() - start
         t = time.perf_counter()
         run_section(module, sections, "outline")
         host = _find_func(module, func)
+        merge_kernel_modules(module, host, [name for _, name in launches])
+        allow_contraction(module)
         plan = extract_plan(host)
         timings["outline"] = time.perf_counter() - t
         counts: dict[str, int] = {}

@@ -57,19 +57,20 @@ def check_all_launched(func: Operation, what: Callable[[Operation], bool]) -> No
             raise RuntimeError(f"cuda: {op.name} was not mapped to a GPU kernel:\n{op}")
 
 
-def tag_launches(func: Operation, plans: list[OpSchedule]) -> list[tuple[int, int, int]]:
-    """Tag each gpu.launch; return its block size (from the schedule of the op inside)."""
+def tag_launches(func: Operation, plans: list[OpSchedule]) -> list[tuple[tuple[int, int, int], str]]:
+    """Tag each gpu.launch; return its block size and name (from the schedule of the op inside)."""
     by_tag = {p.tag: p for p in plans}
-    blocks = []
+    launches: list[tuple[tuple[int, int, int], str]] = []
     for op in top_level(func):
         if op.name != "gpu.launch":
             continue
         tags = {IntegerAttr(o.attributes[TAG]).value for o in walk(op) if TAG in o.attributes}
         if len(tags) != 1:
             raise RuntimeError(f"cuda: a gpu.launch holds ops of schedules {sorted(tags)}; expected exactly one")
-        op.attributes[LAUNCH_TAG] = IntegerAttr.get(IntegerType.get_signless(64), len(blocks))
-        blocks.append(by_tag[tags.pop()].block)
-    return blocks
+        op.attributes[LAUNCH_TAG] = IntegerAttr.get(IntegerType.get_signless(64), len(launches))
+        plan = by_tag[tags.pop()]
+        launches.append((plan.block, plan.name))
+    return launches
 
 
 def alloc_to_workgroup_attributions(func: Operation) -> int:

@@ -24,13 +24,15 @@ from dataclasses import dataclass
 from mlir.dialects import linalg
 from mlir.ir import ArrayAttr, InsertionPoint, IntegerAttr, IntegerType, Operation, Value
 
-from mlir_nn.gpu.schedule import FUSED, TILE, is_contraction, iterator_kinds
+from mlir_nn.gpu.schedule import FUSED, NODE, TILE, is_contraction, iterator_kinds, node_name
 
 
 @dataclass(frozen=True)
 class Group:
     tag: int
     ops: int  # 2 (fill, matmul) or 3 (fill, matmul, epilogue)
+    name: str  # the Graph op of the group ("linear", "gemm", ...; "matmul" when unnamed)
+    dtype: str  # element type of the product ("f32", "f64")
 
 
 def _producer(v: Value) -> Operation | None:
@@ -106,12 +108,13 @@ def tag_groups(func: Operation) -> list[Group]:
     groups = []
     i64 = IntegerType.get_signless(64)
     for ops in find_groups(func):
+        name = node_name(ops, "matmul")
         if len(ops) == 3:
             ops[2] = epilogue_reads_accumulator(ops[2])
         tag = len(groups)
         for op, role in zip(ops, ROLES):
             op.attributes[role] = IntegerAttr.get(i64, tag)
-        groups.append(Group(tag, len(ops)))
+        groups.append(Group(tag, len(ops), name, str(ops[1].results[0].type.element_type)))
     return groups
 
 
@@ -136,7 +139,10 @@ def fusion_script(groups: list[Group]) -> str:
                      " -> (!transform.any_op, !transform.any_op)\n")
         body += (f"    %n{t} = transform.param.constant {g.ops} : i64 -> !transform.param<i64>\n"
                  f"    transform.annotate %loop{t}_{len(producers)} \"{FUSED}\" = %n{t}"
-                 " : !transform.any_op, !transform.param<i64>\n")
+                 " : !transform.any_op, !transform.param<i64>\n"
+                 f"    %name{t} = transform.param.constant \"{g.name}\" -> !transform.any_param\n"
+                 f"    transform.annotate %loop{t}_{len(producers)} \"{NODE}\" = %name{t}"
+                 " : !transform.any_op, !transform.any_param\n")
     return ("module attributes {transform.with_named_sequence} {\n"
             "transform.named_sequence @mlirnn_fuse(%root: !transform.any_op {transform.readonly}) {\n"
             + body + "    transform.yield\n}\n}\n")

@@ -17,6 +17,9 @@ loops, a shared-memory buffer in the workgroup address space):
 * kernel 2, grid (Q, when G > 1, else 0: the plan then drops the launch), one block per
   output: its threads add the G partials, a tree again, and thread 0 writes the result.
 
+Sums into more than ``MAX_OUTPUTS`` outputs (the 1024-wide bias gradients) take the wide
+form, ``split_wide``: a thread per output and blocks over chunks of the batch.
+
 The zero fill of the output before the reduction is folded in (the result is written as
 ``init + total``), so a reduction costs one kernel at small batches, two at large ones.
 The summation order depends only on the shapes: the same inputs give the same bits.
@@ -43,12 +46,13 @@ from mlir.ir import (
     Value,
 )
 
-from mlir_nn.gpu.schedule import REDUCE, THREADS_1D, iterator_kinds
+from mlir_nn.gpu.schedule import NODE, REDUCE, THREADS_1D, iterator_kinds
 
 THREADS = THREADS_1D  # per block, a power of two (the tree halves it)
 ITEMS = 4  # elements per thread before another block is added
 MAX_BLOCKS = 1024  # blocks of kernel 1 per output (about what an H100/H200 keeps resident)
-MAX_OUTPUTS = 32  # more outputs than a warp: the generic schedule's thread per output is left as it is
+MAX_OUTPUTS = 32  # more outputs than a warp: the wide form (``split_wide``), a thread per output
+ROWS = 16  # wide form: reduced elements per thread before another block row is added
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,6 @@ def analyse(op: Operation) -> Reduction | None:
     sized = {d for v, m in zip(op.operands, maps) if isinstance(v.type, MemRefType) for kind, d in m if kind == "dim"}
     if sorted(out_dims) != parallel or len(out_dims) != out_type.rank or len(sized) != len(kinds):
         return None
-    if _count(out_type.shape) > MAX_OUTPUTS:
-        return None
     return Reduction(op, list(op.operands)[:n_in], output, maps[:n_in], out_dims, reduced)
 
 
@@ -162,11 +164,13 @@ def _fill_before(func_ops: list[Operation], r: Reduction) -> tuple[Operation, Va
     return fill, fill.operands[0]
 
 
-def _block_loop(uppers: list[Value], stage: int) -> tuple[scf.ParallelOp, list[Value], Operation]:
-    """An ``scf.parallel`` over the grid; returns it, its indices and its terminator (insert before it)."""
+def _block_loop(uppers: list[Value], stage: int, of: Operation) -> tuple[scf.ParallelOp, list[Value], Operation]:
+    """An ``scf.parallel`` over the grid for reduction ``of``; returns it, its indices and its terminator."""
     zero, one = _index(0), _index(1)
     loop = scf.ParallelOp([], [zero] * len(uppers), uppers, [one] * len(uppers), [])
     loop.operation.attributes[REDUCE] = IntegerAttr.get(IntegerType.get_signless(64), stage)
+    if NODE in of.attributes:
+        loop.operation.attributes[NODE] = of.attributes[NODE]
     body = loop.regions[0].blocks.append(*[IndexType.get()] * len(uppers))
     with InsertionPoint(body):
         end = scf.ReduceOp([], 0)
@@ -254,7 +258,7 @@ def split(r: Reduction, func_ops: list[Operation]) -> None:
             memref.store(arith.addf(init, total), r.output, idx)
 
         # kernel 1: per-thread strided sums, a tree per block, one partial per block
-        loop, (b, q), end = _block_loop([grid, outputs], 1)
+        loop, (b, q), end = _block_loop([grid, outputs], 1, r.op)
         with InsertionPoint(end):
             shared = _shared(elem)
             t, ip = _thread_loop(THREADS)
@@ -280,7 +284,7 @@ def split(r: Reduction, func_ops: list[Operation]) -> None:
         # kernel 2 (only when G > 1): one block per output adds its G partials
         # Q blocks if G > 1, else none (min(G - 1, 1) * Q: an i1 could not be a kernel argument after cse)
         blocks2 = arith.muli(arith.minui(arith.subi(grid, _index(1)), _index(1)), outputs)
-        loop, (q,), end = _block_loop([blocks2], 2)
+        loop, (q,), end = _block_loop([blocks2], 2, r.op)
         with InsertionPoint(end):
             shared = _shared(elem)
             t, ip = _thread_loop(THREADS)
@@ -303,13 +307,80 @@ def _count(shape: list[int]) -> int:
     return n
 
 
+def split_wide(r: Reduction, func_ops: list[Operation]) -> None:
+    """Replace ``r.op`` (more than ``MAX_OUTPUTS`` outputs) by two kernels with one thread per output.
+
+    Kernel 1, grid (G, ceil(Q / THREADS)): thread t of block (g, c) sums chunk g of the
+    reduction domain of output q = c * THREADS + t (neighbouring threads on neighbouring
+    outputs, so a bias gradient's rows are read coalesced) into ``partials[g, q]``, or,
+    when G == 1, writes the result. Kernel 2 (only when G > 1): each output's thread adds
+    its G partials. G = clamp(ceil(R / ROWS), 1, MAX_BLOCKS).
+    """
+    out_type = MemRefType(r.output.type)
+    elem = out_type.element_type
+    count = _count(out_type.shape)
+    fill = _fill_before(func_ops, r)
+    with InsertionPoint(r.op), Location.unknown():
+        sizes = _loop_sizes(r)
+        reduced = _index(1)
+        for d in r.reduced:
+            reduced = arith.muli(reduced, sizes[d])
+        grid = arith.maxui(arith.minui(arith.ceildivui(reduced, _index(ROWS)), _index(MAX_BLOCKS)), _index(1))
+        chunk = arith.ceildivui(reduced, grid)
+        columns = _index(-(-count // THREADS))
+        partials = memref.alloc(MemRefType.get([MemRefType.get_dynamic_size(), count], elem), [grid], [])
+
+        def per_output(c: Value, body) -> None:
+            """In a thread loop: ``body(q)`` for output q = c * THREADS + t when q < count."""
+            t, ip = _thread_loop(THREADS)
+            with ip:
+                q = arith.addi(arith.muli(c, _index(THREADS)), t)
+                branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.ult, q, _index(count)))
+                with InsertionPoint(branch.then_block):
+                    body(q)
+                    scf.YieldOp([])
+
+        def write_result(q: Value, total: Value) -> None:
+            idx = [_delinearize(q, r.out_dims, sizes)[d] for d in r.out_dims]
+            init = fill[1] if fill else memref.load(r.output, idx)
+            memref.store(arith.addf(init, total), r.output, idx)
+
+        loop, (g, c), end = _block_loop([grid, columns], 1, r.op)
+        with InsertionPoint(end):
+            def partial(q: Value) -> None:
+                out_ivs = _delinearize(q, r.out_dims, sizes)
+                start = arith.muli(g, chunk)
+                stop = arith.minui(arith.addi(start, chunk), reduced)
+                total = _accumulate(start, stop, _index(1), elem, lambda i, acc: _apply_body(
+                    r, {**out_ivs, **_delinearize(i, r.reduced, sizes)}, acc))
+                branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, grid, _index(1)), has_else=True)
+                with InsertionPoint(branch.then_block):
+                    write_result(q, total)
+                    scf.YieldOp([])
+                with InsertionPoint(branch.else_block):
+                    memref.store(total, partials, [g, q])
+                    scf.YieldOp([])
+
+            per_output(c, partial)
+        blocks2 = arith.muli(arith.minui(arith.subi(grid, _index(1)), _index(1)), columns)
+        loop, (c,), end = _block_loop([blocks2], 2, r.op)
+        with InsertionPoint(end):
+            per_output(c, lambda q: write_result(q, _accumulate(
+                _index(0), grid, _index(1), elem, lambda k, acc: arith.addf(acc, memref.load(partials, [k, q])))))
+        memref.dealloc(partials)
+    r.op.erase()
+    if fill:
+        fill[0].erase()
+
+
 def split_reductions(func: Operation) -> int:
     """Split every splittable top-level reduction of ``func`` (see the module docstring)."""
     done = 0
     for op in [o.operation for o in func.regions[0].blocks[0].operations]:
         r = analyse(op)
         if r is not None:
-            split(r, [o.operation for o in func.regions[0].blocks[0].operations])
+            wide = _count(MemRefType(r.output.type).shape) > MAX_OUTPUTS
+            (split_wide if wide else split)(r, [o.operation for o in func.regions[0].blocks[0].operations])
             done += 1
     return done
 

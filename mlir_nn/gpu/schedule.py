@@ -22,9 +22,9 @@ Block-level loops become ``scf.parallel`` (a dynamic batch size then maps to the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from mlir.ir import ArrayAttr, IntegerAttr, IntegerType, Operation
+from mlir.ir import ArrayAttr, IntegerAttr, IntegerType, Module, Operation, StringAttr
 
 from mlir_nn.pipelines import shipped_dir
 
@@ -32,6 +32,9 @@ TAG = "mlirnn.op"
 LAUNCH_TAG = "mlirnn.launch"
 FUSED = "mlirnn.fused"  # on a tile loop made by mlir_nn.gpu.fusion: how many linalg ops it holds
 REDUCE = "mlirnn.reduce"  # on a block loop made by mlir_nn.gpu.reduction: its kernel (1 or 2)
+STAGE_NAMES = {1: "_partial", 2: "_total"}  # a reduction's kernels
+MATMUL = "mlirnn.matmul"  # on the block loop of a register-tiled product made by mlir_nn.gpu.matmul
+NODE = "mlirnn.node"  # on a linalg op: the op of the Graph node it lowers (names the kernel)
 TILE = 16  # output tile of a contraction per block (rows, columns), as in passes/cuda_schedule.mlir
 THREADS_1D = 256
 THREADS_2D = (8, 32)  # (y, x)
@@ -46,6 +49,22 @@ class OpSchedule:
     thread_mapping: tuple[str, ...]  # per tiled loop, e.g. ("thread<y>", "thread<x>")
     block: tuple[int, int, int]
     fused_ops: int = 0  # kind "fused": linalg ops in the tile loop (fill, contraction[, epilogue])
+    name: str = ""  # the Graph op it computes ("linear", "mse", ...), or its kind when unknown
+
+
+def name_ops_by_location(module: Module) -> None:
+    """Give every linalg op emitted under a name location ``op[shape]`` the attribute ``NODE = op``."""
+    for top in module.body.operations:
+        for op in _nested(top.operation):
+            loc = op.location
+            if op.name.startswith("linalg.") and op.name != "linalg.yield" and loc.is_a_name():
+                op.attributes[NODE] = StringAttr.get(loc.name_str.split("[")[0])
+
+
+def node_name(ops: list[Operation], default: str) -> str:
+    """The last ``NODE`` attribute among ``ops`` (a fused epilogue names its group), else ``default``."""
+    names = [StringAttr(o.attributes[NODE]).value for o in ops if NODE in o.attributes]
+    return names[-1] if names else default
 
 
 def iterator_kinds(op: Operation) -> list[str]:
@@ -95,20 +114,41 @@ def tag_linalg_ops(func: Operation) -> list[OpSchedule]:
         tag = len(plans)
         if op.name == "linalg.generic":
             op.attributes[TAG] = IntegerAttr.get(i64, tag)
-            plans.append(plan_op(op, tag))
+            plan = plan_op(op, tag)
+            plans.append(replace(plan, name=node_name([op], plan.kind)))
         elif op.name == "scf.forall" and FUSED in op.attributes:
             inner = _fused_ops(op)
+            name = node_name([op], "matmul")
             del op.attributes["mapping"]  # #gpu.block kept canonicalize from folding it; the grid is mapped later
             for o in [op, *inner]:
                 o.attributes[TAG] = IntegerAttr.get(i64, tag)
-            plans.append(OpSchedule(tag, "fused", (), ("thread<y>", "thread<x>"), (TILE, TILE, 1), len(inner)))
+            plans.append(OpSchedule(tag, "fused", (), ("thread<y>", "thread<x>"), (TILE, TILE, 1), len(inner), name))
+        elif op.name == "scf.parallel" and MATMUL in op.attributes:
+            for o in [op, *(o for o in _nested(op) if o.name == "scf.forall")]:
+                o.attributes[TAG] = IntegerAttr.get(i64, tag)
+            plans.append(OpSchedule(tag, "matmul", (), ("thread<y>", "thread<x>"), (16, 16, 1),
+                                    name=node_name([op], "matmul")))
         elif op.name == "scf.parallel" and REDUCE in op.attributes:
             for o in [op, *(o for o in _nested(op) if o.name == "scf.forall")]:
                 o.attributes[TAG] = IntegerAttr.get(i64, tag)
-            plans.append(OpSchedule(tag, "reduction", (), ("thread<x>",), (THREADS_1D, 1, 1)))
+            stage = STAGE_NAMES[IntegerAttr(op.attributes[REDUCE]).value]
+            plans.append(OpSchedule(tag, "reduction", (), ("thread<x>",), (THREADS_1D, 1, 1),
+                                    name=node_name([op], "sum") + stage))
         elif op.name.startswith("linalg."):
             raise NotImplementedError(f"cuda: {op.name} was not generalized; cannot schedule it")
-    return plans
+    return _name_initializers(plans)
+
+
+def _name_initializers(plans: list[OpSchedule]) -> list[OpSchedule]:
+    """An op with no ``NODE`` (a fill that generalization rebuilt) is the initializer of the next named op."""
+    out = list(plans)
+    following = ""
+    for i in reversed(range(len(out))):
+        if out[i].kind == "parallel" and out[i].name == out[i].kind and following:
+            out[i] = replace(out[i], name=f"{following}_init")
+        elif out[i].name != out[i].kind:
+            following = out[i].name.removesuffix("_partial").removesuffix("_total")
+    return out
 
 
 def _nested(op: Operation) -> list[Operation]:
@@ -164,7 +204,7 @@ def tiling_script(plans: list[OpSchedule]) -> str:
     """The transform module tiling every scheduled op (entry ``@mlirnn_tile``)."""
     body = ""
     for p in plans:
-        if p.kind in ("sequential", "reduction"):
+        if p.kind in ("sequential", "reduction", "matmul"):
             continue
         body += _match(f"%op{p.tag}", TAG, p.tag, "scf.forall" if p.kind == "fused" else None)
         if p.kind == "fused":

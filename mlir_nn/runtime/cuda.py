@@ -16,7 +16,9 @@ Two ways to call it:
 
 Arguments are checked with ``check_arguments`` before anything reaches the device.
 The first call for each batch size synchronizes after every launch, so a failing
-kernel is named in the error; later calls synchronize once per step.
+kernel is named in the error; the second captures the step's copies and launches as a
+CUDA graph (its buffers and parameter pointers are fixed per batch size), and every later
+call replays that graph: one launch per step instead of one per kernel.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class _Bound:
     buffers: dict[str, int]  # buffer id -> device pointer (inputs, allocations)
     steps: list[Copy | tuple[Any, Launch, ctypes.Array, list[Any]]]  # copies and (function, launch, params, keep)
     checked: bool = False
+    graph: Any = None  # the captured CUDA graph of ``steps`` (instantiated), from the second call
 
 
 class CudaStep:
@@ -86,6 +89,7 @@ class CudaStep:
         self._bound: dict[tuple, _Bound] = {}
         self.modules = {name: self.device.load_module(image, name) for name, image in artifact.cubins.items()}
         self.functions: dict[tuple[str, str], Any] = {}
+        self.stream: Any = None  # where graphs are captured and replayed
 
     # ------------------------------------------------------------------ parameters
 
@@ -142,9 +146,16 @@ class CudaStep:
         bound = self._bind([tuple(a.shape) for a in inputs])
         for arg, a, d in zip(bound.plan.args, inputs, self.artifact.signature["inputs"]):
             self.device.upload(bound.buffers[arg.buffer], a, f"input {d['name']}")
-        self._launch_all(bound)
-        self.device.synchronize(f"{self.graph.name}: running the step's kernels")
-        bound.checked = True
+        what = f"{self.graph.name}: running the step's kernels"
+        if not bound.checked:
+            self._launch_all(bound)
+            self.device.synchronize(what)
+            bound.checked = True
+        else:
+            if bound.graph is None:
+                self.stream = self.stream or self.device.stream()
+                bound.graph = self.device.capture(self.stream, lambda: self._launch_all(bound, self.stream), what)
+            self.device.replay(bound.graph, self.stream, what)
         outputs = []
         for view, d in zip(bound.plan.results[:self.n_outputs], self.artifact.signature["outputs"]):
             out = np.empty(view.shape, d["dtype"])
@@ -157,15 +168,16 @@ class CudaStep:
                 self.device.copy(dst, src, view.nbytes, f"update of parameter {self.param_ids[slot]}")
         return outputs
 
-    def _launch_all(self, bound: _Bound) -> None:
+    def _launch_all(self, bound: _Bound, stream: Any = None) -> None:
+        """Enqueue the step's copies and launches (on ``stream`` while capturing a graph)."""
         for item in bound.steps:
             if isinstance(item, Copy):
                 self.device.copy(self._address(bound, item.dst), self._address(bound, item.src),
-                                 item.src.nbytes, f"{self.graph.name}: buffer copy")
+                                 item.src.nbytes, f"{self.graph.name}: buffer copy", stream)
                 continue
             function, launch, params, _ = item
             what = f"{launch.binary}::{launch.kernel}"
-            self.device.launch(function, launch.grid, launch.block, launch.smem, params, what)
+            self.device.launch(function, launch.grid, launch.block, launch.smem, params, what, stream)
             if not bound.checked:
                 self.device.synchronize(f"kernel {what} (grid {launch.grid}, block {launch.block})")
 
@@ -209,8 +221,11 @@ class CudaStep:
     def close(self) -> None:
         """Free every device buffer and module of this step."""
         for bound in self._bound.values():
+            self.device.destroy(bound.graph)
             for ptr in bound.buffers.values():
                 self.device.free(ptr)
+        self.device.destroy(stream=self.stream)
+        self.stream = None
         for ptr in self.param_ptrs:
             self.device.free(ptr)
         for module in self.modules.values():

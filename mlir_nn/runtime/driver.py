@@ -8,6 +8,7 @@ of memory raises ``CudaOutOfMemory`` with the sizes asked for.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -111,8 +112,13 @@ class Device:
         self.check(self.cu.cuMemcpyDtoH(array.ctypes.data, self.cu.CUdeviceptr(ptr), array.nbytes),
                    f"copy of {what} from the device")
 
-    def copy(self, dst: int, src: int, nbytes: int, what: str) -> None:
-        self.check(self.cu.cuMemcpyDtoD(self.cu.CUdeviceptr(dst), self.cu.CUdeviceptr(src), nbytes), what)
+    def copy(self, dst: int, src: int, nbytes: int, what: str, stream: Any = None) -> None:
+        """Device-to-device copy; on ``stream`` (asynchronous) when given."""
+        dst_ptr, src_ptr = self.cu.CUdeviceptr(dst), self.cu.CUdeviceptr(src)
+        if stream is None:
+            self.check(self.cu.cuMemcpyDtoD(dst_ptr, src_ptr, nbytes), what)
+        else:
+            self.check(self.cu.cuMemcpyDtoDAsync(dst_ptr, src_ptr, nbytes, stream), what)
 
     def load_module(self, image: bytes, what: str) -> Any:
         data = np.frombuffer(image, dtype=np.uint8).copy()
@@ -123,9 +129,39 @@ class Device:
         return self.check(self.cu.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction {what}")
 
     def launch(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
-               params: ctypes.Array, what: str) -> None:
-        self.check(self.cu.cuLaunchKernel(function, *grid, *block, smem, self.cu.CUstream(0),
-                                          ctypes.addressof(params), 0), f"launch of kernel {what}")
+               params: ctypes.Array, what: str, stream: Any = None) -> None:
+        stream = self.cu.CUstream(0) if stream is None else stream
+        self.check(self.cu.cuLaunchKernel(function, *grid, *block, smem, stream, ctypes.addressof(params), 0),
+                   f"launch of kernel {what}")
+
+    # CUDA graphs: a step's launches captured once per batch size and replayed. The stream is
+    # a blocking one, so a replay also waits for the synchronous copies (inputs) before it.
+
+    def stream(self) -> Any:
+        return self.check(self.cu.cuStreamCreate(int(self.cu.CUstream_flags.CU_STREAM_DEFAULT)), "cuStreamCreate")
+
+    def capture(self, stream: Any, record: Callable[[], None], what: str) -> Any:
+        """What ``record`` enqueues on ``stream``, as an instantiated CUDA graph (nothing runs yet)."""
+        mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        self.check(self.cu.cuStreamBeginCapture(stream, mode), f"cuStreamBeginCapture for {what}")
+        try:
+            record()
+        finally:
+            graph = self.check(self.cu.cuStreamEndCapture(stream), f"cuStreamEndCapture for {what}")
+        executable = self.check(self.cu.cuGraphInstantiate(graph, 0), f"cuGraphInstantiate for {what}")
+        self.check(self.cu.cuGraphDestroy(graph), "cuGraphDestroy")
+        return executable
+
+    def replay(self, executable: Any, stream: Any, what: str) -> None:
+        """Launch a captured graph on ``stream`` and wait for it."""
+        self.check(self.cu.cuGraphLaunch(executable, stream), f"cuGraphLaunch for {what}")
+        self.check(self.cu.cuStreamSynchronize(stream), what)
+
+    def destroy(self, executable: Any = None, stream: Any = None) -> None:
+        if executable is not None:
+            self.check(self.cu.cuGraphExecDestroy(executable), "cuGraphExecDestroy")
+        if stream is not None:
+            self.check(self.cu.cuStreamDestroy(stream), "cuStreamDestroy")
 
     def synchronize(self, what: str) -> None:
         self.check(self.cu.cuCtxSynchronize(), what)

@@ -12,8 +12,8 @@ from tests.gpu.conftest import MINI, PTXAS
 
 def test_every_op_becomes_a_kernel(mini_program):
     assert "gpu.launch_func" in mini_program.gpu_text
-    # both matmuls are fused with their zero fill: one kernel each
-    assert mini_program.schedules == {"parallel": 4, "fused": 2, "sequential": 1, "reduction": 4}
+    # both matmuls are fused with their zero fill: one register-tiled kernel each
+    assert mini_program.schedules == {"parallel": 4, "matmul": 2, "sequential": 1, "reduction": 4}
     assert mini_program.kernel_count == 11
     assert "workgroup(" in mini_program.gpu_text  # the matmuls stage tiles in shared memory
 
@@ -49,11 +49,11 @@ def test_plan_matches_kernel_signatures(mini_program, batch):
     assert [r.shape for r in bound.results] == [(), (4, 8), (8,)]
     # buffers are sized from the batch: every (N, 8) intermediate holds batch * 8 floats
     assert sorted(bound.allocs.values()).count(batch * 8 * 4) >= 3
-    # grids cover the rows: 8-row tiles for elementwise, 16-row tiles for the matmul
+    # grids cover the rows: 8-row tiles for elementwise, 64-row tiles for the matmul
     grids = [launch.grid[0] for launch in launches if launch.block == (32, 8, 1)]
     assert -(-batch // 8) in grids
     matmul = next(launch for launch in launches if launch.block == (16, 16, 1))
-    assert matmul.grid[0] * 16 >= batch > (matmul.grid[0] - 1) * 16
+    assert matmul.grid[0] * 64 >= batch > (matmul.grid[0] - 1) * 64
 
 
 def test_abi_check_catches_a_wrong_plan(mini_program):

@@ -1,6 +1,7 @@
 """The GPU visit's payload: artifacts from the optimized graph that gpu_check.py reads without MLIR."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,15 @@ def test_artifacts_are_optimized_and_gpu_check_reads_them_without_mlir(tmp_path)
     report = json.loads((res / "gpu_check.json").read_text())
     # at batch 7 the second kernel of each of the 5 reductions (loss, 4 bias gradients) is not launched
     assert report["cases"]["moons_step"]["check"]["7"]["launches"] == cases["moons_step"]["kernels"] - 5
+    if shutil.which("ptxas"):  # the roofline model, labelled as one: every launch of the batch attributed
+        model = report["cases"]["op_linear_relu"]["model"]
+        assert model["label"] == "roofline model, not a measurement" and model["predicted_s"] > 0
+        (node,) = model["nodes"]
+        assert node["node"] == "linear" and node["flops"] >= 2 * 512 * 784 * 1024 and node["spill_bytes"] == 0
+        assert 0 < node["occupancy"][0] <= 1 and node["fma_per_shared_load"] > 0
+        moons = report["cases"]["moons_step"]["model"]["nodes"]
+        assert sum(len(n["kernels"]) for n in moons) == report["cases"]["moons_step"]["check"]["10"]["launches"]
+        assert "MODEL (roofline" in proc.stdout
     # without --dry-run it gets as far as the driver: no cuda-bindings (or no GPU) here
     proc = subprocess.run(check, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -121,3 +121,13 @@ def test_mini_step_on_the_gpu(artifact):
     np.testing.assert_allclose(params[1], b - 0.1 * g.sum(0), rtol=1e-4, atol=1e-6)
     with pytest.raises(Exception, match="batch size"):
         step.run([x, y[:3]], params)
+    # the second call at a batch size captures a CUDA graph, later ones replay it
+    w1, b1 = params[0].copy(), params[1].copy()
+    for _ in range(3):
+        z = np.maximum(x @ w1 + b1, 0)
+        g = np.where(z > 0, 2 * (z - y) / z.size, 0)
+        w1, b1 = w1 - 0.1 * x.T @ g, b1 - 0.1 * g.sum(0)
+        (out,) = step.run([x, y], params)
+        np.testing.assert_allclose(out, np.mean((z - y) ** 2), rtol=1e-4)
+        np.testing.assert_allclose(params[0], w1, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(params[1], b1, rtol=1e-4, atol=1e-6)
