@@ -25,14 +25,20 @@ module attributes {transform.with_named_sequence} {
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     %pack_rows = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_rows} in %root
         : (!transform.any_op) -> !transform.any_op
-    %rows, %row_panels, %row_k = transform.structured.tile_using_for %pack_rows tile_sizes [1, 1, 0]
+    // (several rows per vector op, masked at a dynamic end: single rows would fold into copies)
+    %rows, %row_panels, %row_k = transform.structured.tile_using_for %pack_rows tile_sizes [1, {rows}, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
-    transform.structured.vectorize %rows : !transform.any_op
+    transform.structured.vectorize %rows vector_sizes [1, {rows}, {tn}] : !transform.any_op
     %pack_tiles = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_tiles} in %root
         : (!transform.any_op) -> !transform.any_op
     %tiles, %tile_panels, %tile_k = transform.structured.tile_using_for %pack_tiles tile_sizes [1, {tile}, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
     transform.structured.vectorize %tiles : !transform.any_op
+    %fns = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %fns {
+      transform.apply_patterns.vector.lower_masked_transfers
+      transform.apply_patterns.vector.lower_masks
+    } : !transform.any_op
 
     // Tasks, each zero-filling its own accumulator tile.
     %parallel = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.packed, mlirnn.parallel} in %root

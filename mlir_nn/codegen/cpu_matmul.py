@@ -36,7 +36,7 @@ SCHEDULE = "cpu_matmul.mlir"
 # enough work to spread over threads.
 PACKED, ACC_INIT, PARALLEL_ROWS = "mlirnn.packed", "mlirnn.acc_init", "mlirnn.parallel"
 PACK, PACK_ROWS, PACK_TILES = "mlirnn.pack", "mlirnn.pack_rows", "mlirnn.pack_tiles"
-PACK_PARALLEL, TRANSPOSE_TILE = "mlirnn.pack_parallel", 16
+PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -132,13 +132,18 @@ def _zero_padded(value: ir.Value, axis: int, size: int | ir.Value) -> ir.Value:
     element = ir.RankedTensorType(value.type).element_type
     padded = list(sizes)
     padded[axis] = size
-    # alloc_tensor, not tensor.empty: CSE would merge equal-shaped pads, which then conflict
-    fresh = bufferization.alloc_tensor(ir.RankedTensorType.get(_static(padded), element),
-                                       [d for d in padded if isinstance(d, ir.Value)])
-    into = linalg.fill(arith.constant(element, 0.0), outs=[fresh])
+    into = _zeros(padded, element)
     corner = linalg.copy(value, outs=[_slice(into, sizes)])
     dynamic = [d for d in sizes if isinstance(d, ir.Value)]
     return tensor.insert_slice(corner, into, [], dynamic, [], [0, 0], _static(sizes), [1, 1])
+
+
+def _zeros(sizes: list[int | ir.Value], element: ir.Type) -> ir.Value:
+    """A zero-filled tensor in a buffer of its own: alloc_tensor, not tensor.empty, since CSE
+    would merge equal fills of equal shapes, which bufferization then copies apart."""
+    kind = ir.RankedTensorType.get(_static(sizes), element)
+    fresh = bufferization.alloc_tensor(kind, [d for d in sizes if isinstance(d, ir.Value)])
+    return linalg.fill(arith.constant(element, 0.0), outs=[fresh])
 
 
 def _expand(value: ir.Value, sizes: list[int | ir.Value], reassociation: list[list[int]]) -> ir.Value:
@@ -204,7 +209,7 @@ def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
     packed_b = _panels(b, 0 if tb else 1, tn, parallel)
     m, n = _dim_sizes(c)
     row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
-    acc = linalg.fill(arith.constant(element, 0.0), outs=[_empty([row_panels, tm, col_panels, tn], element)])
+    acc = _zeros([row_panels, tm, col_panels, tn], element)
     acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
     # dims (row panel, column panel, row, column, k)
     maps = [dims_map(5, [0, 4, 2]), dims_map(5, [1, 4, 3]), dims_map(5, [0, 2, 1, 3])]
@@ -229,7 +234,8 @@ def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
 def _schedule_text(itemsize: int) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
-    sizes = {"tm": tm, "tn": tn, "row_panels": mc // tm, "col_panels": nc // tn, "kc": kc, "tile": TRANSPOSE_TILE}
+    sizes = {"tm": tm, "tn": tn, "row_panels": mc // tm, "col_panels": nc // tn, "kc": kc, "tile": TRANSPOSE_TILE,
+             "rows": PACK_ROWS_STEP}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))
