@@ -90,9 +90,10 @@ def codegen_digest() -> str:
 def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[object, dict[str, str], dict[str, float]]:
     """Emit linalg, make updates in place and run ``pipeline``: (LLVM module, stages, timings).
     Large products use threads when ``threads`` is set and the pipeline has the async passes."""
-    from mlir_nn.codegen import emit_linalg
-    from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
+    from mlir_nn.codegen import emit_linalg, symbol_name
     from mlir_nn.codegen.copies import strided_copies_as_loops
+    from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
+    from mlir_nn.codegen.fp_env import flush_subnormals
     from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
 
     timings: dict[str, float] = {}
@@ -105,8 +106,10 @@ def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[objec
     rewrite_matmuls(module, threads and any(p.startswith(THREAD_PASS) for p in pipeline.passes))
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
-    run_pipeline(module, pipeline, {"buffer-results-to-out-params": copy_repeated_results,
-                                    "convert-linalg-to-loops": strided_copies_as_loops})
+    hooks = {"buffer-results-to-out-params": copy_repeated_results,
+             "convert-bufferization-to-memref": lambda m: flush_subnormals(m, symbol_name(graph)),
+             "convert-linalg-to-loops": strided_copies_as_loops}
+    run_pipeline(module, pipeline, hooks)
     timings["passes"] = time.perf_counter() - start
     stages["llvm"] = str(module)
     return module, stages, timings

@@ -51,7 +51,8 @@ def data_cache_bytes() -> dict[int, int]:
 def cache_blocks(itemsize: int) -> tuple[int, int, int]:
     """(mc, nc, kc) of the blocked matmul, GotoBLAS-style: a kc-deep slice of one packed
     column panel (kc x register columns) fills half of L1, an mc x kc block of A at most a
-    quarter of L2 (at most 16 register rows, so that tasks stay small enough to balance), and a task covers nc columns."""
+    quarter of L2 (and at most 16 register rows, so that tasks stay small enough to
+    balance), and a task covers nc columns."""
     tm, tn = register_block(itemsize)
     caches = data_cache_bytes()
     kc = max(16, min(512, caches[1] // 2 // (tn * itemsize)) // 16 * 16)

@@ -384,7 +384,8 @@ def test_huge_batches_do_not_grow_the_stack():
     model = MLP(2, [32, 32, 16, 1])
     forward = jit(lambda x: model(x), backend="cpu")
     x = np.random.default_rng(0).standard_normal((200_000, 2)).astype(np.float32)
-    assert "llvm.alloca" not in forward.lower(x[:10]).as_text("llvm")
+    allocas = [line for line in forward.lower(x[:10]).as_text("llvm").splitlines() if "llvm.alloca" in line]
+    assert all(" x i32 " in line for line in allocas)  # only the scoped MXCSR slots (codegen.fp_env)
     out = forward(x)
     (want,), _ = evaluate(forward.lower(x).optimized_graph, [x], [p.data for p in model.parameters()], len(x))
     np.testing.assert_allclose(out, want, rtol=2e-4, atol=2e-4)
