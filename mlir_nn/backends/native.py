@@ -18,6 +18,8 @@ from pathlib import Path
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
+from mlir_nn.backends.thread_pool import size_pool
+
 PackedFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 # LLVM -O level of the JIT. 2, not 3: the matrix products are already explicit vector code, so
 # -O3 bought no speed in benchmarks/step_time.py but cost ~0.3 s per cold compile.
@@ -57,9 +59,11 @@ def load_async_runtime() -> ctypes.CDLL:
     pool under every other compiled step."""
     path = runtime_lib_dir() / f"lib{ASYNC_RUNTIME}.so"
     try:
-        return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        runtime = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     except OSError as error:
         raise NativeError(f"loading MLIR's async runtime {path} failed: {error}") from None
+    size_pool(runtime)  # before any compiled step creates the pool at its default size
+    return runtime
 
 
 class NativeFunction:
@@ -108,6 +112,7 @@ def link_shared_object(engine: ExecutionEngine, path: Path) -> None:
 
 def load_shared_object(path: Path, name: str) -> NativeFunction:
     """Load a shared object written by ``link_shared_object``."""
+    load_async_runtime()
     try:
         library = ctypes.CDLL(str(path))
         address = ctypes.cast(getattr(library, packed_symbol(name)), ctypes.c_void_p).value
