@@ -16,6 +16,9 @@
 //   loop over the slice's k of rank-1 updates with the {tm} x {tn} accumulators in
 //   registers (one broadcast of A and one FMA per vector register of B). No block is
 //   partial: the padding makes every size whole.
+// * Large element-wise ops (`mlirnn.parallel_map`: bias + ReLU, the ReLU-grad mask and the
+//   folded update after a product, which writes the parameter in place) run in row blocks
+//   on threads.
 module attributes {transform.with_named_sequence} {
   transform.named_sequence @mlirnn_cpu_matmul(%root: !transform.any_op {transform.readonly}) {
     // Packings: panels spread over threads for large products, then vector copies.
@@ -39,6 +42,12 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.lower_masked_transfers
       transform.apply_patterns.vector.lower_masks
     } : !transform.any_op
+
+    // Large element-wise ops (epilogues of products, updates): blocks of {map_rows} rows on threads.
+    %maps = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.parallel_map} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %map_rows, %map_forall = transform.structured.tile_using_forall %maps tile_sizes [{map_rows}]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
 
     // Tasks, each zero-filling its own accumulator tile.
     %parallel = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.packed, mlirnn.parallel} in %root

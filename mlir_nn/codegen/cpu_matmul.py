@@ -1,12 +1,16 @@
-"""CPU code for matrix products: register-blocked vector kernels for large ones, loops for small ones.
+"""CPU code for matrix products: GotoBLAS-style blocked kernels for large ones, loops for small ones.
 
 ``linalg.matmul`` ops are rewritten before the CPU pipeline runs:
 
-* a large product (static column count, enough static work) becomes a plain
-  ``linalg.matmul`` on row-major operands (transposed operands are first copied into
-  row-major order, an O(size) copy against O(size^1.5) work) tagged for the transform
-  schedule ``passes/cpu_matmul.mlir`` (register blocks of ``tm`` x ``tn``, vectorized to
-  FMAs). Columns that do not fill a whole block go to a second, narrow product;
+* a large product (static column count, enough static work, a zero-filled accumulator)
+  packs op(A) into row panels [m / tm, k, tm] and op(B) into column panels
+  [n / tn, k, tn] (zero-padded to whole panels; a transposed operand is transposed by its
+  packing, no separate copy) and becomes a ``linalg.generic`` over (row panel, column
+  panel, row, column, k) into a zero-filled [m / tm, tm, n / tn, tn] accumulator whose
+  (m, n) corner is the result (a view). The transform schedule ``passes/cpu_matmul.mlir``
+  splits it into tasks over threads (2-D: row and column panels), kc-deep slices of k,
+  and tm x tn register blocks vectorized to broadcasts and FMAs. Block sizes come from
+  the host (``mlir_nn.backends.cpu_target``);
 * a small product becomes a ``linalg.generic`` in the loop order whose innermost loop
   runs over contiguous memory: (k, m, n) when A is transposed and B is not (row
   updates of C), (m, k, n) when B is (k, n) (a row update, which LLVM vectorizes),
@@ -29,6 +33,7 @@ REDUCTION = linalg.IteratorType.reduction
 ROW_MIN = 64  # shorter rows keep the dot-product loop order
 TILED_WORK_MIN = 256  # static m * n * k (dynamic dims count as 1) from which a product is tiled
 PARALLEL_WORK_MIN = 1 << 18  # static work from which a product's row blocks are spread over threads
+PARALLEL_MAP_ROWS, PARALLEL_MAP_MIN = 32, 1 << 14  # element-wise ops on threads: rows per task, elements
 SCHEDULE = "cpu_matmul.mlir"
 # Tags the schedule matches: the blocked product, its accumulator's zero fill, packings
 # of the operands (copies of whole vector rows, copies in TRANSPOSE_TILE-deep vector
@@ -37,6 +42,7 @@ SCHEDULE = "cpu_matmul.mlir"
 PACKED, ACC_INIT, PARALLEL_ROWS = "mlirnn.packed", "mlirnn.acc_init", "mlirnn.parallel"
 PACK, PACK_ROWS, PACK_TILES = "mlirnn.pack", "mlirnn.pack_rows", "mlirnn.pack_tiles"
 PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
+PARALLEL_MAP = "mlirnn.parallel_map"
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -234,8 +240,8 @@ def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
 def _schedule_text(itemsize: int) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
-    sizes = {"tm": tm, "tn": tn, "row_panels": mc // tm, "col_panels": nc // tn, "kc": kc, "tile": TRANSPOSE_TILE,
-             "rows": PACK_ROWS_STEP}
+    sizes = {"map_rows": PARALLEL_MAP_ROWS, "tm": tm, "tn": tn, "row_panels": mc // tm, "col_panels": nc // tn,
+             "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))
@@ -252,9 +258,38 @@ def _apply_schedule(module: ir.Module, itemsize: int) -> None:
         raise RuntimeError(f"codegen: the CPU matmul schedule {SCHEDULE} failed: {error}") from None
 
 
+def _is_large_map(op: ir.Operation) -> bool:
+    """An untagged all-parallel 2-D generic with at least PARALLEL_MAP_MIN static elements
+    per row block of PARALLEL_MAP_ROWS rows (a product's epilogue, an update, ...)."""
+    if op.name != "linalg.generic" or any(name.startswith("mlirnn.") for name in op.attributes):
+        return False
+    iterators = [str(i) for i in ir.ArrayAttr(op.attributes["iterator_types"])]
+    if len(iterators) != 2 or any("parallel" not in i for i in iterators) or len(op.results) != 1:
+        return False
+    rows, cols = ir.RankedTensorType(op.results[0].type).shape
+    return not ir.ShapedType.is_dynamic_size(cols) and PARALLEL_MAP_ROWS * cols >= PARALLEL_MAP_MIN and (
+        ir.ShapedType.is_dynamic_size(rows) or rows > PARALLEL_MAP_ROWS)
+
+
+def spread_maps(module: ir.Module) -> int:
+    """Tag large element-wise ops to run in row blocks on the thread pool; how many."""
+    found: list[ir.Operation] = []
+
+    def collect(op: ir.Operation) -> ir.WalkResult:
+        if _is_large_map(op):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    with module.context:
+        for op in found:
+            op.attributes[PARALLEL_MAP] = ir.UnitAttr.get()
+    return len(found)
+
+
 def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
     """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts. With ``threads``,
-    products with enough work spread their row blocks over threads."""
+    products with enough work, and large element-wise ops, spread their blocks over threads."""
     matmuls: list[ir.Operation] = []
 
     def collect(op: ir.Operation) -> ir.WalkResult:
@@ -274,6 +309,6 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
             op.result.replace_all_uses_with(replacement)
             op.erase()
             blocked += large
-        if blocked:
+        if (threads and spread_maps(module)) or blocked:
             _apply_schedule(module, itemsize)
     return blocked, len(matmuls) - blocked
