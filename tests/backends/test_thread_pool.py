@@ -33,7 +33,7 @@ def _threads_started(value: str) -> int:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
 def test_one_thread_requested_starts_a_single_pool_thread():
-    assert _threads_started("1") == 1  # the caller computes too: caller + 1 worker
+    assert _threads_started("1") == 1
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two"])
@@ -46,4 +46,4 @@ def test_bad_thread_counts_are_refused_with_the_variable_named(monkeypatch, valu
 def test_the_default_is_the_cores_this_process_may_use(monkeypatch):
     monkeypatch.delenv(thread_pool.ENV, raising=False)
     assert thread_pool.num_threads() == thread_pool.available_cores()
-    assert thread_pool.pool_size() == max(1, thread_pool.available_cores() - 1)
+    assert thread_pool.pool_size() == thread_pool.available_cores()
