@@ -31,7 +31,7 @@ from mlir_nn.pipelines import shipped_dir
 PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
 ROW_MIN = 64  # shorter rows keep the dot-product loop order
-TILED_WORK_MIN = 256  # static m * n * k (dynamic dims count as 1) from which a product is tiled
+TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims count as 1) from which packing pays
 PARALLEL_WORK_MIN = 1 << 18  # static work from which a product's row blocks are spread over threads
 PARALLEL_MAP_ROWS, PARALLEL_MAP_MIN = 32, 1 << 14  # element-wise ops on threads: rows per task, elements
 SCHEDULE = "cpu_matmul.mlir"

@@ -25,8 +25,8 @@ BATCHES = (1, 7, 13, 33, 257)
 
 @pytest.mark.parametrize("k, m, dtype", [
     (257, 33, "float32"),  # k = kc + 1; 33 columns: two whole panels and a padded one
-    (13, 257, "float32"),  # short k; 257 columns
-    (520, 7, "float32"),  # k over three kc slices; fewer columns than one panel
+    (17, 257, "float32"),  # short k; 257 columns
+    (600, 7, "float32"),  # k over three kc slices; fewer columns than one panel
     (33, 257, "float64"),
 ])
 def test_blocked_products_match_the_reference_at_awkward_sizes(k, m, dtype):
@@ -48,12 +48,13 @@ def test_sizes_cross_the_block_boundaries():
     tm, tn = register_block(4)
     _, _, kc = cache_blocks(4)
     assert 257 % tm and 7 % tm and 13 % tm and 33 % tn and 257 % tn and 7 < tn
-    assert 257 > kc and 520 > 2 * kc and 520 % kc
+    assert 257 > kc and 600 > 2 * kc and 600 % kc
 
 
 def test_every_large_product_is_packed_and_small_ones_loop():
     blocked, looped = rewrite_matmuls(emit_linalg(matmul_zoo(257, 33, "float32")))
     assert (blocked, looped) == (8, 1)  # w^T @ x^T has the batch as its column count
+    assert rewrite_matmuls(emit_linalg(matmul_zoo(32, 32, "float32"))) == (0, 9)  # the moons MLP's sizes
 
 
 def test_the_serial_build_matches_the_threaded_one():
