@@ -80,9 +80,9 @@ func.func @fma_loop(%n: index, %out: memref<8xf32>) attributes {llvm.emit_c_inte
 FMA_FLOPS_PER_ITER = 10 * 8 * 2
 
 
-def fma_peak(threads: int, iterations: int = 20_000_000) -> float:
+def fma_peak(threads: int, iterations: int = 20_000_000, clock: Callable[[], float] = time.perf_counter) -> float:
     """GFLOP/s of 10 independent 8-wide FMA chains per thread, all threads at once (ctypes
-    calls release the GIL)."""
+    calls release the GIL); per CPU-second with ``clock=time.process_time``."""
     from mlir import ir
     from mlir.execution_engine import ExecutionEngine
     from mlir.passmanager import PassManager
@@ -108,12 +108,12 @@ def fma_peak(threads: int, iterations: int = 20_000_000) -> float:
     best = 0.0
     for _ in range(3):
         workers = [threading.Thread(target=call, args=(iterations, t)) for t in range(threads)]
-        start = time.perf_counter()
+        start = clock()
         for w in workers:
             w.start()
         for w in workers:
             w.join()
-        best = max(best, threads * iterations * FMA_FLOPS_PER_ITER / (time.perf_counter() - start) / 1e9)
+        best = max(best, threads * iterations * FMA_FLOPS_PER_ITER / (clock() - start) / 1e9)
     return best
 
 
@@ -172,7 +172,8 @@ def contenders(op: str, m: int, k: int, n: int, ta: bool, tb: bool) -> dict[str,
     return found
 
 
-def round_robin(fns: dict[str, Callable[[], object]], rounds: int, reps: int) -> dict[str, float]:
+def round_robin(fns: dict[str, Callable[[], object]], rounds: int, reps: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Median over rounds of each contender's median over ``reps`` calls, contenders interleaved."""
     for fn in fns.values():
         fn()
@@ -181,9 +182,9 @@ def round_robin(fns: dict[str, Callable[[], object]], rounds: int, reps: int) ->
         for label, fn in fns.items():
             times = []
             for _ in range(reps):
-                t = time.perf_counter()
+                t = clock()
                 fn()
-                times.append(time.perf_counter() - t)
+                times.append(clock() - t)
             medians[label].append(statistics.median(times))
     return {k: statistics.median(v) for k, v in medians.items()}
 
@@ -194,16 +195,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="threads of the FMA peak loop (default: the cores this process may use)")
     parser.add_argument("--only", default="", help="run only the shapes whose label contains this text")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by process CPU seconds, for a loaded machine: run it with MLIR_NN_NUM_THREADS=1 "
+                             "OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 (one computing thread each) so that no "
+                             "idle spinning is counted")
     args = parser.parse_args()
     rounds, reps = (3, 3) if args.quick else (7, 5)
-    peak = fma_peak(args.threads)
-    print(f"load average {os.getloadavg()[0]:.2f}; FMA loop peak on {args.threads} threads: {peak:.1f} GFLOP/s")
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    peak = fma_peak(1 if args.cpu_time else args.threads, clock=clock)
+    unit = "GFLOP per CPU-second, 1 thread" if args.cpu_time else f"GFLOP/s, {args.threads} threads"
+    print(f"load average {os.getloadavg()[0]:.2f}; FMA loop peak: {peak:.1f} ({unit})")
     print(f"{'product':26s} {'m x k x n':>16s} {'compiled':>9s} {'numpy':>9s} {'pytorch':>9s} "
-          f"{'vs numpy':>9s} {'of peak':>8s}   (GFLOP/s)")
+          f"{'vs numpy':>9s} {'of peak':>8s}   ({unit})")
     for label, op, m, k, n, ta, tb in SHAPES:
         if args.only not in label:
             continue
-        times = round_robin(contenders(op, m, k, n, ta, tb), rounds, reps)
+        times = round_robin(contenders(op, m, k, n, ta, tb), rounds, reps, clock)
         gflops = {key: 2 * m * k * n / t / 1e9 for key, t in times.items()}
         ours = gflops["compiled cpu"]
         torch_col = f"{gflops['pytorch']:9.1f}" if "pytorch" in gflops else f"{'-':>9s}"
