@@ -1,63 +1,74 @@
 // Transform schedule of the CPU pipeline for large matrix products, applied on tensors
-// before bufferization. mlir_nn/codegen/cpu_matmul.py tags each large linalg.matmul
-// `mlirnn.tiled` (its column count is a multiple of {tn}) or `mlirnn.narrow` (fewer
-// than {tn} columns) and fills in {tm} (rows of a register block) and {tn} (its
-// columns: two vector registers) for the dtype and the host's vector width.
+// before bufferization. mlir_nn/codegen/cpu_matmul.py rewrites each large product
+// C = op(A) @ op(B) GotoBLAS-style and fills in the block sizes for the dtype and host:
+// {tm} x {tn} register blocks (two vector registers per row), tasks of {row_panels} row
+// panels ({tm} rows each) x {col_panels} column panels ({tn} columns each), kc = {kc}.
 //
-// C[m, n] += A[m, k] * B[k, n] becomes, per register block of {tm} x {tn}, a loop over
-// k of rank-1 updates (one broadcast of A[m, k] and one FMA per vector register of B's
-// row) with the accumulators kept in registers across the whole k loop. Rows left over
-// after the {tm}-row blocks go one at a time. Every block has
-// static sizes, so nothing is masked; m and k may be the dynamic batch size.
+// * Packing (`mlirnn.pack*`, copies with permuted maps): A into row panels [m / tm, k, tm], B
+//   into column panels [n / tn, k, tn], zero-padded to whole panels, so that the
+//   register kernel reads both operands as contiguous runs (a kc-deep slice of a B panel
+//   stays in L1, the task's slices of A panels in L2). A transposed operand is
+//   transposed by its packing (in {tile}-deep vector tiles where the sizes allow).
+// * The product (`mlirnn.packed`), a generic over (row panel, column panel, row, column,
+//   k) into a zero-filled accumulator (`mlirnn.acc_init`), is split into tasks
+//   (`mlirnn.parallel`: on threads, each zero-filling its own tile of the accumulator);
+//   within a task: for each kc slice of k, for each column panel, for each row panel, a
+//   loop over the slice's k of rank-1 updates with the {tm} x {tn} accumulators in
+//   registers (one broadcast of A and one FMA per vector register of B). No block is
+//   partial: the padding makes every size whole.
+// * Large element-wise ops (`mlirnn.parallel_map`: bias + ReLU, the ReLU-grad mask and the
+//   folded update after a product, which writes the parameter in place) run in row blocks
+//   on threads.
 module attributes {transform.with_named_sequence} {
-  // Split the last, partial iteration off a row loop; tag the product it holds `mlirnn.rows1`.
-  transform.named_sequence @mlirnn_peel_rows1(%loop: !transform.any_op {transform.consumed}) {
-    %for = transform.cast %loop : !transform.any_op to !transform.op<"scf.for">
-    %full, %rest = transform.loop.peel %for : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
-    transform.foreach %rest : !transform.any_op {
-    ^bb0(%loop_rest: !transform.any_op):
-      %mm = transform.structured.match ops{["linalg.matmul"]} in %loop_rest : (!transform.any_op) -> !transform.any_op
-      transform.annotate %mm "mlirnn.rows1" : !transform.any_op
-    }
-    transform.yield
-  }
-
   transform.named_sequence @mlirnn_cpu_matmul(%root: !transform.any_op {transform.readonly}) {
-    // Products with much work: one parallel iteration per {tm}-row block (the pipeline's
-    // async-parallel-for groups them into tasks at run time).
-    %parallel = transform.structured.match ops{["linalg.matmul"]} attributes {mlirnn.parallel} in %root
+    // Packings: panels spread over threads for large products, then vector copies.
+    %pack_parallel = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_parallel} in %root
         : (!transform.any_op) -> !transform.any_op
-    %chunks, %forall = transform.structured.tile_using_forall %parallel tile_sizes [{tm}]
+    %pack_chunks, %pack_forall = transform.structured.tile_using_forall %pack_parallel tile_sizes [4]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    %wide = transform.structured.match ops{["linalg.matmul"]} attributes {mlirnn.tiled} in %root
+    %pack_rows = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_rows} in %root
         : (!transform.any_op) -> !transform.any_op
-    %narrow = transform.structured.match ops{["linalg.matmul"]} attributes {mlirnn.narrow} in %root
+    // (several rows per vector op, masked at a dynamic end: single rows would fold into copies)
+    %rows, %row_panels, %row_k = transform.structured.tile_using_for %pack_rows tile_sizes [1, {rows}, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    transform.structured.vectorize %rows vector_sizes [1, {rows}, {tn}] : !transform.any_op
+    %pack_tiles = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_tiles} in %root
         : (!transform.any_op) -> !transform.any_op
-    %all = transform.merge_handles %wide, %narrow : !transform.any_op
-    // Rows: {tm}-row blocks, then single rows (a peel that finds no partial iteration,
-    // when the row count divides evenly, changes nothing).
-    %blocks, %row_loop = transform.structured.tile_using_for %all tile_sizes [{tm}]
+    %tiles, %tile_panels, %tile_k = transform.structured.tile_using_for %pack_tiles tile_sizes [1, {tile}, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    transform.structured.vectorize %tiles : !transform.any_op
+    %fns = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %fns {
+      transform.apply_patterns.vector.lower_masked_transfers
+      transform.apply_patterns.vector.lower_masks
+    } : !transform.any_op
+
+    // Large element-wise ops (epilogues of products, updates): blocks of {map_rows} rows on threads.
+    %maps = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.parallel_map} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %map_rows, %map_forall = transform.structured.tile_using_forall %maps tile_sizes [{map_rows}]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    transform.foreach %row_loop : !transform.any_op {
-    ^bb0(%loop: !transform.any_op):
-      transform.include @mlirnn_peel_rows1 failures(suppress) (%loop) : (!transform.any_op) -> ()
+
+    // Tasks, each zero-filling its own accumulator tile.
+    %parallel = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.packed, mlirnn.parallel} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %chunks, %forall = transform.structured.tile_using_forall %parallel tile_sizes [{row_panels}, {col_panels}]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %fills = transform.structured.match ops{["linalg.fill"]} attributes {mlirnn.acc_init, mlirnn.parallel} in %root
+        : (!transform.any_op) -> !transform.any_op
+    transform.foreach %fills, %forall : !transform.any_op, !transform.any_op {
+    ^bb0(%fill: !transform.any_op, %task: !transform.any_op):
+      %fused, %into = transform.structured.fuse_into_containing_op %fill into %task
+          : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
     }
-    %rest1 = transform.structured.match ops{["linalg.matmul"]} attributes {mlirnn.rows1} in %root
+    // kc slices of k; per column panel, per row panel, the register kernel.
+    %all = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.packed} in %root
         : (!transform.any_op) -> !transform.any_op
-    %singles, %single_loop = transform.structured.tile_using_for %rest1 tile_sizes [1]
+    %slices, %k_blocks = transform.structured.tile_using_for %all tile_sizes [0, 0, 0, 0, {kc}]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    // Columns: {tn}-column blocks of the wide products; k one step at a time.
-    %wide_blocks = transform.structured.match ops{["linalg.matmul"]} attributes {mlirnn.tiled} in %root
-        : (!transform.any_op) -> !transform.any_op
-    %cols, %col_loop = transform.structured.tile_using_for %wide_blocks tile_sizes [0, {tn}]
-        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    transform.apply_patterns to %root { transform.apply_patterns.canonicalization } : !transform.any_op
-    %wide_cells = transform.structured.match ops{["linalg.matmul"]} attributes {mlirnn.tiled} in %root
-        : (!transform.any_op) -> !transform.any_op
-    %narrow_cells = transform.structured.match ops{["linalg.matmul"]} attributes {mlirnn.narrow} in %root
-        : (!transform.any_op) -> !transform.any_op
-    %cells = transform.merge_handles %wide_cells, %narrow_cells : !transform.any_op
-    %steps, %k_loop = transform.structured.tile_using_for %cells tile_sizes [0, 0, 1]
+    %blocks, %col_loop, %row_loop = transform.structured.tile_using_for %slices tile_sizes [1, 1, 0, 0, 0]
+        interchange = [1, 0, 2, 3, 4] : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    %steps, %k_loop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, 0, 0, 1]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     transform.structured.vectorize %steps : !transform.any_op
     transform.apply_patterns to %root {
@@ -68,12 +79,6 @@ module attributes {transform.with_named_sequence} {
     // Keep each block's accumulators in registers across the k loop.
     %loops = transform.structured.match ops{["scf.for"]} in %root : (!transform.any_op) -> !transform.op<"scf.for">
     transform.loop.hoist_loop_invariant_subsets %loops : !transform.op<"scf.for">
-    // Transposed copies of B in 16x16 tiles: vector loads, in-register shuffles, vector stores.
-    %transposes = transform.structured.match ops{["linalg.transpose"]} attributes {mlirnn.tiled_transpose} in %root
-        : (!transform.any_op) -> !transform.any_op
-    %tiles, %tile_rows, %tile_cols = transform.structured.tile_using_for %transposes tile_sizes [16, 16]
-        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
-    transform.structured.vectorize %tiles : !transform.any_op
     transform.apply_patterns to %root {
       transform.apply_patterns.vector.lower_transpose lowering_strategy = "shuffle_16x16"
       transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct"

@@ -107,8 +107,10 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline,
     from mlir_nn.backends.input_guard import guard_inputs
     from mlir_nn.backends.lowering import run_pipeline
     from mlir_nn.backends.memory_plan import plan_memory
-    from mlir_nn.codegen import emit_linalg
+    from mlir_nn.codegen import emit_linalg, symbol_name
+    from mlir_nn.codegen.copies import strided_copies_as_loops
     from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
+    from mlir_nn.codegen.fp_env import flush_subnormals
     from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
 
     timings: dict[str, float] = {}
@@ -128,8 +130,11 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline,
         guard_inputs(module, list(range(len(graph.inputs))), workspace)
         plans.append(plan)
 
-    run_pipeline(module, pipeline, {"buffer-results-to-out-params": copy_repeated_results,
-                                    PLAN_PASS: plan_and_guard})
+    hooks = {"buffer-results-to-out-params": copy_repeated_results,
+             PLAN_PASS: plan_and_guard,
+             "convert-bufferization-to-memref": lambda m: flush_subnormals(m, symbol_name(graph)),
+             "convert-linalg-to-loops": strided_copies_as_loops}
+    run_pipeline(module, pipeline, hooks)
     timings["passes"] = time.perf_counter() - start
     stages["llvm"] = str(module)
     return module, stages, timings, plans[-1] if plans else None

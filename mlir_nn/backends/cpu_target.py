@@ -1,8 +1,12 @@
-"""The host CPU as the code generator sees it: vector width and register-block shape (no MLIR import)."""
+"""The host CPU as the code generator sees it: vector width, caches, register and cache blocks (no MLIR import)."""
 
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
+
+CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+DEFAULT_CACHES = {1: 32 << 10, 2: 512 << 10}  # bytes of L1d and L2 when sysfs does not say
 
 
 @cache
@@ -21,3 +25,37 @@ def register_block(itemsize: int) -> tuple[int, int]:
     width = vector_bytes()
     rows = 12 if width == 64 else 6 if width == 32 else 4  # accumulators fill about 3/4 of the registers
     return rows, 2 * width // itemsize
+
+
+def _size_bytes(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+    return int(text.rstrip("KM")) * scale
+
+
+@cache
+def data_cache_bytes() -> dict[int, int]:
+    """Per-core data cache sizes by level (1: L1d, 2: L2) from sysfs, with defaults."""
+    found = dict(DEFAULT_CACHES)
+    try:
+        for entry in CACHE_SYSFS.glob("index*"):
+            kind = (entry / "type").read_text().strip()
+            level = int((entry / "level").read_text())
+            if kind in ("Data", "Unified") and level in found:
+                found[level] = _size_bytes((entry / "size").read_text())
+    except (OSError, ValueError):
+        return dict(DEFAULT_CACHES)
+    return found
+
+
+def cache_blocks(itemsize: int) -> tuple[int, int, int]:
+    """(mc, nc, kc) of the blocked matmul, GotoBLAS-style: a kc-deep slice of one packed
+    column panel (kc x register columns) fills half of L1, an mc x kc block of A at most a
+    quarter of L2 (and at most 16 register rows, so that tasks stay small enough to
+    balance), and a task covers nc columns."""
+    tm, tn = register_block(itemsize)
+    caches = data_cache_bytes()
+    kc = max(16, min(512, caches[1] // 2 // (tn * itemsize)) // 16 * 16)
+    mc = max(tm, min(16 * tm, caches[2] // 4 // (kc * itemsize) // tm * tm))
+    nc = 16 * tn
+    return mc, nc, kc

@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # MLIR is imported only to JIT: loading a cached shared objec
     from mlir import ir
     from mlir.execution_engine import ExecutionEngine
 
+from mlir_nn.backends.thread_pool import size_pool
+
 PackedFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 OPT_LEVEL_VARIABLE = "MLIR_NN_OPT_LEVEL"
 OPT_LEVELS = ("0", "1", "2", "3")
@@ -73,9 +75,11 @@ def load_async_runtime() -> ctypes.CDLL:
     pool under every other compiled step."""
     path = runtime_lib_dir() / f"lib{ASYNC_RUNTIME}.so"
     try:
-        return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+        runtime = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     except OSError as error:
         raise NativeError(f"loading MLIR's async runtime {path} failed: {error}") from None
+    size_pool(runtime)  # before any compiled step creates the pool at its default size
+    return runtime
 
 
 class NativeFunction:
@@ -126,6 +130,7 @@ def link_shared_object(engine: ExecutionEngine, path: Path) -> None:
 
 def load_shared_object(path: Path, name: str) -> NativeFunction:
     """Load a shared object written by ``link_shared_object``."""
+    load_async_runtime()
     try:
         library = ctypes.CDLL(str(path))
         address = ctypes.cast(getattr(library, packed_symbol(name)), ctypes.c_void_p).value

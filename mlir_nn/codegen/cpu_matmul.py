@@ -1,12 +1,16 @@
-"""CPU code for matrix products: register-blocked vector kernels for large ones, loops for small ones.
+"""CPU code for matrix products: GotoBLAS-style blocked kernels for large ones, loops for small ones.
 
 ``linalg.matmul`` ops are rewritten before the CPU pipeline runs:
 
-* a large product (static column count, enough static work) becomes a plain
-  ``linalg.matmul`` on row-major operands (transposed operands are first copied into
-  row-major order, an O(size) copy against O(size^1.5) work) tagged for the transform
-  schedule ``passes/cpu_matmul.mlir`` (register blocks of ``tm`` x ``tn``, vectorized to
-  FMAs). Columns that do not fill a whole block go to a second, narrow product;
+* a large product (static column count, enough static work, a zero-filled accumulator)
+  packs op(A) into row panels [m / tm, k, tm] and op(B) into column panels
+  [n / tn, k, tn] (zero-padded to whole panels; a transposed operand is transposed by its
+  packing, no separate copy) and becomes a ``linalg.generic`` over (row panel, column
+  panel, row, column, k) into a zero-filled [m / tm, tm, n / tn, tn] accumulator whose
+  (m, n) corner is the result (a view). The transform schedule ``passes/cpu_matmul.mlir``
+  splits it into tasks over threads (2-D: row and column panels), kc-deep slices of k,
+  and tm x tn register blocks vectorized to broadcasts and FMAs. Block sizes come from
+  the host (``mlir_nn.backends.cpu_target``);
 * a small product becomes a ``linalg.generic`` in the loop order whose innermost loop
   runs over contiguous memory: (k, m, n) when A is transposed and B is not (row
   updates of C), (m, k, n) when B is (k, n) (a row update, which LLVM vectorizes),
@@ -17,21 +21,28 @@
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import arith, bufferization, linalg, tensor
 from mlir.dialects.transform import interpreter
 
-from mlir_nn.backends.cpu_target import register_block
+from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.codegen.maps import dims_map, matmul_maps
 from mlir_nn.pipelines import shipped_dir
 
 PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
 ROW_MIN = 64  # shorter rows keep the dot-product loop order
-TILED_WORK_MIN = 256  # static m * n * k (dynamic dims count as 1) from which a product is tiled
+TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims count as 1) from which packing pays
 PARALLEL_WORK_MIN = 1 << 18  # static work from which a product's row blocks are spread over threads
+PARALLEL_MAP_ROWS, PARALLEL_MAP_MIN = 32, 1 << 14  # element-wise ops on threads: rows per task, elements
 SCHEDULE = "cpu_matmul.mlir"
-WIDE, NARROW, PARALLEL_ROWS = "mlirnn.tiled", "mlirnn.narrow", "mlirnn.parallel"
-TILED_TRANSPOSE, TRANSPOSE_TILE = "mlirnn.tiled_transpose", 16
+# Tags the schedule matches: the blocked product, its accumulator's zero fill, packings
+# of the operands (copies of whole vector rows, copies in TRANSPOSE_TILE-deep vector
+# tiles when the packing transposes and the sizes allow, else loops), and ops with
+# enough work to spread over threads.
+PACKED, ACC_INIT, PARALLEL_ROWS = "mlirnn.packed", "mlirnn.acc_init", "mlirnn.parallel"
+PACK, PACK_ROWS, PACK_TILES = "mlirnn.pack", "mlirnn.pack_rows", "mlirnn.pack_tiles"
+PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
+PARALLEL_MAP = "mlirnn.parallel_map"
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -63,7 +74,8 @@ def _static_work(op: ir.Operation) -> int:
 
 
 def _is_large(op: ir.Operation) -> bool:
-    return not ir.ShapedType.is_dynamic_size(_sizes(op)[1]) and _static_work(op) >= TILED_WORK_MIN
+    return (not ir.ShapedType.is_dynamic_size(_sizes(op)[1]) and _static_work(op) >= TILED_WORK_MIN
+            and _is_zero_fill(op.operands[2]))
 
 
 def _as_generic(op: ir.Operation) -> ir.Value:
@@ -93,65 +105,147 @@ def _dim_sizes(value: ir.Value) -> list[int | ir.Value]:
             for i, d in enumerate(kind.shape)]
 
 
-def _row_major(value: ir.Value) -> ir.Value:
-    """A row-major copy of the transpose of a 2-D tensor (in square tiles when the sizes allow)."""
-    rows, cols = _dim_sizes(value)
-    out = tensor.empty([cols, rows], ir.RankedTensorType(value.type).element_type)
-    copy = linalg.transpose(value, outs=[out], permutation=[1, 0])
-    if all(isinstance(d, int) and d % TRANSPOSE_TILE == 0 for d in (rows, cols)):
-        copy.attributes[TILED_TRANSPOSE] = ir.UnitAttr.get()
-    return copy.results[0]
+def _static(sizes: list[int | ir.Value]) -> list[int]:
+    return [d if isinstance(d, int) else ir.ShapedType.get_dynamic_size() for d in sizes]
 
 
-def _columns(value: ir.Value, start: int, width: int) -> ir.Value:
-    """Columns [start, start + width) of a 2-D tensor."""
-    rows, _ = _dim_sizes(value)
-    dynamic = [rows] if isinstance(rows, ir.Value) else []
-    static_rows = ir.ShapedType.get_dynamic_size() if dynamic else rows
-    kind = ir.RankedTensorType.get([static_rows, width], ir.RankedTensorType(value.type).element_type)
-    return tensor.extract_slice(kind, value, [], dynamic, [], [0, start], [static_rows, width], [1, 1])
+def _empty(sizes: list[int | ir.Value], element: ir.Type) -> ir.Value:
+    return tensor.empty(sizes, element)
 
 
-def _insert_columns(part: ir.Value, into: ir.Value, start: int) -> ir.Value:
-    rows, width = _dim_sizes(part)
-    dynamic = [rows] if isinstance(rows, ir.Value) else []
-    static_rows = ir.ShapedType.get_dynamic_size() if dynamic else rows
-    return tensor.insert_slice(part, into, [], dynamic, [], [0, start], [static_rows, width], [1, 1])
+def _ceil_div(size: int | ir.Value, tile: int) -> int | ir.Value:
+    if isinstance(size, int):
+        return -(-size // tile)
+    index = ir.IndexType.get()
+    return arith.divui(arith.addi(size, arith.constant(index, tile - 1)), arith.constant(index, tile))
 
 
-def _tagged(a: ir.Value, b: ir.Value, c: ir.Value, tag: str, transpose_a: bool) -> ir.Value:
-    maps = matmul_maps(transpose_a, False) if transpose_a else None
-    product = linalg.matmul(a, b, outs=[c], indexing_maps=maps) if maps else linalg.matmul(a, b, outs=[c])
-    product.owner.attributes[tag] = ir.UnitAttr.get()
-    return product
+def _times(size: int | ir.Value, factor: int) -> int | ir.Value:
+    return size * factor if isinstance(size, int) else arith.muli(size, arith.constant(ir.IndexType.get(), factor))
+
+
+def _slice(value: ir.Value, sizes: list[int | ir.Value]) -> ir.Value:
+    """The leading ``sizes`` corner of a 2-D tensor."""
+    kind = ir.RankedTensorType.get(_static(sizes), ir.RankedTensorType(value.type).element_type)
+    dynamic = [d for d in sizes if isinstance(d, ir.Value)]
+    return tensor.extract_slice(kind, value, [], dynamic, [], [0, 0], _static(sizes), [1, 1])
+
+
+def _zero_padded(value: ir.Value, axis: int, size: int | ir.Value) -> ir.Value:
+    """``value`` with dim ``axis`` zero-padded to ``size``: a zero-filled tensor with the
+    value copied into its corner (linalg.copy, which vectorizes, not a strided memref copy)."""
+    sizes = _dim_sizes(value)
+    element = ir.RankedTensorType(value.type).element_type
+    padded = list(sizes)
+    padded[axis] = size
+    into = _zeros(padded, element)
+    corner = linalg.copy(value, outs=[_slice(into, sizes)])
+    dynamic = [d for d in sizes if isinstance(d, ir.Value)]
+    return tensor.insert_slice(corner, into, [], dynamic, [], [0, 0], _static(sizes), [1, 1])
+
+
+def _zeros(sizes: list[int | ir.Value], element: ir.Type) -> ir.Value:
+    """A zero-filled tensor in a buffer of its own: alloc_tensor, not tensor.empty, since CSE
+    would merge equal fills of equal shapes, which bufferization then copies apart."""
+    kind = ir.RankedTensorType.get(_static(sizes), element)
+    fresh = bufferization.alloc_tensor(kind, [d for d in sizes if isinstance(d, ir.Value)])
+    return linalg.fill(arith.constant(element, 0.0), outs=[fresh])
+
+
+def _expand(value: ir.Value, sizes: list[int | ir.Value], reassociation: list[list[int]]) -> ir.Value:
+    element = ir.RankedTensorType(value.type).element_type
+    kind = ir.RankedTensorType.get(_static(sizes), element)
+    dynamic = [d for d in sizes if isinstance(d, ir.Value)]
+    return tensor.expand_shape(kind, value, reassociation, dynamic, _static(sizes))
+
+
+def _panels(x: ir.Value, axis: int, tile: int, parallel: bool) -> ir.Value:
+    """A 2-D tensor as panels [ceil(s / tile), o, tile] of ``tile`` consecutive indices of
+    its dim ``axis`` (size s; the other dim has size o), zero-padded to whole panels.
+    Packing op(A) takes tiles of its rows, op(B) of its columns; a transposed operand is
+    read in its own layout (the packing is the transpose)."""
+    size = _dim_sizes(x)[axis]
+    count = _ceil_div(size, tile)
+    if not (isinstance(size, int) and size % tile == 0):
+        x = _zero_padded(x, axis, _times(count, tile))
+    other = _dim_sizes(x)[1 - axis]
+    if axis == 0:  # (s, o) -> [count, tile, o] -> [count, o, tile]
+        split, perm = _expand(x, [count, tile, other], [[0, 1], [2]]), [0, 2, 1]
+        tag = PACK_TILES if isinstance(other, int) and other % TRANSPOSE_TILE == 0 else PACK
+    else:  # (o, s) -> [o, count, tile] -> [count, o, tile]
+        split, perm = _expand(x, [other, count, tile], [[0], [1, 2]]), [1, 0, 2]
+        tag = PACK_ROWS
+    element = ir.RankedTensorType(x.type).element_type
+
+    # a generic, not linalg.transpose: tiles that only move unit dims must not fold into copies
+    @linalg.generic([split], [_empty([count, other, tile], element)], [dims_map(3, perm), dims_map(3, [0, 1, 2])],
+                    [PARALLEL] * 3)
+    def pack(value: ir.Value, _out: ir.Value) -> ir.Value:
+        return value
+
+    pack.owner.attributes[tag] = ir.UnitAttr.get()
+    if parallel:
+        pack.owner.attributes[PACK_PARALLEL] = ir.UnitAttr.get()
+    return pack
+
+
+def _is_zero_fill(value: ir.Value) -> bool:
+    """True when ``value`` is a linalg.fill with the constant 0 (the products' accumulators)."""
+    owner = value.owner
+    if isinstance(owner, ir.Block) or owner.name != "linalg.fill":
+        return False
+    scalar = owner.operands[0].owner
+    if isinstance(scalar, ir.Block) or scalar.name != "arith.constant":
+        return False
+    value_attr = scalar.attributes["value"]
+    return isinstance(value_attr, ir.FloatAttr) and value_attr.value == 0.0
 
 
 def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
-    """Tagged products (B row-major): whole column blocks, then the narrower rest. The
-    column blocks of a product with enough static work are also tagged to run their
-    row blocks on several threads."""
+    """C = op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
+    panels [nb, k, tn], a generic over (row panel, column panel, row, column, k) into a
+    zero-filled [mb, tm, nb, tn] accumulator (tagged for the schedule), read back as the
+    (m, n) corner of its (mb * tm, nb * tn) view: every register block is whole."""
     a, b, c = op.operands
     ta, tb = _transposes(op)
-    b = _row_major(b) if tb else b
-    _, n, _ = _sizes(op)
-    _, tn = register_block(ir.FloatType(ir.RankedTensorType(c.type).element_type).width // 8)
-    wide = n - n % tn
-    parallel = threads and wide and _static_work(op) >= PARALLEL_WORK_MIN
-    if wide in (0, n):
-        product = _tagged(a, b, c, WIDE if wide else NARROW, ta)
-        if parallel:
-            product.owner.attributes[PARALLEL_ROWS] = ir.UnitAttr.get()
-        return product
-    left = _tagged(a, _columns(b, 0, wide), _columns(c, 0, wide), WIDE, ta)
+    element = ir.RankedTensorType(c.type).element_type
+    tm, tn = register_block(ir.FloatType(element).width // 8)
+    parallel = threads and _static_work(op) >= PARALLEL_WORK_MIN
+    packed_a = _panels(a, 1 if ta else 0, tm, parallel)
+    packed_b = _panels(b, 0 if tb else 1, tn, parallel)
+    m, n = _dim_sizes(c)
+    row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
+    acc = _zeros([row_panels, tm, col_panels, tn], element)
+    acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
+    # dims (row panel, column panel, row, column, k)
+    maps = [dims_map(5, [0, 4, 2]), dims_map(5, [1, 4, 3]), dims_map(5, [0, 2, 1, 3])]
+    fastmath = ir.Attribute.parse("#arith.fastmath<contract>")
+
+    @linalg.generic([packed_a, packed_b], [acc], maps, [PARALLEL] * 4 + [REDUCTION])
+    def product(x: ir.Value, y: ir.Value, total: ir.Value) -> ir.Value:
+        return arith.addf(total, arith.mulf(x, y, fastmath=fastmath), fastmath=fastmath)
+
+    product.owner.attributes[PACKED] = ir.UnitAttr.get()
     if parallel:
-        left.owner.attributes[PARALLEL_ROWS] = ir.UnitAttr.get()
-    right = _tagged(a, _columns(b, wide, n - wide), _columns(c, wide, n - wide), NARROW, ta)
-    return _insert_columns(right, _insert_columns(left, c, 0), wide)
+        product.owner.attributes[PARALLEL_ROWS] = ir.UnitAttr.get()
+        acc.owner.attributes[PARALLEL_ROWS] = ir.UnitAttr.get()
+    padded = [_times(row_panels, tm), _times(col_panels, tn)]
+    kind = ir.RankedTensorType.get(_static(padded), element)
+    flat = tensor.collapse_shape(kind, product, [[0, 1], [2, 3]])
+    if all(isinstance(d, int) for d in (m, n)) and (m, n) == tuple(padded):
+        return flat
+    return _slice(flat, [m, n])
 
 
 def _schedule_text(itemsize: int) -> str:
     tm, tn = register_block(itemsize)
-    return (shipped_dir() / SCHEDULE).read_text().replace("{tm}", str(tm)).replace("{tn}", str(tn))
+    mc, nc, kc = cache_blocks(itemsize)
+    sizes = {"map_rows": PARALLEL_MAP_ROWS, "tm": tm, "tn": tn, "row_panels": mc // tm, "col_panels": nc // tn,
+             "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP}
+    text = (shipped_dir() / SCHEDULE).read_text()
+    for name, value in sizes.items():
+        text = text.replace("{" + name + "}", str(value))
+    return text
 
 
 def _apply_schedule(module: ir.Module, itemsize: int) -> None:
@@ -164,9 +258,38 @@ def _apply_schedule(module: ir.Module, itemsize: int) -> None:
         raise RuntimeError(f"codegen: the CPU matmul schedule {SCHEDULE} failed: {error}") from None
 
 
+def _is_large_map(op: ir.Operation) -> bool:
+    """An untagged all-parallel 2-D generic with at least PARALLEL_MAP_MIN static elements
+    per row block of PARALLEL_MAP_ROWS rows (a product's epilogue, an update, ...)."""
+    if op.name != "linalg.generic" or any(name.startswith("mlirnn.") for name in op.attributes):
+        return False
+    iterators = [str(i) for i in ir.ArrayAttr(op.attributes["iterator_types"])]
+    if len(iterators) != 2 or any("parallel" not in i for i in iterators) or len(op.results) != 1:
+        return False
+    rows, cols = ir.RankedTensorType(op.results[0].type).shape
+    return not ir.ShapedType.is_dynamic_size(cols) and PARALLEL_MAP_ROWS * cols >= PARALLEL_MAP_MIN and (
+        ir.ShapedType.is_dynamic_size(rows) or rows > PARALLEL_MAP_ROWS)
+
+
+def spread_maps(module: ir.Module) -> int:
+    """Tag large element-wise ops to run in row blocks on the thread pool; how many."""
+    found: list[ir.Operation] = []
+
+    def collect(op: ir.Operation) -> ir.WalkResult:
+        if _is_large_map(op):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    with module.context:
+        for op in found:
+            op.attributes[PARALLEL_MAP] = ir.UnitAttr.get()
+    return len(found)
+
+
 def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
     """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts. With ``threads``,
-    products with enough work spread their row blocks over threads."""
+    products with enough work, and large element-wise ops, spread their blocks over threads."""
     matmuls: list[ir.Operation] = []
 
     def collect(op: ir.Operation) -> ir.WalkResult:
@@ -186,6 +309,6 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
             op.result.replace_all_uses_with(replacement)
             op.erase()
             blocked += large
-        if blocked:
+        if (threads and spread_maps(module)) or blocked:
             _apply_schedule(module, itemsize)
     return blocked, len(matmuls) - blocked
