@@ -83,7 +83,9 @@ def test_the_moons_step_calls_no_malloc_and_reuses_buffers():
     x, y = np.ones((10, 2), np.float32), np.ones((10, 1), np.float32)
     compiled = step.lower(x, y)
     llvm = compiled.as_text("llvm")
-    assert "@malloc" not in llvm and "@free" not in llvm and "llvm.alloca" not in llvm
+    assert "@malloc" not in llvm and "@free" not in llvm
+    allocas = [line for line in llvm.splitlines() if "llvm.alloca" in line]
+    assert all(" x i32 " in line for line in allocas)  # only the scoped MXCSR slots (codegen.fp_env)
     plan = compiled.executable.kernel.plan
     assert plan.heap_buffers == 0 and plan.buffers > 10
     # every buffer apart would need 32+32+32+16+16+1 floats a row, twice (forward and backward)
