@@ -50,7 +50,7 @@ from mlir.ir import (
     VectorType,
 )
 
-from mlir_nn.gpu.schedule import MATMUL, NODE, is_contraction, iterator_kinds
+from mlir_nn.gpu.schedule import MATMUL, NODE, clone_body, is_contraction, iterator_kinds
 
 BM, BN, BK = 64, 64, 16  # block tile of C and the K step
 TM, TN = 4, 4  # accumulators per thread (rows, columns)
@@ -174,16 +174,7 @@ def _apply_epilogue(op: Operation, m: Value, n: Value, acc: Value) -> Value:
             mapping[arg] = memref.load(operand, [(m, n)[d] for d in _dims(attr)])
         else:
             mapping[arg] = operand
-    ops = [o.operation for o in block.operations]
-    for child in ops[:-1]:
-        new = child.clone()
-        for i, v in enumerate(new.operands):
-            if v in mapping:
-                new.operands[i] = mapping[v]
-        for old, fresh in zip(child.results, new.results):
-            mapping[old] = fresh
-    result = ops[-1].operands[0]
-    return mapping.get(result, result)
+    return clone_body(block, mapping)
 
 
 def _thread_loop() -> tuple[Value, Value, InsertionPoint]:

@@ -46,7 +46,7 @@ from mlir.ir import (
     Value,
 )
 
-from mlir_nn.gpu.schedule import NODE, REDUCE, THREADS_1D, iterator_kinds
+from mlir_nn.gpu.schedule import NODE, REDUCE, THREADS_1D, clone_body, iterator_kinds
 
 THREADS = THREADS_1D  # per block, a power of two (the tree halves it)
 ITEMS = 4  # elements per thread before another block is added
@@ -223,15 +223,7 @@ def _apply_body(r: Reduction, ivs: dict[int, Value], acc: Value) -> Value:
             mapping[arg] = memref.load(operand, idx)
         else:
             mapping[arg] = operand
-    ops = [o.operation for o in block.operations]
-    for op in ops[:-1]:
-        new = op.clone()
-        for i, v in enumerate(new.operands):
-            if v in mapping:
-                new.operands[i] = mapping[v]
-        for old, fresh in zip(op.results, new.results):
-            mapping[old] = fresh
-    return mapping[ops[-1].operands[0]]
+    return clone_body(block, mapping)
 
 
 def split(r: Reduction, func_ops: list[Operation]) -> None:

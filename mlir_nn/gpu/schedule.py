@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from mlir.ir import ArrayAttr, IntegerAttr, IntegerType, Module, Operation, StringAttr
+from mlir.ir import ArrayAttr, Block, IntegerAttr, IntegerType, Module, Operation, StringAttr, Value
 
 from mlir_nn.pipelines import shipped_dir
 
@@ -232,3 +232,18 @@ def thread_mapping_script(blocks: list[tuple[int, int, int]]) -> str:
 
 def _module(sequences: str) -> str:
     return "module attributes {transform.with_named_sequence} {\n" + sequences + "}\n"
+
+
+def clone_body(block: Block, mapping: dict[Value, Value]) -> Value:
+    """Clone ``block``'s ops but its terminator at the insertion point, its arguments
+    replaced through ``mapping``; returns the value the terminator yields."""
+    ops = [o.operation for o in block.operations]
+    for op in ops[:-1]:
+        new = op.clone()
+        for i, v in enumerate(new.operands):
+            if v in mapping:
+                new.operands[i] = mapping[v]
+        for old, fresh in zip(op.results, new.results):
+            mapping[old] = fresh
+    result = ops[-1].operands[0]
+    return mapping.get(result, result)
