@@ -46,7 +46,7 @@ def trace_mlp(widths: list[int], batch: int, *extra: str, dtype: str = F64):
 
 
 def random_arguments(graph: Graph, batch: int, rng: np.random.Generator):
-    """Random inputs and parameters (Adam's second moments and powers kept in range)."""
+    """Random inputs and parameters (Adam's second moments, powers and fed hyperparameters kept in range)."""
     inputs = [rng.standard_normal(resolve(n.shape, batch)) for n in graph.inputs]
     params = []
     for p in graph.params:
@@ -54,8 +54,8 @@ def random_arguments(graph: Graph, batch: int, rng: np.random.Generator):
         label = p.attr("label") or ""
         if label.endswith("exp_avg_sq"):
             value = np.abs(value)
-        elif label.endswith("_power"):
-            value = rng.uniform(0.1, 0.9, value.shape)
+        elif label.endswith("_power") or label.startswith(("Adam.", "SGD.")):
+            value = rng.uniform(0.1, 0.9, value.shape)  # powers and hyperparameters (betas, eps, lr) in range
         params.append(value)
     return inputs, params
 
