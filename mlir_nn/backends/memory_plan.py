@@ -1,14 +1,19 @@
 """A static memory plan: every intermediate buffer of a step is a view of one workspace.
 
 Runs on the bufferized step (memref level, before buffer deallocation). Each top-level
-``memref.alloc`` whose dynamic sizes are all the batch size becomes a ``memref.view``
+``memref.alloc`` whose dynamic sizes are all the batch size (or whose one dynamic size is
+at most ``slope * batch + intercept``, as the packed products' ceil(batch / tile) panels)
+becomes a ``memref.view``
 of a workspace argument appended to the function, so the compiled step calls no malloc.
 Buffers are grouped by how many batch-sized dims they have (power ``k``); within a
 group every buffer gets a fixed offset, reused across buffers whose live ranges do not
 overlap (first fit by decreasing size). Because all sizes of a group scale by the same
 ``batch**k``, one plan serves every batch size:
 
-    workspace bytes = HEADER + sum_k group_bytes[k] * batch**k
+    workspace bytes = HEADER + linear_fixed + sum_k group_bytes[k] * batch**k
+
+where the batch**1 group takes ``group_bytes[1] * batch + linear_fixed`` bytes: its
+buffers sit at offsets ``a * batch + b`` (``first_fit_linear``).
 
 The caller allocates that (from numpy, so a failed allocation is a ``MemoryError``
 before native code runs) and passes it as the last argument. The first ``HEADER`` bytes
@@ -17,7 +22,9 @@ hold the step's status word (see ``mlir_nn.backends.input_guard``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
+from fractions import Fraction
 
 from mlir import ir
 from mlir.dialects import arith, memref
@@ -66,6 +73,43 @@ def _is_batch(value: ir.Value, batch_dims: Collection[tuple[int, int]]) -> bool:
         return False
     dim = ir.IntegerAttr(index.owner.attributes["value"]).value
     return (ir.BlockArgument(source).arg_number, dim) in batch_dims
+
+
+def _bound(value: ir.Value, batch_dims: Collection[tuple[int, int]]) -> tuple[Fraction, Fraction, ir.Value] | None:
+    """(slope, intercept, batch) with ``value <= slope * batch + intercept`` for every batch
+    size, when ``value`` is built from the batch size and constants by +, * constant and
+    division by a positive constant (the packed products' ceil(N / tile) * tile); else None."""
+    if _is_batch(value, batch_dims):
+        return Fraction(1), Fraction(0), value
+    owner = value.owner
+    if not isinstance(owner, ir.Operation | ir.OpView):
+        return None
+    constant = _constant(value)
+    if constant is not None:
+        return None  # a size without the batch is static: not a dynamic dim of a planned buffer
+    if owner.name not in ("arith.addi", "arith.muli", "arith.divui", "arith.ceildivui"):
+        return None
+    lhs, rhs = owner.operands
+    left, right = _bound(lhs, batch_dims), _constant(rhs)
+    if owner.name == "arith.addi":
+        if left is None or right is None:
+            left, right = _bound(rhs, batch_dims), _constant(lhs)
+        return None if left is None or right is None or right < 0 else (left[0], left[1] + right, left[2])
+    if owner.name == "arith.muli" and (left is None or right is None):
+        left, right = _bound(rhs, batch_dims), _constant(lhs)
+    if left is None or right is None or right <= 0:
+        return None
+    if owner.name == "arith.muli":
+        return left[0] * right, left[1] * right, left[2]
+    slack = 0 if owner.name == "arith.divui" else right - 1  # ceil(x / c) <= (x + c - 1) / c
+    return left[0] / right, (left[1] + slack) / right, left[2]
+
+
+def _constant(value: ir.Value) -> int | None:
+    owner = value.owner
+    if not isinstance(owner, ir.Operation | ir.OpView) or owner.name != "arith.constant":
+        return None
+    return ir.IntegerAttr(owner.attributes["value"]).value
 
 
 def _last_use(value: ir.Value, top_index: dict[ir.Operation, int]) -> int:
@@ -118,47 +162,83 @@ def plan_memory(module: ir.Module, batch_dims: Collection[tuple[int, int]]) -> t
             continue
         kind = ir.MemRefType(op.result.type)
         size = _element_bytes(kind.element_type)
-        dynamic = list(op.operands)
-        static = [d for d in kind.shape if not ir.ShapedType.is_dynamic_size(d)]
+        bounds = [_bound(v, batch_dims) for v in op.operands]
         plain = kind.affine_map == ir.AffineMap.get_identity(kind.rank)
-        if size is None or not plain or not all(_is_batch(v, batch_dims) for v in dynamic):
+        exact = all(_is_batch(v, batch_dims) for v in op.operands)
+        if size is None or not plain or None in bounds or (not exact and len(bounds) > 1):
             continue  # stays a heap allocation
-        for d in static:
-            size *= d
-        # whole cache lines, except per-row sizes under one (a 1-column buffer takes 4 bytes a row,
-        # not 64): those are padded to 16 or 4 bytes and aligned to that much
-        size = round_up(size) if not dynamic or size >= ALIGN else -(-size // 16) * 16 if size > 4 else 4
-        allocs.append((op, len(dynamic), i, max(i, _last_use(op.result, top_index)), size))
+        for d in kind.shape:
+            size *= 1 if ir.ShapedType.is_dynamic_size(d) else d
+        slope, intercept = (size * bounds[0][0], size * bounds[0][1]) if bounds else (Fraction(0), Fraction(size))
+        per_row, fixed = _padded(math.ceil(slope), bool(bounds)), round_up(math.ceil(intercept))
+        batch = bounds[0][2] if bounds else None
+        allocs.append((op, len(bounds), batch, i, max(i, _last_use(op.result, top_index)), per_row, fixed))
     heap = sum(1 for o in top_index if o.name == "memref.alloc") - len(allocs)
-    groups = max((power for _, power, *_ in allocs), default=-1) + 1
-    offsets: dict[int, int] = {}
+    groups = max((a[1] for a in allocs), default=-1) + 1
+    offsets: dict[int, tuple[int, int]] = {}
     group_bytes = []
+    linear_fixed = 0
     for power in range(groups):
         members = [k for k, a in enumerate(allocs) if a[1] == power]
-        placed, total = first_fit([allocs[k][2:] for k in members])
-        offsets.update(zip(members, placed))
+        if power == 1:
+            placed, (total, linear_fixed) = first_fit_linear([allocs[k][3:] for k in members])
+            offsets.update(zip(members, placed))
+        else:  # static or exactly batch**power sized (fixed parts are zero but for power 0)
+            placed, total = first_fit([(*allocs[k][3:5], allocs[k][5] if power else allocs[k][6]) for k in members])
+            offsets.update((k, (o, 0) if power else (0, o)) for k, o in zip(members, placed))
         group_bytes.append(round_up(total))  # the next group starts on a cache line
     with module.context, fn.location:
         workspace = append_argument(fn, ir.MemRefType.get([ir.ShapedType.get_dynamic_size()],
                                                           ir.IntegerType.get_signless(8)))
-        for k, (op, power, *_rest) in enumerate(allocs):
+        for k, (op, power, batch, *_rest) in enumerate(allocs):
             with ir.InsertionPoint(op), op.location:
-                shift = _byte_offset(group_bytes, power, offsets[k], op.operands[0] if power else None)
+                shift = _byte_offset(group_bytes, linear_fixed, power, offsets[k], batch)
                 view = memref.view(op.result.type, workspace, shift, list(op.operands))
             op.result.replace_all_uses_with(view)
             op.erase()
-    return MemoryPlan(tuple(group_bytes), len(allocs), heap), workspace
+    return MemoryPlan(tuple(group_bytes), len(allocs), heap, linear_fixed), workspace
 
 
-def _byte_offset(group_bytes: list[int], power: int, offset: int, batch: ir.Value | None) -> ir.Value:
-    """HEADER + sum_{j<power} group_bytes[j] * batch**j + offset * batch**power, as index ops."""
+def _padded(size: int, per_row: bool) -> int:
+    """Whole cache lines, except per-row sizes under one (a 1-column buffer takes 4 bytes a
+    row, not 64): those are padded to 16 or 4 bytes and aligned to that much."""
+    return round_up(size) if not per_row or size >= ALIGN else -(-size // 16) * 16 if size > 4 else 4 if size else 0
+
+
+def first_fit_linear(lives: list[tuple[int, int, int, int]]) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """Offsets ``a * batch + b`` as (a, b) for (first, last, per-row bytes, fixed bytes) live
+    ranges, so that overlapping ranges never share bytes at any batch size: of two such
+    buffers, one ends before the other starts in both parts. Returns (offsets, total)."""
+    offsets: list[tuple[int, int]] = [(0, 0)] * len(lives)
+    placed: list[int] = []
+    total = (0, 0)
+    for i in sorted(range(len(lives)), key=lambda i: (-lives[i][2], -lives[i][3], lives[i][0])):
+        first, last, rows, fixed = lives[i]
+        align = min([ALIGN, *(s & -s for s in (rows, fixed) if s)])
+        busy = [(offsets[j], (offsets[j][0] + lives[j][2], offsets[j][1] + lives[j][3])) for j in placed
+                if lives[j][0] <= last and first <= lives[j][1]]
+        ends = [end for _, end in busy] + [(max((e[0] for _, e in busy), default=0),
+                                            max((e[1] for _, e in busy), default=0))]
+        candidates = sorted({(0, 0), *((-(-a // align) * align, -(-b // align) * align) for a, b in ends)})
+        offsets[i] = next(c for c in candidates if all(
+            (c[0] + rows <= lo[0] and c[1] + fixed <= lo[1]) or (hi[0] <= c[0] and hi[1] <= c[1]) for lo, hi in busy))
+        placed.append(i)
+        total = (max(total[0], offsets[i][0] + rows), max(total[1], offsets[i][1] + fixed))
+    return offsets, (total[0], round_up(total[1]))
+
+
+def _byte_offset(group_bytes: list[int], linear_fixed: int, power: int, offset: tuple[int, int],
+                 batch: ir.Value | None) -> ir.Value:
+    """HEADER + group_bytes[0] + (group_bytes[1] * batch + linear_fixed) + sum_{2<=j<power}
+    group_bytes[j] * batch**j + offset[0] * batch**power + offset[1], as index ops."""
     index = ir.IndexType.get()
-    total = arith.constant(index, HEADER + (group_bytes[0] if power else offset))
+    fixed = HEADER + offset[1] + (group_bytes[0] if power else 0) + (linear_fixed if power > 1 else 0)
+    total = arith.constant(index, fixed)
     if batch is None:
         return total
     scale = batch
     for j in range(1, power + 1):
-        bytes_j = offset if j == power else group_bytes[j]
+        bytes_j = offset[0] if j == power else group_bytes[j]
         if bytes_j:
             total = arith.addi(total, arith.muli(scale, arith.constant(index, bytes_j)))
         if j < power:

@@ -28,18 +28,21 @@ class MemoryPlan:
 
     group_bytes: tuple[int, ...]  # group_bytes[k]: bytes of buffers with k batch-sized dims, per batch**k
     buffers: int  # allocations placed in the workspace
-    heap_buffers: int  # allocations left to malloc (nested in loops, or sizes not provably the batch)
+    heap_buffers: int  # allocations left to malloc (nested in loops, or sizes not bounded linearly)
+    linear_fixed: int = 0  # bytes of the batch**1 group that do not scale (packed products' padding)
 
     def workspace_bytes(self, batch: int) -> int:
         """Bytes of the workspace for ``batch`` rows (Python ints: no overflow)."""
-        return HEADER + sum(size * batch**k for k, size in enumerate(self.group_bytes))
+        return HEADER + self.linear_fixed + sum(size * batch**k for k, size in enumerate(self.group_bytes))
 
     def to_json(self) -> dict:
-        return {"group_bytes": list(self.group_bytes), "buffers": self.buffers, "heap_buffers": self.heap_buffers}
+        return {"group_bytes": list(self.group_bytes), "buffers": self.buffers, "heap_buffers": self.heap_buffers,
+                "linear_fixed": self.linear_fixed}
 
     @classmethod
     def from_json(cls, data: dict) -> MemoryPlan:
-        return cls(tuple(int(b) for b in data["group_bytes"]), int(data["buffers"]), int(data["heap_buffers"]))
+        return cls(tuple(int(b) for b in data["group_bytes"]), int(data["buffers"]), int(data["heap_buffers"]),
+                   int(data["linear_fixed"]))
 
 
 def round_up(n: int) -> int:
