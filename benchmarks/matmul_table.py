@@ -142,7 +142,9 @@ def product_graph(op: str, m: int, k: int, n: int, ta: bool, tb: bool):
     else:
         c = make_node("param", [], name="c", shape=(m, n), dtype="float32")
         params.append(c)
-        out = make_node("gemm", [a, b, c], transpose_a=ta, alpha=-LR, beta=1.0)
+        lr = make_node("const", [], value=LR, dtype="float32")
+        one = make_node("const", [], value=1.0, dtype="float32")
+        out = make_node("gemm", [a, b, c, lr, one], transpose_a=ta, subtract=True)  # c - lr * op(a) @ b
     return Graph(tuple(inputs), tuple(params), (out,), name="product")
 
 
