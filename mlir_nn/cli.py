@@ -42,34 +42,28 @@ def parse_mlp(text: str) -> list[int]:
     return sizes
 
 
-def positive_int(text: str) -> int:
+def _number(text: str, parse: Callable[[str], float], kind: str, valid: Callable[[float], bool],
+            expected: str) -> float:
+    """``parse(text)`` when it is ``valid``; else argparse's error (one line, exit status 2)."""
     try:
-        value = int(text)
+        value = parse(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+    if not valid(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text if parse is float else value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, "a positive integer", lambda v: v >= 1, "a positive integer")
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return value
+    return _number(text, float, "a number", lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 
 
 def seed_value(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, {SEED_MAX}], got {value}")
-    return value
+    return _number(text, int, "an integer", lambda v: 0 <= v <= SEED_MAX, f"an integer in [0, {SEED_MAX}]")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -172,12 +172,16 @@ class CompiledStep:
         except KeyError:
             raise ValueError(f"stage {stage!r} not available; have {', '.join(self.stages)}") from None
 
-    def __call__(self, arrays: list[np.ndarray]) -> Any:
+    def _param_arrays(self) -> list[np.ndarray]:
+        """The captured tensors' arrays, hyperparameter feeds refreshed from their sources first."""
         for t in self.feeds:
             t.refresh()
+        return [t.data for t in self.captured]
+
+    def __call__(self, arrays: list[np.ndarray]) -> Any:
         if self._background is not None:
             self.finish_compile(wait=False)
-        return self._result(self.executable.run(arrays, [t.data for t in self.captured]))
+        return self._result(self.executable.run(arrays, self._param_arrays()))
 
     def call_if_plain(self, args: tuple) -> Any:
         """Run when the backend confirms ``args`` fit this step exactly (its quick check);
@@ -185,9 +189,7 @@ class CompiledStep:
         run_plain = getattr(self.executable, "run_plain", None)
         if run_plain is None:
             return NOT_PLAIN
-        for t in self.feeds:
-            t.refresh()
-        outputs = run_plain(args, [t.data for t in self.captured])
+        outputs = run_plain(args, self._param_arrays())
         return NOT_PLAIN if outputs is None else self._result(outputs)
 
     def _result(self, outputs: list[np.ndarray]) -> Any:

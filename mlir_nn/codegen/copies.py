@@ -11,6 +11,8 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import linalg
 
+from mlir_nn.codegen.walk import collect_ops
+
 
 def _plain(kind: ir.MemRefType) -> bool:
     """True for the identity layout (a dense row-major buffer)."""
@@ -19,14 +21,7 @@ def _plain(kind: ir.MemRefType) -> bool:
 
 def strided_copies_as_loops(module: ir.Module) -> None:
     """Replace every ``memref.copy`` with a strided side by ``linalg.copy``."""
-    copies: list[ir.Operation] = []
-
-    def collect(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "memref.copy":
-            copies.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(collect)
+    copies = collect_ops(module, lambda op: op.name == "memref.copy")
     with module.context:
         for op in copies:
             source, target = op.operands

@@ -26,6 +26,7 @@ from mlir.dialects.transform import interpreter
 
 from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.codegen.maps import dims_map, matmul_maps
+from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.pipelines import shipped_dir
 
 PARALLEL = linalg.IteratorType.parallel
@@ -273,14 +274,7 @@ def _is_large_map(op: ir.Operation) -> bool:
 
 def spread_maps(module: ir.Module) -> int:
     """Tag large element-wise ops to run in row blocks on the thread pool; how many."""
-    found: list[ir.Operation] = []
-
-    def collect(op: ir.Operation) -> ir.WalkResult:
-        if _is_large_map(op):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(collect)
+    found = collect_ops(module, _is_large_map)
     with module.context:
         for op in found:
             op.attributes[PARALLEL_MAP] = ir.UnitAttr.get()
@@ -290,14 +284,7 @@ def spread_maps(module: ir.Module) -> int:
 def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
     """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts. With ``threads``,
     products with enough work, and large element-wise ops, spread their blocks over threads."""
-    matmuls: list[ir.Operation] = []
-
-    def collect(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "linalg.matmul":
-            matmuls.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(collect)
+    matmuls = collect_ops(module, lambda op: op.name == "linalg.matmul")
     blocked, itemsize = 0, 4
     with module.context:
         for op in matmuls:

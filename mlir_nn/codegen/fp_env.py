@@ -15,6 +15,8 @@ import platform
 from mlir import ir
 from mlir.dialects import arith, llvm, memref
 
+from mlir_nn.codegen.walk import collect_ops
+
 FTZ_DAZ = 0x8040  # MXCSR bit 15 (flush to zero) | bit 6 (denormals are zero)
 
 
@@ -72,16 +74,10 @@ def flush_subnormals(module: ir.Module, name: str) -> None:
     """Bracket the public function ``name`` and every scf.forall body of ``module``."""
     if not supported():
         return
-    blocks: list[ir.Block] = []
+    def bracketed(op: ir.Operation) -> bool:
+        return op.name == "scf.forall" or (
+            op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name)
 
-    def collect(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "scf.forall":
-            blocks.append(op.regions[0].blocks[0])
-        elif op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
-            blocks.append(op.regions[0].blocks[0])
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(collect)
     with module.context:
-        for block in blocks:
-            _bracket(block)
+        for op in collect_ops(module, bracketed):
+            _bracket(op.regions[0].blocks[0])

@@ -7,6 +7,7 @@ are the values of ``node.inputs`` (tensor Values, or floats for ``const`` inputs
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from mlir import ir
 from mlir.dialects import arith, linalg, math, tensor
@@ -101,23 +102,22 @@ def _sum_to(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     return b.reduce(node.shape, [x], [identity_map(len(src))], dims_map(len(src), out), iterators, lambda v: v)
 
 
-def _sum(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+def _over_axes(b: FunctionBuilder, node: Node, xs: list[Operand], **combine: Any) -> ir.Value:
+    """A reduction over the node's ``axes`` (``keepdims`` honoured); a sum unless ``combine`` says."""
     src = node.inputs[0].shape
     x = b.tensor_of(xs[0], src)
     axes = tuple(node.attr("axes"))
     iterators = [REDUCTION if i in axes else PARALLEL for i in range(len(src))]
     out_map = reduction_map(len(src), axes, bool(node.attr("keepdims")))
-    return b.reduce(node.shape, [x], [identity_map(len(src))], out_map, iterators, lambda v: v)
+    return b.reduce(node.shape, [x], [identity_map(len(src))], out_map, iterators, lambda v: v, **combine)
+
+
+def _sum(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    return _over_axes(b, node, xs)
 
 
 def _max(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
-    src = node.inputs[0].shape
-    x = b.tensor_of(xs[0], src)
-    axes = tuple(node.attr("axes"))
-    iterators = [REDUCTION if i in axes else PARALLEL for i in range(len(src))]
-    out_map = reduction_map(len(src), axes, bool(node.attr("keepdims")))
-    return b.reduce(node.shape, [x], [identity_map(len(src))], out_map, iterators, lambda v: v,
-                    init=float("-inf"), combine=arith.maximumf)
+    return _over_axes(b, node, xs, init=float("-inf"), combine=arith.maximumf)
 
 
 def _eq(b: FunctionBuilder, x: ir.Value, y: ir.Value) -> ir.Value:

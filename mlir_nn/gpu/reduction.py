@@ -27,6 +27,7 @@ The summation order depends only on the shapes: the same inputs give the same bi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlir.dialects import arith, memref, scf
@@ -204,6 +205,19 @@ def _shared(elem) -> Value:
     return memref.alloc(MemRefType.get([THREADS], elem, memory_space=space), [], [])
 
 
+def _result_or_partial(grid: Value, write: Callable[[], None], total: Value, partials: Value,
+                       at: list[Value]) -> None:
+    """With one block along the reduced dim (``grid == 1``) ``write`` the result; else store
+    ``total`` into ``partials[at]`` for the second kernel to add up."""
+    branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, grid, _index(1)), has_else=True)
+    with InsertionPoint(branch.then_block):
+        write()
+        scf.YieldOp([])
+    with InsertionPoint(branch.else_block):
+        memref.store(total, partials, at)
+        scf.YieldOp([])
+
+
 def _accumulate(start: Value, stop: Value, step: Value, elem, add) -> Value:
     """``sum(add(i) for i in range(start, stop, step))`` in one thread, from zero."""
     loop = scf.ForOp(start, stop, step, [arith.constant(elem, 0.0)])
@@ -261,17 +275,8 @@ def split(r: Reduction, func_ops: list[Operation]) -> None:
                     r, {**out_ivs, **_delinearize(i, r.reduced, sizes)}, acc))
                 memref.store(total, shared, [t])
 
-            def write_partial(total: Value) -> None:
-                last = arith.cmpi(arith.CmpIPredicate.eq, grid, _index(1))
-                branch = scf.IfOp(last, has_else=True)
-                with InsertionPoint(branch.then_block):
-                    write_result(q, total)
-                    scf.YieldOp([])
-                with InsertionPoint(branch.else_block):
-                    memref.store(total, partials, [q, b])
-                    scf.YieldOp([])
-
-            _block_sum(shared, write_partial)
+            _block_sum(shared, lambda total: _result_or_partial(grid, lambda: write_result(q, total),
+                                                                total, partials, [q, b]))
             memref.dealloc(shared)
         # kernel 2 (only when G > 1): one block per output adds its G partials
         # Q blocks if G > 1, else none (min(G - 1, 1) * Q: an i1 could not be a kernel argument after cse)
@@ -345,13 +350,7 @@ def split_wide(r: Reduction, func_ops: list[Operation]) -> None:
                 stop = arith.minui(arith.addi(start, chunk), reduced)
                 total = _accumulate(start, stop, _index(1), elem, lambda i, acc: _apply_body(
                     r, {**out_ivs, **_delinearize(i, r.reduced, sizes)}, acc))
-                branch = scf.IfOp(arith.cmpi(arith.CmpIPredicate.eq, grid, _index(1)), has_else=True)
-                with InsertionPoint(branch.then_block):
-                    write_result(q, total)
-                    scf.YieldOp([])
-                with InsertionPoint(branch.else_block):
-                    memref.store(total, partials, [g, q])
-                    scf.YieldOp([])
+                _result_or_partial(grid, lambda: write_result(q, total), total, partials, [g, q])
 
             per_output(c, partial)
         blocks2 = arith.muli(arith.minui(arith.subi(grid, _index(1)), _index(1)), columns)

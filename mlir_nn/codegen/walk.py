@@ -1,0 +1,21 @@
+"""Finding ops in a module: one walk that collects what a predicate keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mlir import ir
+
+
+def collect_ops(module: ir.Module, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
+    """Every op of ``module`` (nested ones included, in walk order) for which ``keep`` is true;
+    collected first, so the caller may rewrite or erase them afterwards."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if keep(op):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
