@@ -29,10 +29,16 @@ def test_moons_step_is_clean_at_awkward_batches(moons, batch):
 
 def test_second_reduction_kernel_runs_past_one_block():
     """More than 1024 rows: the loss and bias gradients take their second (partials) kernel."""
+    from mlir_nn.runtime.plan import Launch, bind
+
     graph = traced("2,3,1", 1100, optimized=True)
-    result = check_graph(graph, 1100)
+    program = compile_graph(graph, (), cubin=False)
+    result = check_graph(graph, 1100, program=program)
     assert result.ok, result.problems
-    assert result.report.kernels == compile_graph(graph, (), cubin=False).kernel_count
+    shapes = [tuple(1100 if d == "N" else d for d in n.shape) for n in graph.inputs + graph.params]
+    launched = [a for a in bind(program.plan, shapes).actions if isinstance(a, Launch)]
+    assert result.report.kernels == len(launched) > 0
+    assert any(a.kernel.endswith("_partial") for a in launched)
 
 
 @pytest.mark.parametrize("batch", [1, 300])
@@ -70,27 +76,42 @@ def test_products_across_several_tiles_with_ragged_edges():
     assert result.ok, result.problems
 
 
-@pytest.mark.parametrize("kernel,which", [("step_k00_linear", 0), ("step_k01_linear", 1)],
+@pytest.mark.parametrize("kernel,which", [("step_k01_linear_tile64", 0), ("step_k03_linear_tile64", 1)],
                          ids=["before-the-first-product", "between-K-steps"])
 def test_a_removed_barrier_is_caught(moons, kernel, which):
     """Drop the barrier after staging the first tiles, or the one closing a K step (K = 32: two steps)."""
     graph, program = moons
-    text = program.gpu_text
-    start = text.index(f"gpu.func @{kernel}")
-    barriers = [m.start() for m in re.finditer(r"gpu\.barrier\n", text[start:])]
-    cut = start + barriers[which]
-    broken = text[:cut] + text[cut + len("gpu.barrier\n"):]
-    result = check_program(graph, broken, program.plan, 7)
+    result = check_program(graph, _without(program.gpu_text, kernel, r"gpu\.barrier\n", which), program.plan, 7)
     assert not result.ok and result.report.races
     assert kernel in result.report.races[0] and "shared" in result.report.races[0]
-    assert check_program(graph, text, program.plan, 7).ok  # the same check on the real kernels is clean
+    assert check_program(graph, program.gpu_text, program.plan, 7).ok  # the real kernels are clean
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["first-tiles", "between-K-steps"])
+def test_a_removed_async_wait_is_caught(moons, which):
+    """Without its wait, a K step's product reads shared memory that its async copies have not written yet."""
+    graph, program = moons
+    kernel = "step_k03_linear_tile64"  # B (a 32 x 32 weight) arrives by cp.async
+    broken = _without(program.gpu_text, kernel, r"nvgpu\.device_async_wait %\w+\n", which)
+    result = check_program(graph, broken, program.plan, 7)
+    assert not result.ok
+    assert any(kernel in r and "async copy is still writing" in r for r in result.report.races)
+
+
+def _without(text: str, kernel: str, line: str, which: int) -> str:
+    """``text`` without the ``which``-th match of ``line`` in ``kernel``."""
+    start = text.index(f"gpu.func @{kernel}")
+    match = list(re.finditer(line, text[start:]))[which]
+    return text[:start + match.start()] + text[start + match.end():]
 
 
 def test_a_wrong_result_is_caught(moons):
-    """Changing one constant of a kernel shows as a mismatch against the reference."""
+    """Changing one op of a launched kernel shows as a mismatch against the reference."""
     graph, program = moons
-    broken = program.gpu_text.replace("arith.maximumf", "arith.minimumf", 1)
-    assert broken != program.gpu_text
+    text = program.gpu_text
+    start = text.index("gpu.func @step_k01_linear_tile64")
+    broken = text[:start] + text[start:].replace("arith.maximumf", "arith.minimumf", 1)
+    assert broken != text
     result = check_program(graph, broken, program.plan, 7)
     assert result.report.clean and not result.ok and result.max_rel_err > 1e-2
 
