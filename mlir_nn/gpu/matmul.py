@@ -366,15 +366,16 @@ def _kernel(p: Product, tiling: Tiling, name: str, rows: Value, cols: Value, k_s
 
 
 def rewrite(p: Product, name: str) -> None:
-    """Replace ``p``'s ops by the kernel(s) of the module docstring: one when C's shape is static,
-    else a ``LARGE`` and a ``SMALL`` one (named ``<name>_tile128`` and ``<name>_tile64``) of which
-    the host launches the one ``LARGE_RULE`` picks."""
+    """Replace ``p``'s ops by the kernel(s) of the module docstring, named ``<name>_tile<bm>``: one
+    when C's shape is static, else a ``LARGE`` and a ``SMALL`` one of which the host launches the
+    one ``LARGE_RULE`` picks."""
     with InsertionPoint(p.contraction), Location.unknown():
         rows, cols = _dim(p.c, 0), _dim(p.c, 1)
         k_size = _dim(p.a, 0 if p.a_k_major else 1)
         c_type = MemRefType(p.c.type)
         if c_type.has_static_shape:
-            _kernel(p, tiling_for(*c_type.shape), name, rows, cols, k_size, None)
+            tiling = tiling_for(*c_type.shape)
+            _kernel(p, tiling, f"{name}_tile{tiling.bm}", rows, cols, k_size, None)
         else:
             blocks = arith.muli(arith.ceildivui(rows, _index(LARGE.bm)), arith.ceildivui(cols, _index(LARGE.bn)))
             large = arith.cmpi(arith.CmpIPredicate.uge, blocks, _index(SMS))
