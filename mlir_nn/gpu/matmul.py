@@ -28,8 +28,9 @@ the GPU (an ``scf.parallel`` block loop holding one ``scf.forall`` thread loop):
   copies into the other are in flight and its register-staged values are loaded; those
   are stored after the product, then the thread waits for its copies
   (``nvgpu.device_async_wait``) and one barrier closes the step;
-* per k each thread reads a ``tm``-vector of A and a ``tn``-vector of B (128-bit shared
-  loads) for ``tm * tn`` multiply-adds (``fma.rn.f32`` with ``fastmath<contract>``);
+* per k each thread reads ``tm`` values of A and ``tn`` of B (128-bit shared loads, its 8
+  rows or columns as two groups of 4 half a tile apart) for ``tm * tn`` multiply-adds
+  (``fma.rn.f32`` with ``fastmath<contract>``);
 * the epilogue (bias, ReLU, the ReLU-gradient mask, ``W - lr * grad``) is applied to the
   accumulators in registers and each result stored once, inside the matrix bounds.
 
@@ -278,6 +279,24 @@ def _apply_epilogue(op: Operation, m: Value, n: Value, acc: Value) -> Value:
     return clone_body(block, mapping)
 
 
+def _thread_offset(thread: Value, e: int, per: int, tile: int) -> Value:
+    """Where element ``e`` of a thread's ``per`` rows (or columns) of the ``tile`` lies: groups of 4
+    consecutive ones, group g at ``g * tile / (per / 4)``, so the threads of a warp read each
+    group's 128-bit vectors from consecutive addresses (no bank conflicts)."""
+    span = tile // (per // VECTOR)
+    return arith.addi(arith.muli(thread, _index(VECTOR)), _index(e // VECTOR * span + e % VECTOR))
+
+
+def _thread_vector(shared: Value, at: list[Value], thread: Value, per: int, tile: int) -> list[Value]:
+    """The thread's ``per`` values of row ``at`` of a shared tile, one 128-bit load per group of 4."""
+    vtype = VectorType.get([VECTOR], F32Type.get())
+    out = []
+    for g in range(per // VECTOR):
+        v = vector.load(vtype, shared, at + [_thread_offset(thread, g * VECTOR, per, tile)], alignment=4 * VECTOR)
+        out += [vector.extract(v, [], [q]) for q in range(VECTOR)]
+    return out
+
+
 def _thread_loop() -> tuple[Value, Value, InsertionPoint]:
     mapping = ArrayAttr.get([Attribute.parse("#gpu.thread<y>"), Attribute.parse("#gpu.thread<x>")])
     loop = scf.ForallOp([0, 0], list(THREADS), [1, 1], mapping=mapping)
@@ -340,21 +359,17 @@ def _kernel(p: Product, tiling: Tiling, name: str, rows: Value, cols: Value, k_s
                 inner = scf.ForOp(zero, _index(tiling.bk), one, list(k_loop.inner_iter_args))
                 with InsertionPoint(inner.body):
                     kk = inner.induction_variable
-                    a_vec = vector.load(VectorType.get([tm], f32), a_tile, [stage, kk, arith.muli(ty, _index(tm))],
-                                        alignment=4 * VECTOR)
-                    b_vec = vector.load(VectorType.get([tn], f32), b_tile, [stage, kk, arith.muli(tx, _index(tn))],
-                                        alignment=4 * VECTOR)
-                    a_vals = [vector.extract(a_vec, [], [i]) for i in range(tm)]
-                    b_vals = [vector.extract(b_vec, [], [j]) for j in range(tn)]
+                    a_vals = _thread_vector(a_tile, [stage, kk], ty, tm, tiling.bm)
+                    b_vals = _thread_vector(b_tile, [stage, kk], tx, tn, tiling.bn)
                     accs = list(inner.inner_iter_args)
                     scf.YieldOp([arith.addf(accs[i * tn + j], arith.mulf(a_vals[i], b_vals[j]))
                                  for i in range(tm) for j in range(tn)])
                 land(*upcoming, other)  # after the product, into the other buffer
                 scf.YieldOp(list(inner.results))
             for i in range(tm):
-                m = arith.addi(a.base, arith.addi(arith.muli(ty, _index(tm)), _index(i)))
+                m = arith.addi(a.base, _thread_offset(ty, i, tm, tiling.bm))
                 for j in range(tn):
-                    n = arith.addi(b.base, arith.addi(arith.muli(tx, _index(tn)), _index(j)))
+                    n = arith.addi(b.base, _thread_offset(tx, j, tn, tiling.bn))
                     branch = scf.IfOp(arith.andi(_ult(m, rows), _ult(n, cols)))
                     with InsertionPoint(branch.then_block):
                         acc = k_loop.results[i * tn + j]
