@@ -9,7 +9,8 @@ thread (``ld.shared.v4.b32``: 16); occupancy follows from those and the block si
 predicted time of a node is the largest of its FLOPs at the fp32 peak of the SMs its grid
 occupies (``min(1, blocks / 132)`` of the GPU: a product of 128 blocks leaves 4 SMs idle),
 its bytes at the memory bandwidth and its shared-memory traffic (FMAs x shared bytes per
-FMA) at the shared-memory bandwidth, plus a fixed cost per launch. A product over the
+FMA, every thread's bytes counted: an upper bound, as threads of a warp reading one address
+share a transfer) at the shared-memory bandwidth, plus a fixed cost per launch. A product over the
 batch has one kernel per tiling (``mlir_nn.gpu.matmul``); only the launched one counts.
 """
 
