@@ -12,7 +12,7 @@ the GPU (an ``scf.parallel`` block loop holding one ``scf.forall`` thread loop):
   ``tm x tn`` tile of accumulators in registers (loop-carried values) across the whole
   K loop, starting from the fill value. Two tilings (``Tiling``): 128 x 128 with 8 x 8
   per thread (K steps of 8) for large products, 64 x 64 with 4 x 4 (K steps of 16)
-  otherwise. The rule (``LARGE_RULE``): the large tile when it still gives every one of
+  otherwise. The rule (``tiling_for``): the large tile when it still gives every one of
   the H200's 132 SMs a block, ``ceil(M / 128) * ceil(N / 128) >= 132``. It is decided
   while compiling when M and N are static; when one is the batch both kernels are
   built and the host picks one per call (the other gets an empty grid, which the launch
@@ -23,7 +23,9 @@ the GPU (an ``scf.parallel`` block loop holding one ``scf.forall`` thread loop):
   rows are a multiple of 4 floats long is copied as it is with one 16-byte ``cp.async``
   (``nvgpu.device_async_copy``, zero-filled outside the matrix); one stored along K is
   read with one 128-bit global load into registers and stored transposed; any other
-  (row length not a multiple of 4, or dynamic) is read with guarded scalar loads;
+  (row length not a multiple of 4, or dynamic) is read with guarded scalar loads. The
+  vector paths rely on every buffer starting 16-byte aligned (each is its own allocation;
+  the SIMT interpreter reports a misaligned vector access);
 * the shared buffers are doubled: while a K step computes from one, the next step's
   copies into the other are in flight and its register-staged values are loaded; those
   are stored after the product, then the thread waits for its copies
@@ -72,7 +74,6 @@ from mlir_nn.gpu.schedule import MATMUL, NODE, clone_body, is_contraction, itera
 THREADS = (16, 16)  # (y, x) threads of every product's block
 VECTOR = 4  # floats per 128-bit global load or 16-byte async copy
 SMS = 132  # streaming multiprocessors of an H200
-LARGE_RULE = f"ceil(M / 128) * ceil(N / 128) >= {SMS}"
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ for _t in (SMALL, LARGE):
 
 
 def tiling_for(rows: int, cols: int) -> Tiling:
-    """``LARGE`` when ``LARGE_RULE`` holds for an M x N output, else ``SMALL``."""
+    """``LARGE`` for an M x N output when its tiles still give every SM a block,
+    ``ceil(M / 128) * ceil(N / 128) >= SMS``, else ``SMALL``."""
     return LARGE if -(-rows // LARGE.bm) * -(-cols // LARGE.bn) >= SMS else SMALL
 
 
@@ -383,7 +385,7 @@ def _kernel(p: Product, tiling: Tiling, name: str, rows: Value, cols: Value, k_s
 def rewrite(p: Product, name: str) -> None:
     """Replace ``p``'s ops by the kernel(s) of the module docstring, named ``<name>_tile<bm>``: one
     when C's shape is static, else a ``LARGE`` and a ``SMALL`` one of which the host launches the
-    one ``LARGE_RULE`` picks."""
+    one ``tiling_for``'s rule picks."""
     with InsertionPoint(p.contraction), Location.unknown():
         rows, cols = _dim(p.c, 0), _dim(p.c, 1)
         k_size = _dim(p.a, 0 if p.a_k_major else 1)
