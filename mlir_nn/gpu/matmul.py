@@ -18,8 +18,8 @@ the GPU (an ``scf.parallel`` block loop holding one ``scf.forall`` thread loop):
   built and the host picks one per call (the other gets an empty grid, which the launch
   plan drops);
 * A's ``bm x bk`` and B's ``bk x bn`` tiles are staged in shared memory (both stored
-  K-major, zero outside the matrices), each thread bringing 4 elements of each per K
-  step. How depends on the operand's layout (``Operand.path``): a K-major operand whose
+  K-major, rows padded by ``PAD``, zero outside the matrices), each thread bringing 4
+  elements of each per K step. How depends on the operand's layout (``Operand.path``): a K-major operand whose
   rows are a multiple of 4 floats long is copied as it is with one 16-byte ``cp.async``
   (``nvgpu.device_async_copy``, zero-filled outside the matrix); one stored along K is
   read with one 128-bit global load into registers and stored transposed; any other
@@ -74,6 +74,7 @@ from mlir_nn.gpu.schedule import MATMUL, NODE, clone_body, is_contraction, itera
 THREADS = (16, 16)  # (y, x) threads of every product's block
 VECTOR = 4  # floats per 128-bit global load or 16-byte async copy
 SMS = 132  # streaming multiprocessors of an H200
+PAD = 4  # floats after each shared tile row: transposed stores spread over more banks, rows stay 16-byte aligned
 
 
 @dataclass(frozen=True)
@@ -326,8 +327,8 @@ def _kernel(p: Product, tiling: Tiling, name: str, rows: Value, cols: Value, k_s
         end = scf.ReduceOp([], 0)
     with InsertionPoint(end.operation):
         bm, bn = body.arguments
-        a_tile = memref.alloc(MemRefType.get([2, tiling.bk, tiling.bm], f32, memory_space=space), [], [])
-        b_tile = memref.alloc(MemRefType.get([2, tiling.bk, tiling.bn], f32, memory_space=space), [], [])
+        a_tile = memref.alloc(MemRefType.get([2, tiling.bk, tiling.bm + PAD], f32, memory_space=space), [], [])
+        b_tile = memref.alloc(MemRefType.get([2, tiling.bk, tiling.bn + PAD], f32, memory_space=space), [], [])
         ty, tx, ip = _thread_loop()
         with ip:
             t = arith.addi(arith.muli(ty, _index(THREADS[1])), tx)
