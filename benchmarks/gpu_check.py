@@ -21,6 +21,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -244,20 +245,25 @@ def model_case(case: dict, artifact: Artifact, ref: dict) -> dict:
     params = [ref[f"param{i}"] for i in range(len(artifact.signature["params"]))]
     bound = bind(artifact.plan, [a.shape for a in inputs_for(case, batch)] + [p.shape for p in params])
     threads = {a.kernel: a.block[0] * a.block[1] * a.block[2] for a in bound.actions if hasattr(a, "kernel")}
+    grids = {a.kernel: a.grid[0] * a.grid[1] * a.grid[2] for a in bound.actions if hasattr(a, "kernel")}
     resources = {}
     for ptx in artifact.ptx.values():
         resources.update(ptxas_resources(ptx, artifact.arch))
     launched = [k for k in artifact.info["model"] for k in k["kernels"] if k in threads]
     rows = predict([dict(n, kernels=[k for k in n["kernels"] if k in threads]) for n in artifact.info["model"]],
-                   resources, threads, batch)
+                   resources, threads, batch, grids=grids)
     print(f"  MODEL (roofline on an H200: 67 TFLOP/s fp32, 4.8 TB/s; not a measurement), batch {batch}:")
-    print(f"  {'node':<18}{'kernels':>8}{'GFLOP':>9}{'MB':>9}{'shared MB':>10}{'fma/ld.sh':>10}"
-          f"{'regs':>6}{'smem':>7}{'occ':>6}{'us':>8}")
+    print(f"  {'node':<18}{'kernels':>8}{'tile':>6}{'blocks':>7}{'GFLOP':>9}{'MB':>9}{'shared MB':>10}"
+          f"{'fma/ld.sh':>10}{'regs':>6}{'smem':>7}{'blk/SM':>7}{'occ':>6}{'us':>8}")
     for r in rows:
         ratio = f"{r['fma_per_shared_load']:.2f}" if r["fma_per_shared_load"] else "-"
-        print(f"  {r['node']:<18}{len(r['kernels']):>8}{r['flops'] / 1e9:>9.3f}{r['bytes'] / 1e6:>9.2f}"
-              f"{r['shared_bytes'] / 1e6:>10.2f}{ratio:>10}{max(r['registers'], default=0):>6}"
-              f"{max(r['smem'], default=0):>7}{min(r['occupancy'], default=0):>6.2f}{r['seconds'] * 1e6:>8.1f}")
+        tiles = [m.group(1) for k in r["kernels"] if (m := re.search(r"_tile(\d+)$", k))]
+        tile = tiles[0] if tiles else "-"
+        print(f"  {r['node']:<18}{len(r['kernels']):>8}{tile:>6}{max(r['grid_blocks'], default=0):>7}"
+              f"{r['flops'] / 1e9:>9.3f}{r['bytes'] / 1e6:>9.2f}{r['shared_bytes'] / 1e6:>10.2f}{ratio:>10}"
+              f"{max(r['registers'], default=0):>6}{max(r['smem'], default=0):>7}"
+              f"{min(r['blocks_per_sm'], default=0):>7}{min(r['occupancy'], default=0):>6.2f}"
+              f"{r['seconds'] * 1e6:>8.1f}")
     total = sum(r["seconds"] for r in rows)
     spills = sum(r["spill_bytes"] for r in rows)
     print(f"  predicted step: {total * 1e6:.1f} us over {len(launched)} launches; spill bytes {spills}")

@@ -56,6 +56,7 @@ def step_function(case: dict) -> tuple:
 
 PRODUCTS = ("matmul", "linear", "gemm", "matmul_relu_grad")
 STAGES = ("_partial", "_total")  # a reduction's two kernels
+TILING = re.compile(r"_tile\d+$")  # a product's kernel per tiling (the host launches one per batch size)
 
 
 def node_cost(node, batch: int) -> tuple[float, float]:
@@ -79,12 +80,17 @@ def node_costs(graph, kernels: list[str]) -> list[dict]:
     pending: list[str] = []  # initializers (``<op>_init``) of the next node
     for kernel in kernels:
         op = re.search(r"_k\d+_(\w+)$", kernel).group(1)
+        tiling = TILING.search(op)
+        op = TILING.sub("", op)
         base = next((op[:-len(s)] for s in STAGES if op.endswith(s)), op)
         if op.endswith("_init"):
             pending.append(kernel)
             continue
-        if model and staged and base == model[-1]["op"] and not op.endswith(STAGES[0]):
-            model[-1]["kernels"].append(kernel)  # a reduction's second kernel or its 0-d epilogue
+        same = bool(model) and base == model[-1]["op"]
+        tilings = {m.group(0) for k in model[-1]["kernels"] if (m := TILING.search(k))} if model else set()
+        other_tiling = tiling is not None and same and bool(tilings) and tiling.group(0) not in tilings
+        if other_tiling or (same and staged and not op.endswith(STAGES[0])):
+            model[-1]["kernels"].append(kernel)  # another tiling, a reduction's second kernel or its 0-d epilogue
         else:
             node = next((n for n in nodes if n.op == base), None)
             if node is None:

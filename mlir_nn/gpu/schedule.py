@@ -22,6 +22,7 @@ Block-level loops become ``scf.parallel`` (a dynamic batch size then maps to the
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from mlir.ir import ArrayAttr, Block, IntegerAttr, IntegerType, Module, Operation, StringAttr, Value
@@ -147,7 +148,7 @@ def _name_initializers(plans: list[OpSchedule]) -> list[OpSchedule]:
         if out[i].kind == "parallel" and out[i].name == out[i].kind and following:
             out[i] = replace(out[i], name=f"{following}_init")
         elif out[i].name != out[i].kind:
-            following = out[i].name.removesuffix("_partial").removesuffix("_total")
+            following = re.sub(r"(_partial|_total|_tile\d+)$", "", out[i].name)  # the node, not its kernel
     return out
 
 

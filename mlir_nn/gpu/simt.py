@@ -13,7 +13,14 @@ within each block. While it runs it records:
   at least one write (shared and global memory), and over the whole launch, two blocks
   touching the same global address with at least one write;
 * barriers under divergent control flow: a barrier that some, not all, threads of a
-  block reach.
+  block reach;
+* async copies (``nvgpu.device_async_copy``, i.e. ``cp.async``): a copy reads its source
+  when issued but writes shared memory only when its thread waits for its group
+  (``device_async_create_group`` commits a thread's pending copies as one group,
+  ``device_async_wait {numGroups = n}`` completes all but its ``n`` newest groups);
+  until then any access to its destination, by any thread, is reported, and so is a copy
+  never waited for. Sources past ``srcElements`` are not read and the rest of the
+  destination is zero-filled. Misaligned vector loads and copies are reported too.
 
 Lockstep is one legal schedule; the race check is what covers the others. Arithmetic is
 NumPy's in the kernel's element type (float32 rounds after every operation, as
@@ -33,7 +40,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from mlir.ir import Block, Context, FloatAttr, IntegerAttr, MemRefType, Module, Operation, Value, VectorType
+from mlir.ir import (
+    Block,
+    Context,
+    DenseElementsAttr,
+    FloatAttr,
+    IntegerAttr,
+    MemRefType,
+    Module,
+    Operation,
+    Value,
+    VectorType,
+)
 
 from mlir_nn.runtime.plan import ITEMSIZE, BoundPlan, Copy, Launch, bind
 
@@ -135,9 +153,17 @@ class Launched:
         self.by_thread: dict[str, tuple[Buffer, Owners]] = {}  # since the last barrier
         self.by_block: dict[str, Owners] = {}  # global memory, the whole launch
         self.barriers = 0
+        self.in_flight: list[AsyncCopy] = []  # issued async copies not yet waited for
+        self.pending: dict[str, np.ndarray] = {}  # per buffer element: in-flight copies writing it
+        self.groups = np.zeros(len(lanes), np.int64)  # per lane: async groups committed so far
 
-    def log(self, buffer: Buffer, addresses: np.ndarray, lanes: np.ndarray, write: bool) -> None:
+    def log(self, buffer: Buffer, addresses: np.ndarray, lanes: np.ndarray, write: bool, where: str = "") -> None:
         size = buffer.data.size
+        pending = self.pending.get(buffer.name)
+        if pending is not None and len(addresses) and (pending[addresses] > 0).any():
+            self.report.races.append(
+                f"{where or self.kernel}: {int((pending[addresses] > 0).sum())} accesses to {buffer.name} that an "
+                "async copy is still writing (its thread has not waited for its group)")
         if buffer.name not in self.by_thread:
             self.by_thread[buffer.name] = (buffer, Owners(size))
         self.by_thread[buffer.name][1].add(addresses, lanes, write)
@@ -153,13 +179,41 @@ class Launched:
                                          "(two threads, one writing, no barrier between)")
             owners.clear()
 
+    def complete(self, copy: AsyncCopy, done: np.ndarray) -> None:
+        """Land the copies of ``copy``'s lanes where ``done``: shared memory gets their values now."""
+        if not done.any():
+            return
+        addresses, values = copy.addresses[done], copy.values[done]
+        flat = addresses.reshape(-1)
+        np.subtract.at(self.pending[copy.buffer.name], flat, 1)
+        copy.buffer.typed(copy.dtype)[flat] = values.reshape(-1)
+        self.log(copy.buffer, flat, np.repeat(copy.lanes[done], addresses.shape[1]), True)
+        keep = ~done
+        copy.lanes, copy.addresses, copy.values, copy.group = (copy.lanes[keep], copy.addresses[keep],
+                                                               copy.values[keep], copy.group[keep])
+
     def finish(self) -> None:
+        left = sum(len(c.lanes) for c in self.in_flight)
+        if left:
+            self.report.races.append(f"{self.kernel}: {left} async copies never waited for before the end")
         self.end_epoch("before the end of the kernel")
         for name, owners in self.by_block.items():
             bad = owners.conflicts()
             if len(bad):
                 self.report.races.append(f"{self.kernel}: {len(bad)} global addresses of {name} touched by two "
                                          "blocks, one writing")
+
+
+@dataclass
+class AsyncCopy:
+    """The copies of one ``device_async_copy`` still in flight: per lane its destination and data."""
+
+    buffer: Buffer
+    dtype: Any
+    lanes: np.ndarray  # (copies,)
+    addresses: np.ndarray  # (copies, elements) destination element addresses
+    values: np.ndarray  # (copies, elements) what lands there (zeros past srcElements)
+    group: np.ndarray  # (copies,) the lane's group number, -1 while not committed
 
 
 # ---------------------------------------------------------------------------- values
@@ -344,6 +398,13 @@ class Kernel:
             return self._store(op, ins, where)
         if name == "vector.load":
             return self._vector_load(op, ins, outs, where)
+        if name == "nvgpu.device_async_copy":
+            return self._async_copy(op, ins, outs, where)
+        if name == "nvgpu.device_async_create_group":
+            return self._async_commit(outs)
+        if name == "nvgpu.device_async_wait":
+            keep = IntegerAttr(op.attributes["numGroups"]).value if "numGroups" in op.attributes else 0
+            return self._async_wait(keep)
         if name == "vector.extract":
             position = list(op.attributes["static_position"])
             if len(position) != 1 or len(ins) != 1:
@@ -423,7 +484,7 @@ class Kernel:
         def load(s, mask, run):
             m = s[ins[0]]
             address, lanes = self._addresses(m, [s[i] for i in ins[1:]], mask, run, where)
-            run.log(m.buffer, address, lanes, False)
+            run.log(m.buffer, address, lanes, False, where)
             out = np.zeros(len(run.lanes), rtype)
             out[lanes] = m.buffer.typed(m.dtype)[address]
             s[outs[0]] = out
@@ -433,7 +494,7 @@ class Kernel:
         def store(s, mask, run):
             m = s[ins[1]]
             address, lanes = self._addresses(m, [s[i] for i in ins[2:]], mask, run, where)
-            run.log(m.buffer, address, lanes, True)
+            run.log(m.buffer, address, lanes, True, where)
             m.buffer.typed(m.dtype)[address] = _lanes(s[ins[0]], len(run.lanes))[lanes]
         return store
 
@@ -453,10 +514,76 @@ class Kernel:
                 if e == 0 and np.any(address % width):
                     run.report.out_of_bounds.append(f"{where}: {int(np.sum(address % width != 0))} threads load a "
                                                     f"vector of {width} from an address not aligned to it")
-                run.log(m.buffer, address, lanes, False)
+                run.log(m.buffer, address, lanes, False, where)
                 out[lanes, e] = m.buffer.typed(m.dtype)[address]
             s[outs[0]] = out
         return load
+
+    def _async_copy(self, op: Operation, ins: list[int], outs: list[int], where: str) -> Step:
+        """Read the source now (its first ``srcElements``), keep the data in flight until the wait."""
+        sizes = list(op.attributes["operandSegmentSizes"])  # dst, dstIndices, src, srcIndices, srcElements
+        dst, dst_idx = ins[0], ins[1:1 + sizes[1]]
+        src, src_idx = ins[1 + sizes[1]], ins[2 + sizes[1]:2 + sizes[1] + sizes[3]]
+        count = ins[-1] if sizes[4] else None
+        width = IntegerAttr(op.attributes["dstElements"]).value
+
+        def misaligned(address: np.ndarray, what: str, run: Launched) -> None:
+            if np.any(address % width):
+                run.report.out_of_bounds.append(f"{where}: {int(np.sum(address % width != 0))} threads copy "
+                                                f"{width} elements {what} an address not aligned to them")
+
+        def copy(s, mask, run):
+            d, m = s[dst], s[src]
+            n = len(run.lanes)
+            active = np.ones(n, bool) if mask is None else mask
+            valid = _lanes(width if count is None else s[count], n)
+            values = np.zeros((n, width), m.dtype)
+            targets = []
+            for e in range(width):
+                index = [s[i] for i in src_idx]
+                address, lanes = self._addresses(m, index[:-1] + [index[-1] + e], active & (valid > e), run, where)
+                if e == 0:
+                    misaligned(address, "from", run)
+                run.log(m.buffer, address, lanes, False, where)
+                values[lanes, e] = m.buffer.typed(m.dtype)[address]
+                index = [s[i] for i in dst_idx]
+                target, lanes = self._addresses(d, index[:-1] + [index[-1] + e], active, run, where)
+                if e == 0:
+                    misaligned(target, "to", run)
+                    copying = lanes
+                elif not np.array_equal(lanes, copying):
+                    raise SimtError(f"simt: {where}: an async copy runs past its destination")
+                targets.append(target)
+            s[outs[0]] = None  # the token: groups are tracked per thread
+            if not len(copying):
+                return
+            addresses = np.stack(targets, axis=1)
+            run.log(d.buffer, addresses.reshape(-1), np.repeat(copying, width), True, where)
+            pending = run.pending.setdefault(d.buffer.name, np.zeros(d.buffer.data.size, np.int32))
+            np.add.at(pending, addresses.reshape(-1), 1)
+            run.in_flight.append(AsyncCopy(d.buffer, d.dtype, copying, addresses, values[copying],
+                                           np.full(len(copying), -1, np.int64)))
+        return copy
+
+    @staticmethod
+    def _async_commit(outs: list[int]) -> Step:
+        def commit(s, mask, run):
+            active = np.ones(len(run.lanes), bool) if mask is None else mask
+            for c in run.in_flight:
+                new = (c.group < 0) & active[c.lanes]
+                c.group[new] = run.groups[c.lanes[new]]
+            run.groups[active] += 1
+            s[outs[0]] = None
+        return commit
+
+    @staticmethod
+    def _async_wait(keep: int) -> Step:
+        def wait(s, mask, run):
+            active = np.ones(len(run.lanes), bool) if mask is None else mask
+            for c in run.in_flight:
+                run.complete(c, active[c.lanes] & (c.group >= 0) & (c.group < run.groups[c.lanes] - keep))
+            run.in_flight = [c for c in run.in_flight if len(c.lanes)]
+        return wait
 
     @staticmethod
     def _subview(op: Operation, ins: list[int], outs: list[int]) -> Step:
@@ -583,10 +710,17 @@ def _run(region: Region, s: list, mask: Any, run: Launched) -> None:
 
 def _constant(op: Operation) -> Any:
     attr = op.attributes["value"]
-    dtype = _np_type(op.results[0].type)
-    if isinstance(attr, IntegerAttr):
-        return dtype(attr.value)
-    if isinstance(attr, FloatAttr):
+    if isinstance(op.results[0].type, VectorType):  # a splat, as one lane's row (lanes x elements broadcasts)
+        vtype = VectorType(op.results[0].type)
+        if vtype.rank != 1 or not isinstance(attr, DenseElementsAttr) or not attr.is_splat:
+            raise SimtError(f"simt: vector constant {attr} is not a 1-d splat")
+        value = _constant_value(attr.get_splat_value(), _np_type(vtype.element_type))
+        return np.full((1, vtype.shape[0]), value)
+    return _constant_value(attr, _np_type(op.results[0].type))
+
+
+def _constant_value(attr: Any, dtype: Any) -> Any:
+    if isinstance(attr, (IntegerAttr, FloatAttr)):
         return dtype(attr.value)
     raise SimtError(f"simt: constant {attr} is not a scalar")
 

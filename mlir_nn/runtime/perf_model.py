@@ -3,11 +3,15 @@
 It is a model, not a measurement. Per Graph node (the kernels named after it), the
 compile side stores in the artifact the node's FLOPs and compulsory global-memory bytes
 as ``a * batch + b`` (``node_costs``). Here, without MLIR or a GPU, each kernel gets its
-registers, shared memory and spills from ``ptxas -v`` on the artifact's PTX and its static
-FMA per shared-load ratio from the PTX text; occupancy follows from those and the block
-size. The predicted time of a node is the largest of its FLOPs at the fp32 peak, its
-bytes at the memory bandwidth and its shared-memory traffic (FMAs / ratio loads of 4
-bytes) at the shared-memory bandwidth, plus a fixed cost per launch.
+registers, shared memory and spills from ``ptxas -v`` on the artifact's PTX and, from the
+PTX text, its static FMA and shared-load instructions and the bytes those loads read per
+thread (``ld.shared.v4.b32``: 16); occupancy follows from those and the block size. The
+predicted time of a node is the largest of its FLOPs at the fp32 peak of the SMs its grid
+occupies (``min(1, blocks / 132)`` of the GPU: a product of 128 blocks leaves 4 SMs idle),
+its bytes at the memory bandwidth and its shared-memory traffic (FMAs x shared bytes per
+FMA, every thread's bytes counted: an upper bound, as threads of a warp reading one address
+share a transfer) at the shared-memory bandwidth, plus a fixed cost per launch. A product over the
+batch has one kernel per tiling (``mlir_nn.gpu.matmul``); only the launched one counts.
 """
 
 from __future__ import annotations
@@ -33,6 +37,12 @@ class KernelResources:
     spill_bytes: int
     fma: int  # static fma.rn.f32 instructions in the PTX
     shared_loads: int  # static ld.shared instructions in the PTX
+    shared_load_bytes: int = 0  # what those read per thread (a v4 load of b32: 16 bytes)
+
+
+def shared_load_bytes(body: str) -> int:
+    """Bytes per thread of the ``ld.shared`` instructions of a PTX body (vector width x element size)."""
+    return sum(int(v or 1) * int(bits) // 8 for v, bits in re.findall(r"ld\.shared(?:\.v(\d))?\.[bfus](\d+)", body))
 
 
 def ptx_bodies(ptx: str) -> dict[str, str]:
@@ -66,7 +76,8 @@ def ptxas_resources(ptx: str, arch: str) -> dict[str, KernelResources]:
         if m and current:
             body = ptx_bodies(ptx).get(current, "")
             out[current] = KernelResources(int(m.group(1)), int(m.group(2) or 0), spills,
-                                           body.count("fma.rn.f32"), len(re.findall(r"ld\.shared", body)))
+                                           body.count("fma.rn.f32"), len(re.findall(r"ld\.shared", body)),
+                                           shared_load_bytes(body))
             current, spills = None, 0
     return out
 
@@ -85,24 +96,30 @@ def occupancy(res: KernelResources, threads: int, gpu: dict[str, Any] = H200) ->
 
 
 def predict(model: list[dict[str, Any]], resources: dict[str, KernelResources], blocks: dict[str, int],
-            batch: int, gpu: dict[str, Any] = H200) -> list[dict[str, Any]]:
-    """One row per Graph node: FLOPs, bytes, shared bytes, kernels' resources and the predicted seconds."""
+            batch: int, gpu: dict[str, Any] = H200, grids: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """One row per Graph node: FLOPs, bytes, shared bytes, kernels' resources and the predicted seconds.
+
+    ``blocks``: threads per block of each kernel; ``grids``: blocks per launch (default: enough for every SM).
+    """
+    grids = grids or {}
     rows = []
     for node in model:
         flops = node["flops"][0] * batch + node["flops"][1]
         nbytes = node["bytes"][0] * batch + node["bytes"][1]
         kernels = [k for k in node["kernels"] if k in resources]
-        ratios = [resources[k].fma / resources[k].shared_loads for k in kernels if resources[k].shared_loads
-                  and resources[k].fma]
-        shared = (flops / 2) / min(ratios) * 4 if ratios else 0.0
+        tiled = [resources[k] for k in kernels if resources[k].shared_loads and resources[k].fma]
+        ratio = min((r.fma / r.shared_loads for r in tiled), default=None)
+        shared = (flops / 2) * max(r.shared_load_bytes / r.fma for r in tiled) if tiled else 0.0
         occ = [occupancy(resources[k], blocks.get(k, 256), gpu) for k in kernels]
-        seconds = max(flops / gpu["fp32_flops"], nbytes / gpu["dram_bytes"], shared / gpu["shared_bytes"])
+        used = min([1.0, *(grids[k] / gpu["sms"] for k in kernels if k in grids)])
+        seconds = max(flops / (gpu["fp32_flops"] * used), nbytes / gpu["dram_bytes"], shared / gpu["shared_bytes"])
         rows.append({
             "node": node["op"], "kernels": kernels, "flops": flops, "bytes": nbytes, "shared_bytes": shared,
-            "fma_per_shared_load": round(min(ratios), 2) if ratios else None,
+            "fma_per_shared_load": round(ratio, 2) if ratio else None,
             "registers": [resources[k].registers for k in kernels], "smem": [resources[k].smem for k in kernels],
             "spill_bytes": sum(resources[k].spill_bytes for k in kernels),
             "blocks_per_sm": [b for b, _ in occ], "occupancy": [round(o, 2) for _, o in occ],
+            "grid_blocks": [grids[k] for k in kernels if k in grids], "sm_fraction": round(used, 3),
             "seconds": seconds + LAUNCH_S * len(kernels),
         })
     return rows

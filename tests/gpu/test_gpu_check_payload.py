@@ -26,20 +26,22 @@ def test_artifacts_are_optimized_and_gpu_check_reads_them_without_mlir(tmp_path)
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     cases = json.loads((art / "cases.json").read_text())["cases"]
-    assert cases["op_linear_relu"]["kernels"] == 1  # x @ W + b, relu: one fused kernel
+    assert cases["op_linear_relu"]["kernels"] == 2  # x @ W + b, relu: one fused kernel per tiling
     assert cases["moons_step"]["kernels"] < 40
     check = [sys.executable, "-c", BLOCKED_RUN, str(ROOT / "benchmarks" / "gpu_check.py"), str(res),
              "--artifacts", str(art), "--cases", "moons_step", "op_linear_relu"]
     proc = subprocess.run([*check, "--dry-run"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((res / "gpu_check.json").read_text())
-    # at batch 7 the second kernel of each of the 5 reductions (loss, 4 bias gradients) is not launched
-    assert report["cases"]["moons_step"]["check"]["7"]["launches"] == cases["moons_step"]["kernels"] - 5
+    # at batch 7 the second kernel of each of the 5 reductions (loss, 4 bias gradients) is not launched,
+    # nor the 128 x 128 kernels of the 7 products over the batch (4 forward, 3 input gradients)
+    assert report["cases"]["moons_step"]["check"]["7"]["launches"] == cases["moons_step"]["kernels"] - 5 - 7
     if shutil.which("ptxas"):  # the roofline model, labelled as one: every launch of the batch attributed
         model = report["cases"]["op_linear_relu"]["model"]
         assert model["label"] == "roofline model, not a measurement" and model["predicted_s"] > 0
         (node,) = model["nodes"]
         assert node["node"] == "linear" and node["flops"] >= 2 * 512 * 784 * 1024 and node["spill_bytes"] == 0
+        assert node["kernels"][0].endswith("_k01_linear_tile64") and node["grid_blocks"] == [8 * 16]
         assert 0 < node["occupancy"][0] <= 1 and node["fma_per_shared_load"] > 0
         moons = report["cases"]["moons_step"]["model"]["nodes"]
         assert sum(len(n["kernels"]) for n in moons) == report["cases"]["moons_step"]["check"]["10"]["launches"]
