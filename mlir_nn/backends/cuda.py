@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from mlir_nn import residency
 from mlir_nn.ir import Graph
 from mlir_nn.runtime.artifact import Artifact, signature_of
 
@@ -50,15 +51,47 @@ def build_artifact(graph: Graph, arch: str) -> Artifact:
 
 
 class CudaExecutable:
-    """A compiled step on the GPU, with the compiler's stage texts."""
+    """A compiled step on the GPU, with the compiler's stage texts.
+
+    ``run`` follows ``mlir_nn.residency``: outside a resident block it uploads every
+    parameter and writes the results back (``p.data`` always current); inside one it
+    copies only what the ledger says is stale and leaves its results on the device.
+    It is also the ledger's holder of its device copies (``fetch``).
+    """
 
     def __init__(self, graph: Graph, step: Any, stages: dict[str, str]) -> None:
         self.graph = graph
         self.step = step
         self.stages = stages
+        updated = set(step.update_slots)
+        # hyperparameters: 0-d parameters the step only reads, fed from Python before each call
+        self.watched = [i for i, shape in enumerate(step.param_shapes) if shape == () and i not in updated]
 
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
-        return self.step.run(inputs, params)
+        self.step.check(inputs, params)  # bad input never reaches the device
+        resident = residency.active()
+        with residency.LEDGER.lock:
+            ledger = residency.LEDGER
+            bound = self.step.bind([tuple(a.shape) for a in inputs])
+            plan = ledger.plan(self, params, resident, self.watched)
+            for t in plan.downloads:
+                t.holder.fetch(t.slot, t.array)
+            for t in plan.uploads:
+                self.step.upload_param(t.slot, t.array)
+            ledger.applied(plan)
+            try:
+                outputs = self.step.execute(bound, inputs)
+                if not resident:
+                    self.step.download_params(params)
+            except BaseException:
+                ledger.lost(self)  # its device copies may be half-updated
+                raise
+            ledger.stepped(self, params, self.step.update_slots, resident)
+        return outputs
+
+    def fetch(self, slot: int, array: np.ndarray) -> None:
+        """The ledger's download: this step's device copy of parameter ``slot`` into ``array``."""
+        self.step.download_param(slot, array)
 
 
 class CudaBackend:
