@@ -221,6 +221,7 @@ class Trainer:
         val = None
         if validation_data is not None:
             val = _as_arrays(*validation_data, self.dtype, "validation")
+            self.model(Tensor(val[0][:1]))  # X_val's width, checked before any step runs
             Task(val[1], task.outputs)  # the same checks as y
         if self.distributed:
             from mlir_nn.distributed import rank

@@ -124,6 +124,7 @@ class CudaStep:
 
     def upload_param(self, slot: int, array: np.ndarray) -> None:
         """Copy one checked parameter array to its device buffer."""
+        self.device.activate()  # the calling thread may not have the context current
         self._alloc_params()
         self.device.upload(self.param_ptrs[slot], array, f"parameter {self.param_name(slot)}")
         self._uploaded.add(slot)
@@ -145,6 +146,7 @@ class CudaStep:
         if not array.flags.c_contiguous or not array.flags.writeable or array.shape != self.param_shapes[slot]:
             raise ValueError(f"{self.graph.name}: parameter {name} must be a writable C-contiguous array "
                              f"of shape {self.param_shapes[slot]}")
+        self.device.activate()
         self.device.download(array, self.param_ptrs[slot], f"parameter {name}")
         self.param_copies["to_host"] += 1
 
@@ -239,6 +241,7 @@ class CudaStep:
         key = tuple(input_shapes)
         if key in self._bound:
             return self._bound[key]
+        self.device.activate()
         self._alloc_params()
         plan = bind(self.artifact.plan, list(input_shapes) + self.param_shapes)
         _check_update_aliasing(plan, self.param_ids, self.update_slots, self.n_outputs)
