@@ -95,7 +95,12 @@ class CudaExecutable:
 
 
 class CudaBackend:
-    """Runs steps on the first GPU; constructing it fails with the reason if it cannot."""
+    """Runs steps on the first GPU; constructing it fails with the reason if it cannot.
+
+    A step's artifact comes from the disk cache (``mlir_nn.backends.cuda_cache``) when it
+    was compiled before, here or on another machine; else it is compiled (MLIR, ptxas) and
+    stored there.
+    """
 
     name = "cuda"
 
@@ -105,10 +110,17 @@ class CudaBackend:
         self.device = Device()
 
     def compile(self, graph: Graph) -> CudaExecutable:
+        from mlir_nn.backends import cuda_cache
         from mlir_nn.runtime.cuda import CudaStep
 
         arch = self.device.arch
-        program = compile_graph(graph, (arch,))
-        stages = {"linalg": program.linalg_text, "gpu": program.gpu_text,
-                  "ptx": "\n".join(program.ptx[arch].values())}
-        return CudaExecutable(graph, CudaStep(artifact_of(graph, program, arch), self.device), stages)
+        artifact = cuda_cache.load(graph, arch)
+        if artifact is not None:
+            stages = {"ptx": "\n".join(artifact.ptx.values())}
+        else:
+            program = compile_graph(graph, (arch,))
+            artifact = artifact_of(graph, program, arch)
+            cuda_cache.store(graph, artifact)
+            stages = {"linalg": program.linalg_text, "gpu": program.gpu_text,
+                      "ptx": "\n".join(program.ptx[arch].values())}
+        return CudaExecutable(graph, CudaStep(artifact, self.device), stages)

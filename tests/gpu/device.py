@@ -1,4 +1,4 @@
-"""Whether this machine can run CUDA steps, for the tests that need a GPU."""
+"""Whether this machine can compile and run CUDA steps, for the tests that need a GPU."""
 
 import importlib.util
 
@@ -18,5 +18,8 @@ def has_gpu() -> bool:
         return False
 
 
-needs_gpu = pytest.mark.skipif(not has_gpu(), reason="needs an NVIDIA GPU and cuda-bindings "
-                                                       "(run benchmarks/gpu_check.py there)")
+# These tests compile their steps too, so they need the MLIR bindings beside the GPU. A GPU machine
+# without MLIR runs the precompiled checks instead: benchmarks/gpu_check.py.
+needs_gpu = pytest.mark.skipif(not (has_gpu() and importlib.util.find_spec("mlir") is not None),
+                               reason="needs an NVIDIA GPU, cuda-bindings and the MLIR bindings "
+                                      "(a GPU machine without MLIR runs benchmarks/gpu_check.py)")
