@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -137,6 +138,7 @@ def build_case(name: str, case: dict, out: Path, arch: str) -> dict:
 def build_trainer_case(out: Path, arch: str) -> dict:
     """Train the Trainer case one epoch on the reference backend (tracing and optimizing its
     steps into ``out/cache``), then compile each optimized step into the CUDA cache there."""
+    shutil.rmtree(out / "cache", ignore_errors=True)  # only this tree's entries travel
     os.environ["MLIR_NN_CACHE_DIR"] = str(out / "cache")
     trainer, _, _, (X, y, X_val, y_val) = trainer_case("numpy")
     random.seed(0)

@@ -81,8 +81,9 @@ class CudaExecutable:
             ledger.applied(plan)
             try:
                 outputs = self.step.execute(bound, inputs)
-                if not resident:
-                    self.step.download_params(params)
+                if not resident:  # the new values back into p.data
+                    for slot in self.step.update_slots:
+                        self.step.download_param(slot, params[slot])
             except BaseException:
                 ledger.lost(self)  # its device copies may be half-updated
                 raise

@@ -2,8 +2,9 @@
 
 An entry is ``<cache_dir>/cuda/<key>.mlirnn``, the ``.mlirnn`` file itself (whose reader
 checks every cubin's hash). Its key is the sha256 of the graph's fingerprint, the arch,
-the package version and a digest of the CUDA compiler's sources (codegen, ``mlir_nn/gpu``,
-the shipped ``cuda.pipeline`` and ``cuda_schedule.mlir``). An entry that does not read
+the package version and a digest of the CUDA compiler's sources (``mlir_nn/ir``, ``codegen``
+and ``gpu``, the artifact format, the shipped ``cuda.pipeline`` and ``cuda_schedule.mlir``),
+so artifacts for a GPU machine are built from the same tree that is sent there. An entry that does not read
 back, or holds another graph or signature, is a miss and is rewritten.
 
 With it a GPU machine without MLIR runs ``Trainer(..., backend="cuda")`` on steps compiled
@@ -28,12 +29,13 @@ FORMAT = 1
 
 @cache
 def compiler_digest() -> str:
-    """sha256 of every source that decides a CUDA artifact's content."""
+    """sha256 of every source that decides a CUDA artifact's content (the backend's glue in
+    ``backends/cuda.py`` only packages it; a change to what it packages bumps FORMAT)."""
     from mlir_nn.pipelines import shipped_dir
 
     package = Path(__file__).resolve().parents[1]
     sources = sorted([*(package / "gpu").rglob("*.py"), *(package / "codegen").rglob("*.py"),
-                      package / "backends" / "cuda.py", package / "ir" / "ops.py"])
+                      *(package / "ir").rglob("*.py"), package / "runtime" / "artifact.py"])
     sources += [shipped_dir() / "cuda.pipeline", shipped_dir() / "cuda_schedule.mlir"]
     digest = hashlib.sha256()
     for path in sources:

@@ -7,8 +7,8 @@ the plan's kernels in order, and copies the outputs back.
 Three ways to call it:
 
 * ``run(inputs, params)``: the host parameter arrays are uploaded before the step and
-  the updated values written back into them after it, so they are always current
-  (two copies per parameter per step);
+  the updated ones written back into them after it, so they are always current (two
+  copies per updated parameter per step);
 * ``upload_params(params)`` once, then ``step(inputs)`` repeatedly (parameters stay on
   the device and are updated there), and ``download_params(params)`` whenever the host
   arrays should see them;
@@ -171,7 +171,8 @@ class CudaStep:
         for slot, p in enumerate(params):
             self.upload_param(slot, p)
         outputs = self.execute(bound, inputs)
-        self.download_params(params)
+        for slot in self.update_slots:
+            self.download_param(slot, params[slot])
         return outputs
 
     def step(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
