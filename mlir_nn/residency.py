@@ -66,6 +66,8 @@ class Plan:
     downloads: list[Transfer]
     uploads: list[Transfer]
     watched: dict[int, bytes] = field(default_factory=dict)  # slot -> value uploaded, for watched slots
+    key: tuple = ()  # the holder's arrays and watched values (see Ledger._steady)
+    steady: bool = False  # the same step as the holder's last, with no change since: nothing to do
 
 
 @dataclass
@@ -91,6 +93,11 @@ class Ledger:
         self._arrays: dict[int, _Copies] = {}  # id(host array) -> its copies (holding the array alive)
         self._slots: dict[tuple[Hashable, int], int] = {}  # (holder, slot) -> id of the array it holds
         self.transfers = {"downloads": 0, "uploads": 0}  # counted as applied, for tests and benchmarks
+        # The steady state of a training loop, checked first: a holder whose last resident step
+        # left nothing to copy, with no change to the ledger since (same generation), the same
+        # arrays and the same watched values, has nothing to copy again.
+        self._generation = 0  # bumped by every change
+        self._steady: dict[Hashable, tuple[int, tuple]] = {}  # holder -> (generation, _key) after its step
 
     def plan(self, holder: Hashable, arrays: Sequence[np.ndarray], resident: bool,
              watched: Iterable[int] = ()) -> Plan:
@@ -100,6 +107,9 @@ class Ledger:
         non-resident: it then uploads everything). Resident, it uploads each array its slot
         does not hold current, and each ``watched`` array whose value changed since."""
         watched = set(watched)
+        key = _key(arrays, watched) if resident else ()
+        if resident and self._steady.get(holder) == (self._generation, key):
+            return Plan([], [], key=key, steady=True)
         downloads, uploads, values = [], [], {}
         for slot, array in enumerate(arrays):
             copies = self._arrays.get(id(array))
@@ -117,11 +127,13 @@ class Ledger:
                 uploads.append(Transfer(holder, slot, array))
                 if value is not None:
                     values[slot] = value
-        return Plan(downloads, uploads, values)
+        return Plan(downloads, uploads, values, key)
 
     def applied(self, plan: Plan) -> None:
         """``plan``'s transfers are done: downloaded arrays are current on the host, uploaded
         slots hold their arrays."""
+        if plan.downloads or plan.uploads:
+            self._generation += 1
         for t in plan.downloads:
             copies = self._arrays.get(id(t.array))
             if copies is not None and copies.newer == t.holder:
@@ -134,10 +146,14 @@ class Ledger:
         self.transfers["uploads"] += len(plan.uploads)
 
     def stepped(self, holder: Hashable, arrays: Sequence[np.ndarray], updated: Iterable[int],
-                resident: bool) -> None:
-        """``holder`` ran a step that wrote new values of ``arrays[i]`` for ``i`` in ``updated``:
-        resident, into its device copies (now the only current ones); otherwise back into the
-        host arrays, and its copies are not tracked further (it uploads everything next time)."""
+                resident: bool, plan: Plan) -> None:
+        """``holder`` ran a step, after ``plan``, that wrote new values of ``arrays[i]`` for ``i``
+        in ``updated``: resident, into its device copies (now the only current ones); otherwise
+        back into the host arrays, and its copies are not tracked further (it uploads
+        everything next time)."""
+        if resident and plan.steady and self._steady.get(holder, (None,))[0] == self._generation:
+            return  # the same step again: its updates are the newer copies already
+        self._generation += 1
         for slot in updated:
             copies = self._arrays[id(arrays[slot])]
             for other in [h for h in copies.slots if h != holder]:
@@ -147,10 +163,13 @@ class Ledger:
             copies.values.pop(holder, None)
         if not resident:
             self.lost(holder)
+        else:
+            self._steady[holder] = (self._generation, plan.key)
 
     def lost(self, holder: Hashable) -> None:
         """Forget every copy ``holder`` has: its step failed with them half-written (the host
         keeps the values of the last synchronization) or its copies are no longer tracked."""
+        self._steady.pop(holder, None)
         for key in [k for k in self._slots if k[0] == holder]:
             self._release(*key)
 
@@ -165,6 +184,8 @@ class Ledger:
     def forget(self, arrays: Iterable[np.ndarray] | None = None) -> None:
         """The host copy of ``arrays`` (default: all) is the current value: drop their device
         copies, newer ones included (after downloading them, or because the host was written)."""
+        if arrays is None:
+            self._steady.clear()
         ids = list(self._arrays) if arrays is None else [id(a) for a in arrays]
         for key in ids:
             copies = self._arrays.get(key)
@@ -177,6 +198,7 @@ class Ledger:
         return {holder for holder, _ in self._slots}
 
     def _hold(self, holder: Hashable, slot: int, array: np.ndarray) -> None:
+        self._generation += 1
         replaced = self._slots.get((holder, slot))
         if replaced is not None and replaced != id(array):
             self._release(holder, slot)
@@ -185,6 +207,7 @@ class Ledger:
         self._slots[(holder, slot)] = id(array)
 
     def _release(self, holder: Hashable, slot: int) -> None:
+        self._generation += 1
         key = self._slots.pop((holder, slot))
         copies = self._arrays[key]
         del copies.slots[holder]
@@ -193,6 +216,11 @@ class Ledger:
             copies.newer = None
         if not copies.slots:
             del self._arrays[key]
+
+
+def _key(arrays: Sequence[np.ndarray], watched: set[int]) -> tuple:
+    """What a holder's steady state depends on: which arrays, and the watched values."""
+    return tuple(map(id, arrays)), tuple(arrays[i].tobytes() for i in sorted(watched))
 
 
 LEDGER = Ledger()

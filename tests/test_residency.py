@@ -18,7 +18,7 @@ def run(ledger, holder, arrays, updated=(), resident=True, watched=()):
     """One step's bookkeeping, as a device step does it: plan, (copies,) applied, stepped."""
     plan = ledger.plan(holder, arrays, resident, watched)
     ledger.applied(plan)
-    ledger.stepped(holder, arrays, updated, resident)
+    ledger.stepped(holder, arrays, updated, resident, plan)
     return [(t.holder, t.slot) for t in plan.downloads], [t.slot for t in plan.uploads]
 
 
@@ -57,6 +57,15 @@ def test_another_step_on_the_same_arrays_gets_them_through_the_host(state):
     assert run(ledger, FORWARD, weights) == ([], [])
 
 
+def test_two_training_steps_on_the_same_state_hand_it_over(state):
+    ledger, other = Ledger(), "step of another loss function"
+    for _ in range(2):  # the second time from the steady state
+        run(ledger, TRAIN, state, updated=[0, 1], watched=[2])
+    assert run(ledger, other, state, updated=[0, 1], watched=[2]) == ([(TRAIN, 0), (TRAIN, 1)], [0, 1, 2])
+    assert run(ledger, TRAIN, state, updated=[0, 1], watched=[2]) == ([(other, 0), (other, 1)], [0, 1])
+    assert run(ledger, TRAIN, state, updated=[0, 1], watched=[2]) == ([], [])
+
+
 def test_a_non_resident_step_uploads_everything_and_is_not_tracked(state):
     ledger = Ledger()
     run(ledger, TRAIN, state, updated=[0, 1])
@@ -92,7 +101,7 @@ def test_a_rebound_array_takes_its_slot_after_the_old_one_comes_down(state):
     assert [(t.holder, t.slot, t.array is old) for t in plan.downloads] == [(TRAIN, 0, True)]
     assert [(t.slot, t.array is rebound[0]) for t in plan.uploads] == [(0, True)]
     ledger.applied(plan)
-    ledger.stepped(TRAIN, rebound, [0, 1], True)
+    ledger.stepped(TRAIN, rebound, [0, 1], True, plan)
     assert {id(t.array) for t in ledger.downloads_for()} == {id(rebound[0]), id(state[1])}
 
 

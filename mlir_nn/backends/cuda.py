@@ -87,7 +87,7 @@ class CudaExecutable:
             except BaseException:
                 ledger.lost(self)  # its device copies may be half-updated
                 raise
-            ledger.stepped(self, params, self.step.update_slots, resident)
+            ledger.stepped(self, params, self.step.update_slots, resident, plan)
         return outputs
 
     def fetch(self, slot: int, array: np.ndarray) -> None:
