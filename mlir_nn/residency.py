@@ -38,7 +38,7 @@ import threading
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -238,7 +238,7 @@ def fetch(arrays: Iterable[np.ndarray] | None = None) -> None:
     with LEDGER.lock:
         transfers = LEDGER.downloads_for(arrays)
         for t in transfers:
-            t.holder.fetch(t.slot, t.array)  # type: ignore[attr-defined]
+            cast(Holder, t.holder).fetch(t.slot, t.array)
         LEDGER.applied(Plan(transfers, []))
 
 

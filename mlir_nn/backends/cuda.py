@@ -7,7 +7,7 @@ the second; ``CudaBackend`` joins them for ``jit(fn, backend="cuda")`` and ``Tra
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -75,7 +75,7 @@ class CudaExecutable:
             bound = self.step.bind([tuple(a.shape) for a in inputs])
             plan = ledger.plan(self, params, resident, self.watched)
             for t in plan.downloads:
-                t.holder.fetch(t.slot, t.array)
+                cast(residency.Holder, t.holder).fetch(t.slot, t.array)
             for t in plan.uploads:
                 self.step.upload_param(t.slot, t.array)
             ledger.applied(plan)
