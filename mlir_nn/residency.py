@@ -34,6 +34,7 @@ Host backends (``numpy``, ``cpu``) compute in ``p.data`` itself and never appear
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -225,6 +226,16 @@ def _key(arrays: Sequence[np.ndarray], watched: set[int]) -> tuple:
 
 LEDGER = Ledger()
 _scope = threading.local()
+
+
+def _forget_after_fork() -> None:
+    """A forked child has no device context: its device copies are gone, and a lock another
+    thread of the parent held would stay held forever."""
+    global LEDGER
+    LEDGER = Ledger()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def active() -> bool:

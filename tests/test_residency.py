@@ -1,6 +1,9 @@
 """The residency ledger's decisions (what to copy, what is stale), and the resident block
 on host backends. Copies between real devices are checked in tests/gpu/test_resident.py."""
 
+import multiprocessing
+import threading
+
 import numpy as np
 import pytest
 
@@ -135,3 +138,35 @@ def test_host_backends_compute_in_p_data_and_never_hold_copies(backend):
         assert residency.LEDGER.holders() == set()
         mlir_nn.sync()  # nothing to copy
     assert residency.LEDGER.transfers == before
+
+
+def _state_dict_in_child(model, done):
+    model.state_dict()  # takes the ledger's lock
+    done.set()
+
+
+def test_a_forked_child_has_its_own_ledger_even_when_a_parent_thread_held_the_lock():
+    model = MLP(2, [3, 1])
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with residency.LEDGER.lock:
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(30)
+    context = multiprocessing.get_context("fork")
+    done = context.Event()
+    child = context.Process(target=_state_dict_in_child, args=(model, done), daemon=True)
+    try:
+        child.start()
+        assert done.wait(30), "the child's state_dict() waited on the parent thread's lock"
+        child.join(30)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+        release.set()
+        thread.join()

@@ -70,8 +70,8 @@ class CudaExecutable:
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
         self.step.check(inputs, params)  # bad input never reaches the device
         resident = residency.active()
-        with residency.LEDGER.lock:
-            ledger = residency.LEDGER
+        ledger = residency.LEDGER
+        with ledger.lock:
             bound = self.step.bind([tuple(a.shape) for a in inputs])
             plan = ledger.plan(self, params, resident, self.watched)
             for t in plan.downloads:
