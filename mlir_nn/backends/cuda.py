@@ -2,7 +2,9 @@
 
 Compiling needs MLIR (and ptxas for cubins), not a GPU; running needs a GPU and
 cuda-bindings, not MLIR. ``build_artifact`` is the first half, ``mlir_nn.runtime.cuda``
-the second; ``CudaBackend`` joins them for ``jit(fn, backend="cuda")`` and ``Trainer``.
+the second; ``CudaBackend`` joins them for ``jit(fn, backend="cuda")`` and ``Trainer``,
+through the artifact disk cache (``cuda_cache``), and its ``CudaExecutable`` keeps the
+parameters on the device as ``mlir_nn.residency`` directs.
 """
 
 from __future__ import annotations

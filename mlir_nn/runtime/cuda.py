@@ -29,6 +29,7 @@ stay outside it: synchronous copies from and into numpy's (pageable) arrays.
 from __future__ import annotations
 
 import ctypes
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,11 +53,20 @@ def signature_graph(signature: dict[str, Any]) -> Graph:
                  tuple(leaf("param", d) for d in signature["params"]), (), (), name=signature["name"])
 
 
+def arch_version(arch: str) -> tuple[int, int, bool]:
+    """(major, minor, arch-specific) of ``sm_XY`` or ``sm_XYa`` (``sm_100`` is 10.0)."""
+    m = re.fullmatch(r"sm_(\d+)(\d)(a?)", arch)
+    if m is None:
+        raise PlanError(f"{arch!r} is not a CUDA arch of the form sm_XY or sm_XYa")
+    return int(m.group(1)), int(m.group(2)), bool(m.group(3))
+
+
 def check_arch(artifact_arch: str, device: Device) -> None:
-    """A cubin runs on its own major version with an equal or newer minor version."""
-    major, minor = int(artifact_arch[3:-1]), int(artifact_arch[-1])
+    """A cubin runs on its own major version with an equal or newer minor version; an
+    arch-specific one (``sm_90a``) on its exact version only."""
+    major, minor, specific = arch_version(artifact_arch)
     dev_major, dev_minor = device.capability
-    if major != dev_major or minor > dev_minor:
+    if major != dev_major or minor > dev_minor or (specific and minor != dev_minor):
         raise CudaUnavailable(f"the artifact holds cubins for {artifact_arch}, but {device.name} is {device.arch}; "
                               f"recompile with: mlir-nn compile --target cuda --arch {device.arch}")
 

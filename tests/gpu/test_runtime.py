@@ -119,3 +119,15 @@ def test_mini_step_on_the_gpu(artifact):
         np.testing.assert_allclose(out, np.mean((z - y) ** 2), rtol=1e-4)
         np.testing.assert_allclose(params[0], w1, rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(params[1], b1, rtol=1e-4, atol=1e-6)
+
+
+def test_arch_versions_parse_and_bad_ones_are_refused():
+    from mlir_nn.runtime.cuda import arch_version
+    from mlir_nn.runtime.plan import PlanError
+
+    assert arch_version("sm_90") == (9, 0, False)
+    assert arch_version("sm_90a") == (9, 0, True)
+    assert arch_version("sm_100") == (10, 0, False)
+    assert arch_version("sm_86") == (8, 6, False)
+    with pytest.raises(PlanError, match="not a CUDA arch"):
+        arch_version("compute_90")
