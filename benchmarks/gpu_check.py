@@ -3,7 +3,15 @@
 Needs numpy, cuda-bindings, tqdm and (for the peers) PyTorch with CUDA; not MLIR or egglog.
 Usage: ``python benchmarks/gpu_check.py RESULTS_DIR [--artifacts benchmarks/artifacts]``
 (artifacts from ``make gpu-artifacts``, which travel as one folder: that folder and this
-command are the whole visit). For every case and batch size it runs one step
+command are the whole visit). The visit, prepared here from the tree that is sent:
+
+    make gpu-artifacts && python benchmarks/gpu_check.py /tmp/dry --dry-run    # here, no GPU
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py RESULTS_DIR             # there, benchmarks/artifacts carried
+
+The caches in the folder are keyed by the sources that produced them, so an edit after
+``make gpu-artifacts`` shows up as a dry-run error here rather than a compile there.
+
+For every case and batch size it runs one step
 through ``mlir_nn.runtime.cuda`` and compares the outputs and updated parameters with
 the saved NumPy reference; only then it times the step against PyTorch CUDA and, for
 single ops, the hand-written kernels (``libmlirnn_kernels.so``, built here with CMake
