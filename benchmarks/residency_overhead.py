@@ -8,6 +8,10 @@ momentum) and the 784-1024-1024-10 MLP with Adam. No GPU is involved: the copies
 ledger decides against are what the GPU check counts (``benchmarks/gpu_check.py``).
 
     python benchmarks/residency_overhead.py [--json FILE]
+
+For a load-independent figure, count instructions at two step counts and divide the
+difference: ``perf stat -e instructions:u python benchmarks/residency_overhead.py
+--workload moons --steps N --rounds 1`` for two values of N.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from mlir_nn.optim import SGD, Adam  # noqa: E402
 from mlir_nn.residency import Ledger  # noqa: E402
 from mlir_nn.trainer import train_step  # noqa: E402
 
-WORKLOADS = {"moons, SGD momentum": ([2, 32, 32, 16, 1], 10, lambda ps: SGD(ps, lr=0.005, momentum=0.9)),
-             "784-1024-1024-10, Adam": ([784, 1024, 1024, 10], 512, lambda ps: Adam(ps, lr=1e-3))}
+WORKLOADS = {"moons": ([2, 32, 32, 16, 1], 10, lambda ps: SGD(ps, lr=0.005, momentum=0.9)),
+             "mlp-784-adam": ([784, 1024, 1024, 10], 512, lambda ps: Adam(ps, lr=1e-3))}
 
 
 def step_state(sizes: list[int], batch: int, optimizer) -> tuple[list[np.ndarray], list[int], list[int]]:
@@ -65,11 +69,15 @@ def per_step_seconds(arrays, updated, watched, steps: int = 2000, rounds: int = 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--workload", choices=list(WORKLOADS), nargs="*", default=list(WORKLOADS))
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     results = {}
-    for name, (sizes, batch, optimizer) in WORKLOADS.items():
+    for name in args.workload:
+        sizes, batch, optimizer = WORKLOADS[name]
         arrays, updated, watched = step_state(sizes, batch, optimizer)
-        seconds = per_step_seconds(arrays, updated, watched)
+        seconds = per_step_seconds(arrays, updated, watched, args.steps, args.rounds)
         results[name] = {"arrays": len(arrays), "updated": len(updated), "watched": len(watched),
                          "bookkeeping_us_per_step": round(seconds * 1e6, 2),
                          "bytes_not_copied_per_step": int(2 * sum(arrays[i].nbytes for i in updated))}
