@@ -1,7 +1,8 @@
 """Host-side cost of keeping CUDA state resident: the residency ledger's bookkeeping per step.
 
 A resident CUDA step asks the ledger what to copy (``plan``), records it (``applied``)
-and records its updates (``stepped``) on every call; this times those three calls, in
+and records its updates (``stepped``) on every call, inside ``stepping()`` (which holds
+back Ctrl-C until the step is done); this times those calls, in
 CPU seconds of this thread (``time.thread_time``, so other processes' load does not
 count), for the parameter lists of real traced steps: the moons Trainer step (SGD with
 momentum) and the 784-1024-1024-10 MLP with Adam. No GPU is involved: the copies the
@@ -10,8 +11,9 @@ ledger decides against are what the GPU check counts (``benchmarks/gpu_check.py`
     python benchmarks/residency_overhead.py [--json FILE]
 
 For a load-independent figure, count instructions at two step counts and divide the
-difference: ``perf stat -e instructions:u python benchmarks/residency_overhead.py
---workload moons --steps N --rounds 1`` for two values of N.
+difference (``valgrind --tool=callgrind``, or ``perf stat -e instructions:u`` where the
+machine has the counters): ``python benchmarks/residency_overhead.py --workload moons
+--steps N --rounds 1`` for two values of N.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from mlir_nn.jit import trace_step  # noqa: E402
 from mlir_nn.losses import mse_loss  # noqa: E402
 from mlir_nn.nn import MLP  # noqa: E402
 from mlir_nn.optim import SGD, Adam  # noqa: E402
-from mlir_nn.residency import Ledger  # noqa: E402
+from mlir_nn.residency import Ledger, stepping  # noqa: E402
 from mlir_nn.trainer import train_step  # noqa: E402
 
 WORKLOADS = {"moons": ([2, 32, 32, 16, 1], 10, lambda ps: SGD(ps, lr=0.005, momentum=0.9)),
@@ -58,9 +60,10 @@ def per_step_seconds(arrays, updated, watched, steps: int = 2000, rounds: int = 
     for _ in range(rounds):
         start = time.thread_time()
         for _ in range(steps):
-            plan = ledger.plan(holder, arrays, True, watched)
-            ledger.applied(plan)
-            ledger.stepped(holder, arrays, updated, True, plan)
+            with stepping():
+                plan = ledger.plan(holder, arrays, True, watched)
+                ledger.applied(plan)
+                ledger.stepped(holder, arrays, updated, True, plan)
         times.append((time.thread_time() - start) / steps)
     assert ledger.transfers["uploads"] == len(arrays)  # uploaded by the first step only
     return float(np.median(times))

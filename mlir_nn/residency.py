@@ -35,11 +35,12 @@ Host backends (``numpy``, ``cpu``) compute in ``p.data`` itself and never appear
 from __future__ import annotations
 
 import os
+import signal
 import threading
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -69,6 +70,9 @@ class Plan:
     watched: dict[int, bytes] = field(default_factory=dict)  # slot -> value uploaded, for watched slots
     key: tuple = ()  # the holder's arrays and watched values (see Ledger._steady)
     steady: bool = False  # the same step as the holder's last, with no change since: nothing to do
+
+
+STEADY = Plan([], [], steady=True)  # the plan of a step in the steady state (never modified)
 
 
 @dataclass
@@ -107,11 +111,12 @@ class Ledger:
         Newer copies held elsewhere come down first (and this holder's own, when it runs
         non-resident: it then uploads everything). Resident, it uploads each array its slot
         does not hold current, and each ``watched`` array whose value changed since."""
-        watched = set(watched)
+        watched = sorted(set(watched))
         key = _key(arrays, watched) if resident else ()
         if resident and self._steady.get(holder) == (self._generation, key):
-            return Plan([], [], key=key, steady=True)
+            return STEADY
         downloads, uploads, values = [], [], {}
+        key_watched = set(watched)
         for slot, array in enumerate(arrays):
             copies = self._arrays.get(id(array))
             if copies is not None and copies.newer is not None and (copies.newer != holder or not resident):
@@ -121,7 +126,7 @@ class Ledger:
                 old = self._arrays[replaced]
                 if old.newer == holder:
                     downloads.append(Transfer(holder, slot, old.array))
-            value = array.tobytes() if slot in watched else None
+            value = array.tobytes() if slot in key_watched else None
             current = copies is not None and copies.slots.get(holder) == slot \
                 and (value is None or copies.values.get(holder) == value)
             if not resident or not current:
@@ -219,9 +224,9 @@ class Ledger:
             del self._arrays[key]
 
 
-def _key(arrays: Sequence[np.ndarray], watched: set[int]) -> tuple:
+def _key(arrays: Sequence[np.ndarray], watched: Sequence[int]) -> tuple:
     """What a holder's steady state depends on: which arrays, and the watched values."""
-    return tuple(map(id, arrays)), tuple(arrays[i].tobytes() for i in sorted(watched))
+    return tuple(map(id, arrays)), tuple([arrays[i].tobytes() for i in watched])
 
 
 LEDGER = Ledger()
@@ -271,23 +276,67 @@ def sync() -> None:
             LEDGER.forget()
 
 
+class stepping:
+    """Marks a device step and its bookkeeping on this thread. Inside a resident block on the
+    main thread, Ctrl-C (SIGINT) during it is raised when it ends: a step is never cut in
+    half, so an interrupted ``Trainer.train`` keeps every step it completed."""
+
+    def __enter__(self) -> None:
+        _scope.stepping = True
+
+    def __exit__(self, kind: type | None, *_: object) -> None:
+        _scope.stepping = False
+        if getattr(_scope, "interrupted", False):
+            _scope.interrupted = False
+            if kind is None:
+                raise KeyboardInterrupt
+
+
+def _defer_interrupts() -> Callable[[], None] | None:
+    """On the main thread: make SIGINT wait for the running ``stepping()`` block; returns
+    what restores the previous handler (None elsewhere, where signals never arrive)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:  # a handler set from C: left alone
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        if getattr(_scope, "stepping", False):
+            _scope.interrupted = True
+        elif callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    return lambda: signal.signal(signal.SIGINT, previous)
+
+
 @contextmanager
 def resident() -> Iterator[None]:
     """Device steps called in this block (on this thread) keep parameters and optimizer
-    state on the device; ``p.data`` is brought up to date when it ends, even by an exception."""
+    state on the device; ``p.data`` is brought up to date when it ends, even by an exception
+    (Ctrl-C included: it waits for the step or copy it arrives in, see ``stepping``)."""
+    outermost = not active()
+    restore = _defer_interrupts() if outermost else None
     _scope.depth = getattr(_scope, "depth", 0) + 1
     try:
         yield
     except BaseException as error:
-        _scope.depth -= 1
-        if not active():
+        if outermost:
             try:
-                sync()
+                with stepping():
+                    sync()
             except Exception as sync_error:
                 error.add_note(f"the parameters could not all be copied back from the device ({sync_error}); "
                                "those not copied hold their values of the last synchronization")
         raise
     else:
+        if outermost:
+            with stepping():
+                sync()
+    finally:
         _scope.depth -= 1
-        if not active():
-            sync()
+        if restore is not None:
+            restore()

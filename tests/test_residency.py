@@ -2,6 +2,8 @@
 on host backends. Copies between real devices are checked in tests/gpu/test_resident.py."""
 
 import multiprocessing
+import os
+import signal
 import threading
 
 import numpy as np
@@ -170,3 +172,34 @@ def test_a_forked_child_has_its_own_ledger_even_when_a_parent_thread_held_the_lo
             child.kill()
         release.set()
         thread.join()
+
+
+def interrupt():
+    os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C; handled before the next statement runs
+
+
+def test_in_a_resident_block_ctrl_c_waits_for_the_step_it_arrives_in():
+    before = signal.getsignal(signal.SIGINT)
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with mlir_nn.resident():
+            with residency.stepping():
+                interrupt()
+                finished.append("step")
+            finished.append("after the step")  # not reached: raised when the step ended
+    assert finished == ["step"]
+    with pytest.raises(KeyboardInterrupt):
+        with mlir_nn.resident():
+            interrupt()  # between steps: at once
+            finished.append("between steps")
+    assert finished == ["step"]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_outside_a_resident_block_ctrl_c_is_not_deferred():
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with residency.stepping():
+            interrupt()
+            finished.append("step")
+    assert finished == []

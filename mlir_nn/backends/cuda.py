@@ -73,7 +73,7 @@ class CudaExecutable:
         self.step.check(inputs, params)  # bad input never reaches the device
         resident = residency.active()
         ledger = residency.LEDGER
-        with ledger.lock:
+        with ledger.lock, residency.stepping():
             bound = self.step.bind([tuple(a.shape) for a in inputs])
             plan = ledger.plan(self, params, resident, self.watched)
             for t in plan.downloads:
