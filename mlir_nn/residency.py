@@ -11,7 +11,8 @@ every call and writes the results back after it, so ``p.data`` is always current
 a step uploads an array only when its device copy is not current, and leaves its results
 on the device. The host arrays are brought up to date
 
-* when the block ends, also when it ends with an exception;
+* when the block ends, also when it ends with an exception (Ctrl-C waits for the step
+  it arrives in to finish, so an interrupted loop keeps every step it completed);
 * by ``mlir_nn.sync()``;
 * when something else needs them: another step that takes the same arrays (the forward
   step that validation runs, a step traced for another loss function), ``state_dict()``.
