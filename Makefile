@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,dist]'
+	$(PY) -m pip install --quiet -e '.[dev,dist,cuda]'
 	touch $@
 
 demo: $(VENV)/.installed

@@ -33,3 +33,33 @@ def inputs_for(case: dict[str, Any], batch: int, seed: int = 0) -> list[np.ndarr
 
 def sample_positions(size: int) -> np.ndarray:
     return np.random.default_rng(size).choice(size, SAMPLE, replace=False) if size > SAMPLE else np.arange(size)
+
+
+# The resident-training check: a Trainer on the moons MLP with momentum and validation, traced
+# identically where its artifacts are compiled and on the GPU machine (which finds them in the
+# cache folder the artifacts carry, so it needs neither MLIR nor egglog).
+TRAINER_CASE = {"sizes": [2, 32, 32, 16, 1], "lr": 0.005, "momentum": 0.9, "samples": 197, "validation": 50,
+                "batch_size": 10, "epochs": 4}  # 197 samples: batches of 10 and a last one of 7
+
+
+def trainer_case(backend: str) -> tuple[Any, Any, Any, tuple[np.ndarray, ...]]:
+    """(trainer, model, optimizer, (X, y, X_val, y_val)) of the resident-training check."""
+    from mlir_nn.nn import MLP
+    from mlir_nn.optim import SGD
+    from mlir_nn.trainer import Trainer
+
+    case = TRAINER_CASE
+    np.random.seed(0)
+    model = MLP(case["sizes"][0], case["sizes"][1:])
+    opt = SGD(model.parameters(), lr=case["lr"], momentum=case["momentum"])
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((case["samples"] + case["validation"], case["sizes"][0]))
+    y = (X[:, 0] * X[:, 1] > 0).astype(np.int64)
+    n = case["samples"]
+    return Trainer(model, opt, backend=backend), model, opt, (X[:n], y[:n], X[n:], y[n:])
+
+
+def trainer_steps(trainer: Any) -> list[Any]:
+    """The compiled steps a trained Trainer holds: its training step(s), then the forward step."""
+    functions = [*trainer._steps.values(), trainer._forward]
+    return [compiled for function in functions for compiled in function._cache.values()]

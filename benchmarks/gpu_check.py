@@ -1,18 +1,34 @@
 """One prepared visit to a GPU machine: check the precompiled artifacts, then time them.
 
-Needs numpy, cuda-bindings and (for the peers) PyTorch with CUDA; not MLIR or egglog.
+Needs numpy, cuda-bindings, tqdm and (for the peers) PyTorch with CUDA; not MLIR or egglog.
 Usage: ``python benchmarks/gpu_check.py RESULTS_DIR [--artifacts benchmarks/artifacts]``
-(artifacts from ``make gpu-artifacts``). For every case and batch size it runs one step
+(artifacts from ``make gpu-artifacts``, which travel as one folder: that folder and this
+command are the whole visit). The visit, prepared here from the tree that is sent:
+
+    make gpu-artifacts && python benchmarks/gpu_check.py /tmp/dry --dry-run    # here, no GPU
+    PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py RESULTS_DIR             # there, benchmarks/artifacts carried
+
+The caches in the folder are keyed by the sources that produced them, so an edit after
+``make gpu-artifacts`` shows up as a dry-run error here rather than a compile there.
+
+For every case and batch size it runs one step
 through ``mlir_nn.runtime.cuda`` and compares the outputs and updated parameters with
 the saved NumPy reference; only then it times the step against PyTorch CUDA and, for
 single ops, the hand-written kernels (``libmlirnn_kernels.so``, built here with CMake
-when nvcc is present). Results go to RESULTS_DIR/gpu_check.json and stdout.
+when nvcc is present). Then the resident-training check (``gpu_cases.trainer_case``):
+``Trainer(..., backend="cuda")`` on steps from the artifacts' cache folder against the NumPy
+reference (losses, validation losses, parameters and momentum buffers), the parameter
+copies it made, and the time per step of its compiled step in a resident block, the same
+step copying the parameters every call, a whole Trainer epoch, and PyTorch CUDA's step.
+Results go to RESULTS_DIR/gpu_check.json and stdout.
 ``--dry-run`` does everything that needs no GPU (load each artifact, bind its plan for every
 batch size, check every launch against the PTX, check the saved references), so a machine
 without one can check that the payload is complete, and prints the roofline model of each
 case at its first batch size (``mlir_nn.runtime.perf_model``: per node FLOPs, bytes, shared
 traffic, registers, occupancy from ``ptxas -v``, predicted time on an H200), next to the
-measured step time when ``--measured`` names an earlier run's gpu_check.json.
+measured step time when ``--measured`` names an earlier run's gpu_check.json; for the
+Trainer case it checks that every step is found in the artifacts' caches without egglog
+or MLIR, and binds and ABI-checks their plans.
 """
 
 from __future__ import annotations
@@ -21,10 +37,12 @@ import argparse
 import functools
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -35,13 +53,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_cases import CASES, inputs_for, sample_positions  # noqa: E402
+from gpu_cases import CASES, TRAINER_CASE, inputs_for, sample_positions, trainer_case, trainer_steps  # noqa: E402
 
+import mlir_nn  # noqa: E402
+from mlir_nn.backends import cuda_cache  # noqa: E402
 from mlir_nn.runtime.artifact import Artifact  # noqa: E402
 from mlir_nn.runtime.cuda import CudaStep  # noqa: E402
 from mlir_nn.runtime.driver import Device  # noqa: E402
 from mlir_nn.runtime.perf_model import predict, ptxas_resources  # noqa: E402
 from mlir_nn.runtime.plan import bind, check_launch_abi  # noqa: E402
+from mlir_nn.trainer import Task  # noqa: E402
 
 RTOL, ATOL = 2e-3, 2e-4  # float32, sums of up to ~1000 products in a different order
 
@@ -167,7 +188,7 @@ def build_kernels(results: Path) -> Path | None:
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
     if not nvcc or not shutil.which("cmake"):
         return None
-    build = results / "kernels-build"
+    build = Path(tempfile.mkdtemp(prefix="mlirnn-kernels-"))  # not in RESULTS_DIR: only files come back
     env = dict(os.environ, PATH=f"{Path(nvcc).parent}:{os.environ.get('PATH', '')}")
     for cmd in (["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"],
                 ["cmake", "--build", str(build), "-j8"], ["ctest", "--test-dir", str(build), "--output-on-failure"]):
@@ -177,6 +198,120 @@ def build_kernels(results: Path) -> Path | None:
             print(f"kernel build step {' '.join(cmd[:2])} failed; see kernels-build.log")
             return None
     return build / "libmlirnn_kernels.so"
+
+
+def _trainer_state(model, opt) -> list[np.ndarray]:
+    return [p.data.copy() for p in model.parameters()] + \
+        [t.data.copy() for slot in opt.state.values() for t in slot.values()]
+
+
+def _train(backend: str, epochs: int = TRAINER_CASE["epochs"]) -> tuple:
+    """(trainer, model, opt, data, history) after the Trainer case's epochs on ``backend``."""
+    trainer, model, opt, (X, y, X_val, y_val) = trainer_case(backend)
+    random.seed(0)
+    history = trainer.train(X, y, n_epochs=epochs, batch_size=TRAINER_CASE["batch_size"],
+                            validation_data=(X_val, y_val), verbose=False, early_stopping=False)
+    return trainer, model, opt, (X, y, X_val, y_val), history
+
+
+def _batches(X: np.ndarray, y: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The Trainer's mini-batches of one epoch (in order), as its step sees them."""
+    X, y = X.astype(np.float32), y.astype(np.float32)
+    targets = Task(y, 1).targets(y)
+    size = TRAINER_CASE["batch_size"]
+    return [(X[i:i + size], targets[i:i + size]) for i in range(0, len(X), size)]
+
+
+def torch_epoch(batches: list[tuple[np.ndarray, np.ndarray]]):
+    """PyTorch CUDA's epoch of the same MLP, SGD with momentum and mse, reading each loss as the Trainer does."""
+    import torch
+
+    dev = torch.device("cuda")
+    sizes = TRAINER_CASE["sizes"]
+    layers = [torch.nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])]
+    model = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.ReLU())][:-1]).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=TRAINER_CASE["lr"], momentum=TRAINER_CASE["momentum"])
+    data = [(torch.from_numpy(x), torch.from_numpy(t)) for x, t in batches]
+
+    def epoch():
+        for x, t in data:
+            loss = torch.mean((model(x.to(dev)) - t.to(dev)) ** 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss.item()
+
+    return epoch, torch.cuda.synchronize
+
+
+def resident_check(repeat: int) -> dict:
+    """The Trainer case on cuda against the reference: numerics, parameter copies, step times."""
+    trainer, model, opt, (X, y, X_val, y_val), history = _train("cuda")
+    _, ref_model, ref_opt, _, ref_history = _train("numpy")
+    errors = {}
+    for key in ("losses", "val_losses"):
+        errors[key] = float(np.max(np.abs(np.subtract(history[key], ref_history[key]))))
+    got, want = _trainer_state(model, opt), _trainer_state(ref_model, ref_opt)
+    errors["state"] = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want))
+    ok = all(np.allclose(history[k], ref_history[k], RTOL, ATOL) for k in ("losses", "val_losses")) \
+        and all(np.allclose(g, w, RTOL, ATOL) for g, w in zip(got, want))
+    train_step, forward = (c.executable.step for c in trainer_steps(trainer))
+    epochs, weights = TRAINER_CASE["epochs"], len(model.parameters())
+    # one upload of everything, the weights fetched for each validation, the momentum buffers at the end
+    expected = {"train": {"to_device": len(train_step.param_shapes),
+                          "to_host": epochs * weights + len(train_step.update_slots) - weights},
+                "forward": {"to_device": epochs * weights, "to_host": 0}}
+    copies = {"train": dict(train_step.param_copies), "forward": dict(forward.param_copies)}
+    entry = {"ok": ok and copies == expected, "numerics_ok": ok, "max_abs_err": errors,
+             "param_copies": copies, "expected_param_copies": expected}
+    print(f"resident trainer: numerics {'OK' if ok else 'MISMATCH'} {errors}; copies {copies} "
+          f"(expected {expected})")
+    batches = _batches(X, y)
+    step = next(iter(trainer._steps.values()))
+
+    def epoch_of_steps():
+        for x, t in batches:
+            step(x, t)
+
+    def resident_epoch():
+        with mlir_nn.resident():
+            epoch_of_steps()
+
+    def trainer_epoch():
+        trainer.train(X, y, n_epochs=1, batch_size=TRAINER_CASE["batch_size"], verbose=False, early_stopping=False)
+
+    n = len(batches)
+    times = {"resident_step_s": timed(resident_epoch, lambda: None, repeat) / n,
+             "copying_step_s": timed(epoch_of_steps, lambda: None, repeat) / n,
+             "trainer_step_s": timed(trainer_epoch, lambda: None, repeat) / n}
+    try:
+        run, sync = torch_epoch(batches)
+        times["torch_step_s"] = timed(run, sync, repeat) / n
+    except Exception as e:  # a missing or CPU-only torch is reported, not fatal
+        entry["torch_error"] = repr(e)
+    entry.update(times)
+    print("resident trainer, per step: " + ", ".join(f"{k[:-2]} {v * 1e6:.0f} us" for k, v in times.items()))
+    return entry
+
+
+def dry_resident(arch: str) -> dict:
+    """Without a GPU: every step of the Trainer case is in the artifacts' caches (optimizer and CUDA)
+    and its plan binds for the batch sizes it will see, its launches matching the PTX."""
+    trainer, _, _, (X, _, X_val, _), _ = _train("numpy", epochs=1)  # traces and optimizes from the caches
+    found = []
+    sizes = sorted({TRAINER_CASE["batch_size"], len(X) % TRAINER_CASE["batch_size"] or TRAINER_CASE["batch_size"]})
+    for compiled, batches in zip(trainer_steps(trainer), (sizes, [len(X_val)])):
+        artifact = cuda_cache.load(compiled.optimized_graph, arch)
+        if artifact is None:
+            raise FileNotFoundError(f"{compiled.graph.name}: no CUDA artifact for {arch} in the cache "
+                                    f"({cuda_cache.entry_path(compiled.optimized_graph, arch)})")
+        for batch in batches:
+            shapes = [(batch, *(d for d in i["shape"][1:])) for i in artifact.signature["inputs"]]
+            bound = bind(artifact.plan, shapes + [tuple(p["shape"]) for p in artifact.signature["params"]])
+            for launch in (a for a in bound.actions if hasattr(a, "kernel")):
+                check_launch_abi(launch, artifact.ptx[launch.binary])
+        found.append({"step": compiled.graph.name, "kernels": artifact.info.get("kernels"), "batches": batches})
+    return {"ok": True, "steps": found}
 
 
 def main() -> int:
@@ -234,9 +369,17 @@ def main() -> int:
         except Exception as e:
             entry["error"] = "".join(traceback.format_exception(e))
             print(f"{name}: ERROR {e}")
+    if (args.artifacts / "cache").is_dir():
+        os.environ["MLIR_NN_CACHE_DIR"] = str(args.artifacts / "cache")
+        try:
+            report["resident"] = resident_check(args.repeat)
+        except Exception as e:
+            report["resident"] = {"ok": False, "error": "".join(traceback.format_exception(e))}
+            print(f"resident trainer: ERROR {e}")
     (args.results / "gpu_check.json").write_text(json.dumps(report, indent=1))
     print(f"wrote {args.results / 'gpu_check.json'}")
-    return 0 if all(c.get("ok") for c in report["cases"].values()) else 1
+    checks = [*report["cases"].values(), *([report["resident"]] if "resident" in report else [])]
+    return 0 if all(c.get("ok") for c in checks) else 1
 
 
 def model_case(case: dict, artifact: Artifact, ref: dict) -> dict:
@@ -287,8 +430,19 @@ def dry_run(args: argparse.Namespace) -> int:
             entry["model"] = model_case(CASES[name], artifact, ref)
             if "mlir_s" in measured.get(name, {}):
                 print(f"  measured step: {measured[name]['mlir_s'] * 1e6:.1f} us")
+    if (args.artifacts / "cache").is_dir():
+        os.environ["MLIR_NN_CACHE_DIR"] = str(args.artifacts / "cache")
+        arch = json.loads((args.artifacts / "cases.json").read_text())["arch"]
+        try:
+            report["resident"] = dry_resident(arch)
+        except Exception as e:
+            report["resident"] = {"ok": False, "error": "".join(traceback.format_exception(e))}
+        resident = report["resident"]
+        print(f"resident trainer: {'payload OK' if resident['ok'] else 'ERROR ' + resident['error']}"
+              f" {resident.get('steps', '')}")
     (args.results / "gpu_check.json").write_text(json.dumps(report, indent=1))
-    return 0 if all(c["ok"] for c in report["cases"].values()) else 1
+    checks = [*report["cases"].values(), *([report["resident"]] if "resident" in report else [])]
+    return 0 if all(c["ok"] for c in checks) else 1
 
 
 if __name__ == "__main__":

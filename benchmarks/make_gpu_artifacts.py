@@ -7,13 +7,21 @@ batch size the expected outputs and updated parameters from the reference backen
 Like ``mlir_nn.jit``, it compiles the e-graph-optimized graph (fused ``linear``/``gemm``/
 ``matmul_relu_grad`` kernels); the references come from the traced graph, so the GPU
 check covers the optimizer's rewrites too.
+
+It also fills ``<out>/cache`` for the resident-training check (``gpu_cases.trainer_case``):
+the optimizer's results and the CUDA artifacts (``mlir_nn.backends.cuda_cache``) of the
+Trainer's steps, so that ``Trainer(..., backend="cuda")`` on the GPU machine finds every
+step compiled and needs neither egglog nor MLIR there.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,8 +31,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_cases import CASES, inputs_for, sample_positions  # noqa: E402
+from gpu_cases import CASES, TRAINER_CASE, inputs_for, sample_positions, trainer_case, trainer_steps  # noqa: E402
 
+from mlir_nn.backends import cuda_cache  # noqa: E402
 from mlir_nn.backends.cuda import build_artifact  # noqa: E402
 from mlir_nn.backends.reference import evaluate  # noqa: E402
 from mlir_nn.egraph import optimize  # noqa: E402
@@ -132,17 +141,41 @@ def build_case(name: str, case: dict, out: Path, arch: str) -> dict:
             "artifact_bytes": (out / f"{name}.mlirnn").stat().st_size}
 
 
+def build_trainer_case(out: Path, arch: str) -> dict:
+    """Train the Trainer case one epoch on the reference backend (tracing and optimizing its
+    steps into ``out/cache``), then compile each optimized step into the CUDA cache there."""
+    shutil.rmtree(out / "cache", ignore_errors=True)  # only this tree's entries travel
+    os.environ["MLIR_NN_CACHE_DIR"] = str(out / "cache")
+    trainer, _, _, (X, y, X_val, y_val) = trainer_case("numpy")
+    random.seed(0)
+    start = time.perf_counter()
+    trainer.train(X, y, n_epochs=1, batch_size=TRAINER_CASE["batch_size"], validation_data=(X_val, y_val),
+                  verbose=False)
+    kernels = []
+    for compiled in trainer_steps(trainer):
+        artifact = build_artifact(compiled.optimized_graph, arch)
+        if cuda_cache.store(compiled.optimized_graph, artifact) is None:
+            raise OSError(f"cannot write the CUDA cache in {out / 'cache'}")
+        kernels.append(artifact.info["kernels"])
+    return {"kernels": kernels, "compile_s": round(time.perf_counter() - start, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out", type=Path)
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--cases", nargs="*", default=list(CASES))
+    parser.add_argument("--no-trainer", action="store_true", help="skip the resident-training case")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {name: build_case(name, CASES[name], args.out, args.arch) for name in args.cases}
-    (args.out / "cases.json").write_text(json.dumps({"arch": args.arch, "cases": summary}, indent=1))
+    trainer = None if args.no_trainer else build_trainer_case(args.out, args.arch)
+    (args.out / "cases.json").write_text(json.dumps({"arch": args.arch, "cases": summary, "trainer": trainer},
+                                                    indent=1))
     for name, s in summary.items():
         print(f"{name}: {s['kernels']} kernels, compiled in {s['compile_s']} s, {s['artifact_bytes']} bytes")
+    if trainer:
+        print(f"trainer case: steps of {trainer['kernels']} kernels, traced and compiled in {trainer['compile_s']} s")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ The step function is ordinary eager code (forward, ``loss.backward()``,
 ``optimizer.step()``). Tracing runs it once on symbolic inputs: every tensor operation,
 the backward pass and the optimizer's ``assign`` calls become one Graph. Tensors the
 function reads from outside (weights, optimizer state) are captured as parameters; the
-compiled step reads their ``.data`` on every call and updates it in place.
+compiled step reads their ``.data`` on every call and updates it in place (a cuda step
+inside ``mlir_nn.resident()`` keeps them on the device instead: ``mlir_nn.residency``).
 
 Gradients inside a traced step start from zero (as after ``zero_grad``), and ``.grad``
 of outside tensors is left as it was before the call.

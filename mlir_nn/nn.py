@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from mlir_nn import residency
 from mlir_nn.engine import Tensor, stack
 from mlir_nn.ir import ShapeError
 from mlir_nn.ir.shapes import fmt_shape
@@ -41,8 +42,11 @@ class Module:
         return [(found.get(id(p), str(i)), p) for i, p in enumerate(self.parameters())]
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """{name: copy of the parameter's array}, as PyTorch's ``state_dict``."""
-        return {name: p.data.copy() for name, p in self.named_parameters()}
+        """{name: copy of the parameter's array}, as PyTorch's ``state_dict`` (current also
+        inside a resident block: newer device copies are fetched first)."""
+        named = self.named_parameters()
+        residency.fetch([p.data for _, p in named])
+        return {name: p.data.copy() for name, p in named}
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> None:
         """Copy ``state`` into the parameters in place; every entry is checked before any is written."""
@@ -65,6 +69,7 @@ class Module:
             checked[name] = value
         for name, value in checked.items():
             named[name].data[...] = value
+        residency.written([named[name].data for name in checked])  # device copies are stale now
 
 
 def _walk(obj: Any, prefix: str) -> Iterator[tuple[str, Tensor]]:

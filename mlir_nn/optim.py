@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from mlir_nn import residency
 from mlir_nn.engine import Tensor, current_trace
 from mlir_nn.feeds import FedTensor
 from mlir_nn.ir import ShapeError
@@ -121,6 +122,7 @@ class Optimizer:
     def state_dict(self) -> dict[str, Any]:
         """PyTorch's shape: {"state": {param index: {name: array}}, "param_groups": [{hyper..., "params": [...]}]}."""
         index = {id(p): i for i, p in enumerate(self.parameters)}
+        residency.fetch([t.data for slot in self.state.values() for t in slot.values()])
         state = {index[key]: {name: t.data.copy() for name, t in slot.items()}
                  for key, slot in self.state.items() if key in index}
         group = {name: getattr(self, name) for name in self.HYPERPARAMETERS}
@@ -161,6 +163,7 @@ class Optimizer:
             slot = self.state.setdefault(id(p), {})
             if key in slot:
                 slot[key].data[...] = value
+                residency.written([slot[key].data])  # device copies are stale now
             else:
                 slot[key] = Tensor(value, dtype=p.dtype, label=f"{p.label}.{key}")
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from mlir_nn import residency
 from mlir_nn.engine import Tensor
 from mlir_nn.jit import JitFunction
 from mlir_nn.losses import cross_entropy, mse_loss
@@ -127,6 +128,13 @@ class Trainer:
     of each batch with gradients averaged over the ranks; losses, accuracies and the
     parameters are those of a single process training on the whole batches. Only rank 0
     shows the progress bar.
+
+    With ``backend="cuda"`` the parameters and optimizer state stay on the device while
+    ``train`` runs (``mlir_nn.residency``): they are uploaded by the first step and written
+    back into ``p.data`` when ``train`` returns or raises; validation reads them from the
+    device step. Between ``train`` calls ``p.data`` is current and is what the next call
+    starts from, so writing into it, ``load_state_dict`` and ``mlir_nn.load`` need nothing
+    more. Host backends compute in ``p.data`` itself.
     """
 
     def __init__(self, model: Module, optimizer: Optimizer,
@@ -178,6 +186,20 @@ class Trainer:
         loss = float(loss_fn(Tensor(pred), Tensor(task.targets(y))).data)
         return loss, None if task.kind == "regression" else task.correct(pred, y) / len(X)
 
+    def _epoch(self, X: np.ndarray, y: np.ndarray, targets: np.ndarray, task: Task,
+               batch_size: int) -> tuple[float, float | None, Callable[[Tensor, Tensor], Tensor]]:
+        """One pass over shuffled mini-batches: (mean loss, accuracy, the last loss function)."""
+        total_loss, correct = 0.0, 0
+        indices = list(range(len(X)))
+        random.shuffle(indices)
+        for start in range(0, len(X), batch_size):
+            batch = indices[start:start + batch_size]
+            loss_fn = self.loss_fn or task.default_loss()  # read at every batch, as tinynn's Trainer
+            loss, pred = self._step_for(loss_fn)(X[batch], targets[batch])
+            total_loss += float(loss) * len(batch)
+            correct += task.correct(pred, y[batch])
+        return total_loss / len(X), None if task.kind == "regression" else correct / len(X), loss_fn
+
     def train(self, X: Any, y: Any, n_epochs: int = 100, batch_size: int = 32, verbose: bool = True,
               early_stopping: bool = True, validation_data: tuple[Any, Any] | None = None,
               patience: int = 10) -> dict[str, list]:
@@ -199,6 +221,7 @@ class Trainer:
         val = None
         if validation_data is not None:
             val = _as_arrays(*validation_data, self.dtype, "validation")
+            self.model(Tensor(val[0][:1]))  # X_val's width, checked before any step runs
             Task(val[1], task.outputs)  # the same checks as y
         if self.distributed:
             from mlir_nn.distributed import rank
@@ -208,37 +231,28 @@ class Trainer:
             verbose = verbose and rank() == 0
         best, stale = float("inf"), 0
         bar = tqdm(total=n_epochs, desc="Training", unit="epoch", disable=not verbose)
-        for epoch in range(n_epochs):
-            total_loss, correct = 0.0, 0
-            indices = list(range(len(X)))
-            random.shuffle(indices)
-            for start in range(0, len(X), batch_size):
-                batch = indices[start:start + batch_size]
-                loss_fn = self.loss_fn or task.default_loss()  # read at every batch, as tinynn's Trainer
-                loss, pred = self._step_for(loss_fn)(X[batch], targets[batch])
-                total_loss += float(loss) * len(batch)
-                correct += task.correct(pred, y[batch])
-            avg_loss = total_loss / len(X)
-            accuracy = None if task.kind == "regression" else correct / len(X)
-            self.losses.append(avg_loss)
-            self.accuracies.append(accuracy)
-            shown = {"loss": f"{avg_loss:.4f}"} | ({} if accuracy is None else {"acc": f"{accuracy:.4f}"})
-            if val is not None:
-                val_loss, val_accuracy = self._evaluate(*val, task, loss_fn)
-                self.val_losses.append(val_loss)
-                self.val_accuracies.append(val_accuracy)
-                shown["val_loss"] = f"{val_loss:.4f}"
-                if val_accuracy is not None:
-                    shown["val_acc"] = f"{val_accuracy:.4f}"
-                best, stale = (val_loss, 0) if val_loss < best else (best, stale + 1)
-            bar.set_postfix(shown, refresh=False)
-            bar.update()
-            if early_stopping and (stale >= patience if val is not None else accuracy == 1.0 and avg_loss < 0.01):
-                if verbose:
-                    reason = f"no validation improvement in {patience} epochs" if val is not None \
-                        else "100% accuracy"
-                    tqdm.write(f"Early stopping at epoch {epoch + 1}: {reason}")
-                break
+        with residency.resident():  # device backends keep the state there until train() ends
+            for epoch in range(n_epochs):
+                avg_loss, accuracy, loss_fn = self._epoch(X, y, targets, task, batch_size)
+                self.losses.append(avg_loss)
+                self.accuracies.append(accuracy)
+                shown = {"loss": f"{avg_loss:.4f}"} | ({} if accuracy is None else {"acc": f"{accuracy:.4f}"})
+                if val is not None:
+                    val_loss, val_accuracy = self._evaluate(*val, task, loss_fn)
+                    self.val_losses.append(val_loss)
+                    self.val_accuracies.append(val_accuracy)
+                    shown["val_loss"] = f"{val_loss:.4f}"
+                    if val_accuracy is not None:
+                        shown["val_acc"] = f"{val_accuracy:.4f}"
+                    best, stale = (val_loss, 0) if val_loss < best else (best, stale + 1)
+                bar.set_postfix(shown, refresh=False)
+                bar.update()
+                if early_stopping and (stale >= patience if val is not None else accuracy == 1.0 and avg_loss < 0.01):
+                    if verbose:
+                        reason = f"no validation improvement in {patience} epochs" if val is not None \
+                            else "100% accuracy"
+                        tqdm.write(f"Early stopping at epoch {epoch + 1}: {reason}")
+                    break
         bar.close()
         if verbose and self.losses:
             final = self.accuracies[-1]

@@ -2,15 +2,18 @@
 
 Compiling needs MLIR (and ptxas for cubins), not a GPU; running needs a GPU and
 cuda-bindings, not MLIR. ``build_artifact`` is the first half, ``mlir_nn.runtime.cuda``
-the second; ``CudaBackend`` joins them for ``jit(fn, backend="cuda")`` and ``Trainer``.
+the second; ``CudaBackend`` joins them for ``jit(fn, backend="cuda")`` and ``Trainer``,
+through the artifact disk cache (``cuda_cache``), and its ``CudaExecutable`` keeps the
+parameters on the device as ``mlir_nn.residency`` directs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from mlir_nn import residency
 from mlir_nn.ir import Graph
 from mlir_nn.runtime.artifact import Artifact, signature_of
 
@@ -50,19 +53,57 @@ def build_artifact(graph: Graph, arch: str) -> Artifact:
 
 
 class CudaExecutable:
-    """A compiled step on the GPU, with the compiler's stage texts."""
+    """A compiled step on the GPU, with the compiler's stage texts.
+
+    ``run`` follows ``mlir_nn.residency``: outside a resident block it uploads every
+    parameter and writes the results back (``p.data`` always current); inside one it
+    copies only what the ledger says is stale and leaves its results on the device.
+    It is also the ledger's holder of its device copies (``fetch``).
+    """
 
     def __init__(self, graph: Graph, step: Any, stages: dict[str, str]) -> None:
         self.graph = graph
         self.step = step
         self.stages = stages
+        updated = set(step.update_slots)
+        # hyperparameters: 0-d parameters the step only reads, fed from Python before each call
+        self.watched = [i for i, shape in enumerate(step.param_shapes) if shape == () and i not in updated]
 
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
-        return self.step.run(inputs, params)
+        self.step.check(inputs, params)  # bad input never reaches the device
+        resident = residency.active()
+        ledger = residency.LEDGER
+        with ledger.lock, residency.stepping():
+            bound = self.step.bind([tuple(a.shape) for a in inputs])
+            plan = ledger.plan(self, params, resident, self.watched)
+            for t in plan.downloads:
+                cast(residency.Holder, t.holder).fetch(t.slot, t.array)
+            for t in plan.uploads:
+                self.step.upload_param(t.slot, t.array)
+            ledger.applied(plan)
+            try:
+                outputs = self.step.execute(bound, inputs)
+                if not resident:  # the new values back into p.data
+                    for slot in self.step.update_slots:
+                        self.step.download_param(slot, params[slot])
+            except BaseException:
+                ledger.lost(self)  # its device copies may be half-updated
+                raise
+            ledger.stepped(self, params, self.step.update_slots, resident, plan)
+        return outputs
+
+    def fetch(self, slot: int, array: np.ndarray) -> None:
+        """The ledger's download: this step's device copy of parameter ``slot`` into ``array``."""
+        self.step.download_param(slot, array)
 
 
 class CudaBackend:
-    """Runs steps on the first GPU; constructing it fails with the reason if it cannot."""
+    """Runs steps on the first GPU; constructing it fails with the reason if it cannot.
+
+    A step's artifact comes from the disk cache (``mlir_nn.backends.cuda_cache``) when it
+    was compiled before, here or on another machine; else it is compiled (MLIR, ptxas) and
+    stored there.
+    """
 
     name = "cuda"
 
@@ -72,10 +113,17 @@ class CudaBackend:
         self.device = Device()
 
     def compile(self, graph: Graph) -> CudaExecutable:
+        from mlir_nn.backends import cuda_cache
         from mlir_nn.runtime.cuda import CudaStep
 
         arch = self.device.arch
-        program = compile_graph(graph, (arch,))
-        stages = {"linalg": program.linalg_text, "gpu": program.gpu_text,
-                  "ptx": "\n".join(program.ptx[arch].values())}
-        return CudaExecutable(graph, CudaStep(artifact_of(graph, program, arch), self.device), stages)
+        artifact = cuda_cache.load(graph, arch)
+        if artifact is not None:
+            stages = {"ptx": "\n".join(artifact.ptx.values())}
+        else:
+            program = compile_graph(graph, (arch,))
+            artifact = artifact_of(graph, program, arch)
+            cuda_cache.store(graph, artifact)
+            stages = {"linalg": program.linalg_text, "gpu": program.gpu_text,
+                      "ptx": "\n".join(program.ptx[arch].values())}
+        return CudaExecutable(graph, CudaStep(artifact, self.device), stages)

@@ -4,26 +4,32 @@
 optimizer state) in device buffers and, per call, copies the mini-batch in, launches
 the plan's kernels in order, and copies the outputs back.
 
-Two ways to call it:
+Three ways to call it:
 
-* ``run(inputs, params)`` — the Executable protocol used by ``mlir_nn.jit`` and
-  ``Trainer``: the host parameter arrays are uploaded before the step and the updated
-  values written back into them after it, so ``p.data`` is always current and writes
-  into it are honoured (two parameter copies per step);
+* ``run(inputs, params)``: the host parameter arrays are uploaded before the step and
+  the updated ones written back into them after it, so they are always current (two
+  copies per updated parameter per step);
 * ``upload_params(params)`` once, then ``step(inputs)`` repeatedly (parameters stay on
   the device and are updated there), and ``download_params(params)`` whenever the host
-  arrays should see them (e.g. at the end of an epoch).
+  arrays should see them;
+* per slot: ``upload_param``/``download_param`` with ``bind`` and ``execute``, which is
+  how ``mlir_nn.backends.cuda`` keeps parameters resident as ``mlir_nn.residency``
+  directs. ``param_copies`` counts the parameter copies either way.
 
-Arguments are checked with ``check_arguments`` before anything reaches the device.
-The first call for each batch size synchronizes after every launch, so a failing
-kernel is named in the error; the second captures the step's copies and launches as a
-CUDA graph (its buffers and parameter pointers are fixed per batch size), and every later
-call replays that graph: one launch per step instead of one per kernel.
+Arguments are checked (``check``) before anything reaches the device, and ``bind``
+(plan, allocations) before any parameter buffer is written. The first call for each
+batch size synchronizes after every launch, so a failing kernel is named in the error;
+the second captures the whole step (its copies, launches and the copies of the updated
+values into the parameter buffers) as a CUDA graph, its buffers and parameter pointers
+being fixed per batch size, and every later call replays that graph: one launch per step
+instead of one per kernel and copy. Only the inputs' uploads and the outputs' downloads
+stay outside it: synchronous copies from and into numpy's (pageable) arrays.
 """
 
 from __future__ import annotations
 
 import ctypes
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +53,20 @@ def signature_graph(signature: dict[str, Any]) -> Graph:
                  tuple(leaf("param", d) for d in signature["params"]), (), (), name=signature["name"])
 
 
+def arch_version(arch: str) -> tuple[int, int, bool]:
+    """(major, minor, arch-specific) of ``sm_XY`` or ``sm_XYa`` (``sm_100`` is 10.0)."""
+    m = re.fullmatch(r"sm_(\d+)(\d)(a?)", arch)
+    if m is None:
+        raise PlanError(f"{arch!r} is not a CUDA arch of the form sm_XY or sm_XYa")
+    return int(m.group(1)), int(m.group(2)), bool(m.group(3))
+
+
 def check_arch(artifact_arch: str, device: Device) -> None:
-    """A cubin runs on its own major version with an equal or newer minor version."""
-    major, minor = int(artifact_arch[3:-1]), int(artifact_arch[-1])
+    """A cubin runs on its own major version with an equal or newer minor version; an
+    arch-specific one (``sm_90a``) on its exact version only."""
+    major, minor, specific = arch_version(artifact_arch)
     dev_major, dev_minor = device.capability
-    if major != dev_major or minor > dev_minor:
+    if major != dev_major or minor > dev_minor or (specific and minor != dev_minor):
         raise CudaUnavailable(f"the artifact holds cubins for {artifact_arch}, but {device.name} is {device.arch}; "
                               f"recompile with: mlir-nn compile --target cuda --arch {device.arch}")
 
@@ -63,12 +78,17 @@ class _Bound:
     plan: BoundPlan
     buffers: dict[str, int]  # buffer id -> device pointer (inputs, allocations)
     steps: list[Copy | tuple[Any, Launch, ctypes.Array, list[Any]]]  # copies and (function, launch, params, keep)
+    updates: list[tuple[int, int, int, str]]  # (dst, src, bytes, what): results copied into parameter buffers
+    updates_in_graph: bool  # False when an output lives in a buffer an update overwrites (read it first)
     checked: bool = False
     graph: Any = None  # the captured CUDA graph of ``steps`` (instantiated), from the second call
 
 
 class CudaStep:
-    """One artifact loaded on one device (see the module docstring)."""
+    """One artifact loaded on one device (see the module docstring).
+
+    ``param_copies`` counts parameter arrays copied to the device and back to the host.
+    """
 
     def __init__(self, artifact: Artifact, device: Device | None = None) -> None:
         self.artifact = artifact
@@ -84,66 +104,99 @@ class CudaStep:
         param_index = {p["name"]: i for i, p in enumerate(sig["params"])}
         self.update_slots = [param_index[name] for name in sig["updates"]]
         self.param_ids = [a["id"] for a in plan_args[self.n_inputs:]]
+        self.param_shapes = [tuple(p["shape"]) for p in sig["params"]]
+        self._param_templates = [np.empty(s, p["dtype"]) for s, p in zip(self.param_shapes, sig["params"])]
         self.param_ptrs: list[int] = []
-        self._params_host: list[np.ndarray] = []
+        self._uploaded: set[int] = set()  # slots whose buffer holds a value
+        self.param_copies = {"to_device": 0, "to_host": 0}
         self._bound: dict[tuple, _Bound] = {}
         self.modules = {name: self.device.load_module(image, name) for name, image in artifact.cubins.items()}
         self.functions: dict[tuple[str, str], Any] = {}
         self.stream: Any = None  # where graphs are captured and replayed
 
+    # ------------------------------------------------------------------ checks
+
+    def check(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> None:
+        """Refuse bad arguments before anything reaches the device (shapes, dtypes, values, layout)."""
+        check_arguments(self.graph, inputs, params)
+        for p, d in zip(params, self.artifact.signature["params"]):
+            if not p.flags.c_contiguous:  # refused before the step, so no parameter is half-written
+                raise ValueError(f"{self.graph.name}: parameter {d['name']} must be a C-contiguous array")
+
     # ------------------------------------------------------------------ parameters
 
     def upload_params(self, params: list[np.ndarray]) -> None:
         """Copy host parameter arrays to the device (allocating the buffers the first time)."""
-        check_arguments(self.graph, [np.zeros(self._input_shape(i, 1), d["dtype"])
-                                     for i, d in enumerate(self.artifact.signature["inputs"])], params)
-        self._upload(params)
+        self.check([np.zeros(self._input_shape(i, 1), d["dtype"])
+                    for i, d in enumerate(self.artifact.signature["inputs"])], params)
+        for slot, p in enumerate(params):
+            self.upload_param(slot, p)
 
-    def _upload(self, params: list[np.ndarray]) -> None:
-        """``upload_params`` for parameters already checked."""
-        if not self.param_ptrs:
-            self.param_ptrs = [self.device.alloc(p.nbytes, f"parameter {d['name']}")
-                               for p, d in zip(params, self.artifact.signature["params"])]
-        for ptr, p, d in zip(self.param_ptrs, params, self.artifact.signature["params"]):
-            self.device.upload(ptr, p, f"parameter {d['name']}")
-        self._params_host = list(params)
+    def upload_param(self, slot: int, array: np.ndarray) -> None:
+        """Copy one checked parameter array to its device buffer."""
+        self.device.activate()  # the calling thread may not have the context current
+        self._alloc_params()
+        self.device.upload(self.param_ptrs[slot], array, f"parameter {self.param_name(slot)}")
+        self._uploaded.add(slot)
+        self.param_copies["to_device"] += 1
 
     def download_params(self, params: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """Device parameter values, written into ``params`` in place when given."""
-        if not self.param_ptrs:
-            raise RuntimeError(f"{self.graph.name}: no parameters on the device yet; call upload_params first")
         sig = self.artifact.signature["params"]
-        out = params if params is not None else [np.empty(p.shape, p.dtype) for p in self._params_host]
-        for ptr, p, d in zip(self.param_ptrs, out, sig):
-            if not p.flags.c_contiguous or not p.flags.writeable:
-                raise ValueError(f"{self.graph.name}: parameter {d['name']} must be a writable C-contiguous array")
-            self.device.download(p, ptr, f"parameter {d['name']}")
+        out = params if params is not None else [np.empty(s, d["dtype"]) for s, d in zip(self.param_shapes, sig)]
+        for slot, p in enumerate(out):
+            self.download_param(slot, p)
         return out
+
+    def download_param(self, slot: int, array: np.ndarray) -> None:
+        """Copy one parameter's device buffer into ``array`` (writable, C-contiguous, its shape)."""
+        name = self.param_name(slot)
+        if slot not in self._uploaded:
+            raise RuntimeError(f"{self.graph.name}: parameter {name} is not on the device yet; upload it first")
+        if not array.flags.c_contiguous or not array.flags.writeable or array.shape != self.param_shapes[slot]:
+            raise ValueError(f"{self.graph.name}: parameter {name} must be a writable C-contiguous array "
+                             f"of shape {self.param_shapes[slot]}")
+        self.device.activate()
+        self.device.download(array, self.param_ptrs[slot], f"parameter {name}")
+        self.param_copies["to_host"] += 1
+
+    def _alloc_params(self) -> None:
+        if not self.param_ptrs:
+            self.param_ptrs = [self.device.alloc(p.nbytes, f"parameter {d['name']}")
+                               for p, d in zip(self._param_templates, self.artifact.signature["params"])]
+
+    def _require_params(self) -> None:
+        if len(self._uploaded) < len(self.param_shapes):
+            raise RuntimeError(f"{self.graph.name}: no parameters on the device yet; call upload_params first")
+
+    def param_name(self, slot: int) -> str:
+        return self.artifact.signature["params"][slot]["name"]
 
     # ------------------------------------------------------------------ running
 
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
         """Executable protocol: upload params, run the step, write the new values into ``params``."""
-        check_arguments(self.graph, inputs, params)  # once: the calls below take checked arguments
-        for p, d in zip(params, self.artifact.signature["params"]):
-            if not p.flags.c_contiguous:  # refused before the step, so no parameter is half-written
-                raise ValueError(f"{self.graph.name}: parameter {d['name']} must be a C-contiguous array")
-        self._upload(params)
-        outputs = self._step(inputs)
-        self.download_params(params)
+        self.check(inputs, params)  # once: the calls below take checked arguments
+        bound = self.bind([tuple(a.shape) for a in inputs])
+        for slot, p in enumerate(params):
+            self.upload_param(slot, p)
+        outputs = self.execute(bound, inputs)
+        for slot in self.update_slots:
+            self.download_param(slot, params[slot])
         return outputs
 
     def step(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """One step on device-resident parameters; returns the outputs."""
-        if not self.param_ptrs:
-            raise RuntimeError(f"{self.graph.name}: no parameters on the device yet; call upload_params first")
-        check_arguments(self.graph, inputs, self._params_host)
-        return self._step(inputs)
+        self._require_params()
+        check_arguments(self.graph, inputs, self._param_templates)
+        return self.execute(self.bind([tuple(a.shape) for a in inputs]), inputs)
 
-    def _step(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """``step`` for inputs already checked, with the parameters on the device."""
+    def execute(self, bound: _Bound, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Run the step bound for these (checked) inputs on the parameters on the device.
+
+        A failure here may leave parameter buffers half-updated; ``bind`` fails before any."""
+        self._require_params()
         self.device.activate()
-        bound = self._bind([tuple(a.shape) for a in inputs])
         for arg, a, d in zip(bound.plan.args, inputs, self.artifact.signature["inputs"]):
             self.device.upload(bound.buffers[arg.buffer], a, f"input {d['name']}")
         what = f"{self.graph.name}: running the step's kernels"
@@ -161,15 +214,14 @@ class CudaStep:
             out = np.empty(view.shape, d["dtype"])
             self.device.download(out, self._address(bound, view), f"output of {self.graph.name}")
             outputs.append(out)
-        for view, slot in zip(bound.plan.results[self.n_outputs:], self.update_slots):
-            dst = self.param_ptrs[slot]
-            src = self._address(bound, view)
-            if src != dst:
-                self.device.copy(dst, src, view.nbytes, f"update of parameter {self.param_ids[slot]}")
+        if not bound.updates_in_graph:
+            for dst, src, nbytes, update in bound.updates:
+                self.device.copy(dst, src, nbytes, update)
         return outputs
 
     def _launch_all(self, bound: _Bound, stream: Any = None) -> None:
-        """Enqueue the step's copies and launches (on ``stream`` while capturing a graph)."""
+        """Enqueue the step's copies and launches, then the updates' copies into the parameter
+        buffers when they belong to the graph (on ``stream`` while capturing it)."""
         for item in bound.steps:
             if isinstance(item, Copy):
                 self.device.copy(self._address(bound, item.dst), self._address(bound, item.src),
@@ -180,6 +232,9 @@ class CudaStep:
             self.device.launch(function, launch.grid, launch.block, launch.smem, params, what, stream)
             if not bound.checked:
                 self.device.synchronize(f"kernel {what} (grid {launch.grid}, block {launch.block})")
+        if bound.updates_in_graph:
+            for dst, src, nbytes, update in bound.updates:
+                self.device.copy(dst, src, nbytes, update, stream)
 
     def _address(self, bound: _Bound, view: View) -> int:
         base = bound.buffers.get(view.buffer)
@@ -190,19 +245,29 @@ class CudaStep:
     def _input_shape(self, i: int, batch: int) -> tuple[int, ...]:
         return tuple(batch if d == "N" else d for d in self.artifact.signature["inputs"][i]["shape"])
 
-    def _bind(self, input_shapes: list[tuple[int, ...]]) -> _Bound:
+    def bind(self, input_shapes: list[tuple[int, ...]]) -> _Bound:
+        """The step for these input shapes: plan evaluated, buffers allocated, launches packed
+        (cached per shapes). It writes no parameter buffer, so a failure here (e.g. out of
+        device memory) leaves the device copies intact."""
         key = tuple(input_shapes)
         if key in self._bound:
             return self._bound[key]
-        param_shapes = [tuple(p.shape) for p in self._params_host]
-        plan = bind(self.artifact.plan, list(input_shapes) + param_shapes)
+        self.device.activate()
+        self._alloc_params()
+        plan = bind(self.artifact.plan, list(input_shapes) + self.param_shapes)
         _check_update_aliasing(plan, self.param_ids, self.update_slots, self.n_outputs)
         buffers = {}
         for view, d in zip(plan.args[:self.n_inputs], self.artifact.signature["inputs"]):
             buffers[view.buffer] = self.device.alloc(view.nbytes, f"input {d['name']}")
         for name, nbytes in plan.allocs.items():
             buffers[name] = self.device.alloc(nbytes, f"buffer {name} of {self.graph.name}")
-        bound = _Bound(plan, buffers, [])
+        bound = _Bound(plan, buffers, [], [], True)
+        for view, slot in zip(plan.results[self.n_outputs:], self.update_slots):
+            dst, src = self.param_ptrs[slot], self._address(bound, view)
+            if src != dst:
+                bound.updates.append((dst, src, view.nbytes, f"update of parameter {self.param_name(slot)}"))
+        overwritten = {self.param_ids[self.param_ptrs.index(dst)] for dst, *_ in bound.updates}
+        bound.updates_in_graph = not any(v.buffer in overwritten for v in plan.results[:self.n_outputs])
         for action in plan.actions:
             if isinstance(action, Copy):
                 bound.steps.append(action)
@@ -230,7 +295,7 @@ class CudaStep:
             self.device.free(ptr)
         for module in self.modules.values():
             self.device.unload(module)
-        self._bound, self.param_ptrs, self.modules = {}, [], {}
+        self._bound, self.param_ptrs, self.modules, self._uploaded = {}, [], {}, set()
 
 
 def _pack(launch: Launch, address: Any) -> tuple[ctypes.Array, list[Any]]:

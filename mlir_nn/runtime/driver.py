@@ -35,7 +35,11 @@ def load_driver() -> Any:
     except ImportError as e:
         raise CudaUnavailable(f"the CUDA backend needs the cuda-bindings package, which is not importable ({e}); "
                               f"{INSTALL_HINT}") from None
-    (err,) = driver.cuInit(0)
+    try:
+        (err,) = driver.cuInit(0)
+    except RuntimeError as e:  # cuda-bindings 13 loads libcuda.so at the first call (cuda.pathfinder's error)
+        raise CudaUnavailable(f"the CUDA driver library could not be loaded for cuInit ({e}); "
+                              "is there an NVIDIA GPU and driver on this machine?") from None
     if err != driver.CUresult.CUDA_SUCCESS:
         raise CudaUnavailable(f"the CUDA driver could not be initialized: cuInit failed with {_describe(driver, err)} "
                               "(is there an NVIDIA GPU and driver on this machine?)")
@@ -141,16 +145,24 @@ class Device:
         return self.check(self.cu.cuStreamCreate(int(self.cu.CUstream_flags.CU_STREAM_DEFAULT)), "cuStreamCreate")
 
     def capture(self, stream: Any, record: Callable[[], None], what: str) -> Any:
-        """What ``record`` enqueues on ``stream``, as an instantiated CUDA graph (nothing runs yet)."""
+        """What ``record`` enqueues on ``stream``, as an instantiated CUDA graph (nothing runs yet).
+
+        If ``record`` fails, the capture is ended and its partial graph destroyed, and
+        ``record``'s error is the one raised."""
         mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         self.check(self.cu.cuStreamBeginCapture(stream, mode), f"cuStreamBeginCapture for {what}")
         try:
             record()
+        except BaseException:
+            err, graph = self.cu.cuStreamEndCapture(stream)  # its status (capture invalidated) is not the cause
+            if err == self.cu.CUresult.CUDA_SUCCESS and int(graph):
+                self.cu.cuGraphDestroy(graph)
+            raise
+        graph = self.check(self.cu.cuStreamEndCapture(stream), f"cuStreamEndCapture for {what}")
+        try:
+            return self.check(self.cu.cuGraphInstantiate(graph, 0), f"cuGraphInstantiate for {what}")
         finally:
-            graph = self.check(self.cu.cuStreamEndCapture(stream), f"cuStreamEndCapture for {what}")
-        executable = self.check(self.cu.cuGraphInstantiate(graph, 0), f"cuGraphInstantiate for {what}")
-        self.check(self.cu.cuGraphDestroy(graph), "cuGraphDestroy")
-        return executable
+            self.check(self.cu.cuGraphDestroy(graph), "cuGraphDestroy")
 
     def replay(self, executable: Any, stream: Any, what: str) -> None:
         """Launch a captured graph on ``stream`` and wait for it."""

@@ -1,4 +1,5 @@
-"""The GPU visit's payload: artifacts from the optimized graph that gpu_check.py reads without MLIR."""
+"""The GPU visit's payload: artifacts from the optimized graph, and the Trainer case's caches, that
+gpu_check.py reads without MLIR or egglog."""
 
 import json
 import shutil
@@ -46,6 +47,10 @@ def test_artifacts_are_optimized_and_gpu_check_reads_them_without_mlir(tmp_path)
         moons = report["cases"]["moons_step"]["model"]["nodes"]
         assert sum(len(n["kernels"]) for n in moons) == report["cases"]["moons_step"]["check"]["10"]["launches"]
         assert "MODEL (roofline" in proc.stdout
+    # the Trainer case: every step found in the carried caches (optimizer and CUDA), without egglog or MLIR
+    resident = report["resident"]
+    assert resident["ok"], resident
+    assert [(s["step"], s["batches"]) for s in resident["steps"]] == [("step", [7, 10]), ("_predict_step", [50])]
     # without --dry-run it gets as far as the driver: no cuda-bindings (or no GPU) here
     proc = subprocess.run(check, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -1,6 +1,5 @@
 """Artifact round trip, the runtime without MLIR/egglog, and clear errors without a GPU."""
 
-import importlib.util
 import io
 import subprocess
 import sys
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 
 from mlir_nn.runtime.artifact import Artifact, ArtifactError
+from tests.gpu.device import has_gpu, needs_gpu
 
 SIGNATURE = {
     "name": "mini",
@@ -19,18 +19,6 @@ SIGNATURE = {
     "outputs": [{"shape": [], "dtype": "float32"}],
     "updates": ["W", "b"],
 }
-
-
-def has_gpu() -> bool:
-    if importlib.util.find_spec("cuda") is None:
-        return False
-    try:
-        from mlir_nn.runtime.driver import load_driver
-
-        load_driver()
-        return True
-    except Exception:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +91,7 @@ def test_cuda_backend_says_why_it_cannot_run():
         Trainer(model, SGD(model.parameters()), backend="cuda")
 
 
-@pytest.mark.skipif(not has_gpu(), reason="needs an NVIDIA GPU and cuda-bindings (run benchmarks/gpu_check.py there)")
+@needs_gpu
 def test_mini_step_on_the_gpu(artifact):
     from mlir_nn.runtime.cuda import CudaStep
 
@@ -131,3 +119,15 @@ def test_mini_step_on_the_gpu(artifact):
         np.testing.assert_allclose(out, np.mean((z - y) ** 2), rtol=1e-4)
         np.testing.assert_allclose(params[0], w1, rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(params[1], b1, rtol=1e-4, atol=1e-6)
+
+
+def test_arch_versions_parse_and_bad_ones_are_refused():
+    from mlir_nn.runtime.cuda import arch_version
+    from mlir_nn.runtime.plan import PlanError
+
+    assert arch_version("sm_90") == (9, 0, False)
+    assert arch_version("sm_90a") == (9, 0, True)
+    assert arch_version("sm_100") == (10, 0, False)
+    assert arch_version("sm_86") == (8, 6, False)
+    with pytest.raises(PlanError, match="not a CUDA arch"):
+        arch_version("compute_90")
