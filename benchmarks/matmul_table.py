@@ -121,7 +121,8 @@ def fma_peak(threads: int, iterations: int = 20_000_000, clock: Callable[[], flo
 
 
 def product_graph(op: str, m: int, k: int, n: int, ta: bool, tb: bool):
-    """One-op graph: the batch dim is the dynamic N where the step has it."""
+    """One-op graph: the batch dim is the dynamic N where the step has it; the update
+    product writes its parameter in place, as the step does."""
     from mlir_nn.ir import Graph, make_node
 
     def dim(d: int) -> int | str:
@@ -147,7 +148,8 @@ def product_graph(op: str, m: int, k: int, n: int, ta: bool, tb: bool):
         params.append(c)
         lr = make_node("const", [], value=LR, dtype="float32")
         one = make_node("const", [], value=1.0, dtype="float32")
-        out = make_node("gemm", [a, b, c, lr, one], transpose_a=ta, subtract=True)  # c - lr * op(a) @ b
+        update = make_node("gemm", [a, b, c, lr, one], transpose_a=ta, subtract=True)  # c - lr * op(a) @ b
+        return Graph(tuple(inputs), tuple(params), (), updates=(("c", update),), name="product")  # in place
     return Graph(tuple(inputs), tuple(params), (out,), name="product")
 
 

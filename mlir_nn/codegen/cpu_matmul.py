@@ -238,6 +238,38 @@ def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
     return _slice(flat, [m, n])
 
 
+def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
+    """Element-wise ops that write over a blocked product (an epilogue's ``init``) write
+    into a fresh tensor instead: over the padded accumulator's corner, bufferization first
+    copies the product into the result buffer, a serial pass over the whole output (and,
+    for an update, a second one into the parameter). The op never reads its init."""
+    for use in list(product.uses):
+        op = use.owner
+        if op.name != "linalg.generic" or use.operand_number < len(op.operands) - len(op.results):
+            continue
+        body = op.regions[0].blocks[0]
+        if list(body.arguments[use.operand_number].uses):
+            continue
+        updated = _updated_input(op)
+        if updated is not None:  # read and written through the init: no copy of the parameter
+            body.arguments[updated].replace_all_uses_with(body.arguments[use.operand_number])
+            op.operands[use.operand_number] = op.operands[updated]
+            continue
+        element = ir.RankedTensorType(product.type).element_type
+        with ir.InsertionPoint(op), op.location:
+            op.operands[use.operand_number] = _empty(_dim_sizes(product), element)
+
+
+def _updated_input(op: ir.Operation) -> int | None:
+    """Position of the input of ``op`` that its result is written back into (``W - lr * grad``
+    materialized into ``W``, read with the identity map), or None."""
+    targets = {use.owner.operands[1] for use in op.results[0].uses
+               if use.owner.name == "bufferization.materialize_in_destination"}
+    maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
+    return next((i for i, x in enumerate(op.operands[:len(op.operands) - 1])
+                 if x in targets and maps[i] == maps[-1]), None)
+
+
 def _schedule_text(itemsize: int) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
@@ -295,6 +327,8 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
                 replacement = _as_blocked(op, threads) if large else _as_generic(op)
             op.result.replace_all_uses_with(replacement)
             op.erase()
+            if large:
+                _epilogues_into_fresh_tensors(replacement)
             blocked += large
         if (threads and spread_maps(module)) or blocked:
             _apply_schedule(module, itemsize)
