@@ -160,34 +160,78 @@ def _expand(value: ir.Value, sizes: list[int | ir.Value], reassociation: list[li
     return tensor.expand_shape(kind, value, reassociation, dynamic, _static(sizes))
 
 
-def _panels(x: ir.Value, axis: int, tile: int, parallel: bool) -> ir.Value:
-    """A 2-D tensor as panels [ceil(s / tile), o, tile] of ``tile`` consecutive indices of
-    its dim ``axis`` (size s; the other dim has size o), zero-padded to whole panels.
-    Packing op(A) takes tiles of its rows, op(B) of its columns; a transposed operand is
-    read in its own layout (the packing is the transpose)."""
-    size = _dim_sizes(x)[axis]
+def _part(value: ir.Value, offsets: list[int | ir.Value], sizes: list[int | ir.Value]) -> ir.Value:
+    """The slice of ``value`` at ``offsets`` with ``sizes`` (unit strides)."""
+    kind = ir.RankedTensorType.get(_static(sizes), ir.RankedTensorType(value.type).element_type)
+    dynamic_offsets = [d for d in offsets if isinstance(d, ir.Value)]
+    dynamic_sizes = [d for d in sizes if isinstance(d, ir.Value)]
+    return tensor.extract_slice(kind, value, dynamic_offsets, dynamic_sizes, [], _static(offsets), _static(sizes),
+                                [1] * len(sizes))
+
+
+def _put(part: ir.Value, into: ir.Value, offsets: list[int | ir.Value], sizes: list[int | ir.Value]) -> ir.Value:
+    """``into`` with ``part`` written at ``offsets``."""
+    dynamic_offsets = [d for d in offsets if isinstance(d, ir.Value)]
+    dynamic_sizes = [d for d in sizes if isinstance(d, ir.Value)]
+    return tensor.insert_slice(part, into, dynamic_offsets, dynamic_sizes, [], _static(offsets), _static(sizes),
+                               [1] * len(sizes))
+
+
+def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, tagged: bool, parallel: bool) -> ir.Value:
+    """``x`` (its dim ``axis`` a multiple of ``tile``) as panels [s / tile, o, tile] written into ``into``."""
+    size, other = _dim_sizes(x)[axis], _dim_sizes(x)[1 - axis]
     count = _ceil_div(size, tile)
-    if not (isinstance(size, int) and size % tile == 0):
-        x = _zero_padded(x, axis, _times(count, tile))
-    other = _dim_sizes(x)[1 - axis]
     if axis == 0:  # (s, o) -> [count, tile, o] -> [count, o, tile]
         split, perm = _expand(x, [count, tile, other], [[0, 1], [2]]), [0, 2, 1]
         tag = PACK_TILES if isinstance(other, int) and other % TRANSPOSE_TILE == 0 else PACK
     else:  # (o, s) -> [o, count, tile] -> [count, o, tile]
         split, perm = _expand(x, [other, count, tile], [[0], [1, 2]]), [1, 0, 2]
         tag = PACK_ROWS
-    element = ir.RankedTensorType(x.type).element_type
 
     # a generic, not linalg.transpose: tiles that only move unit dims must not fold into copies
-    @linalg.generic([split], [_empty([count, other, tile], element)], [dims_map(3, perm), dims_map(3, [0, 1, 2])],
-                    [PARALLEL] * 3)
+    @linalg.generic([split], [into], [dims_map(3, perm), dims_map(3, [0, 1, 2])], [PARALLEL] * 3)
     def pack(value: ir.Value, _out: ir.Value) -> ir.Value:
         return value
 
-    pack.owner.attributes[tag] = ir.UnitAttr.get()
+    if tagged:
+        pack.owner.attributes[tag] = ir.UnitAttr.get()
     if parallel:
         pack.owner.attributes[PACK_PARALLEL] = ir.UnitAttr.get()
     return pack
+
+
+def _panels(x: ir.Value, axis: int, tile: int, parallel: bool) -> ir.Value:
+    """A 2-D tensor as panels [ceil(s / tile), o, tile] of ``tile`` consecutive indices of
+    its dim ``axis`` (size s; the other dim has size o), zero-padded to whole panels.
+    Packing op(A) takes tiles of its rows, op(B) of its columns; a transposed operand is
+    read in its own layout (the packing is the transpose). The whole panels are packed
+    straight from ``x`` (vector copies, on threads for large products); a partial last
+    panel is packed from a zero-padded copy of its few rows or columns."""
+    sizes = _dim_sizes(x)
+    size, other = sizes[axis], sizes[1 - axis]
+    element = ir.RankedTensorType(x.type).element_type
+    count = _ceil_div(size, tile)
+    packed = _empty([count, other, tile], element)
+    if isinstance(size, int) and size % tile == 0:
+        return _pack_whole_panels(x, axis, tile, packed, True, parallel)
+    index = ir.IndexType.get()
+    full = size // tile if isinstance(size, int) else arith.divui(size, arith.constant(index, tile))
+    whole = _times(full, tile)
+
+    def along(offset: int | ir.Value, length: int | ir.Value) -> tuple[list, list]:
+        """(offsets, sizes) of a slice of x over [offset, offset + length) of dim ``axis``."""
+        return ([offset, 0], [length, other]) if axis == 0 else ([0, offset], [other, length])
+
+    if not (isinstance(full, int) and full == 0):
+        main = _part(x, *along(0, whole))
+        into = _part(packed, [0, 0, 0], [full, other, tile])
+        packed = _put(_pack_whole_panels(main, axis, tile, into, True, parallel), packed, [0, 0, 0],
+                      [full, other, tile])
+    rest = size - whole if isinstance(size, int) else arith.subi(size, whole)
+    tail = _zero_padded(_part(x, *along(whole, rest)), axis, tile)
+    last = _pack_whole_panels(tail, axis, tile, _empty([1, other, tile], element), False, False)
+    missing = count - full if isinstance(count, int) else arith.subi(count, full)  # 0 or 1 panels
+    return _put(_part(last, [0, 0, 0], [missing, other, tile]), packed, [full, 0, 0], [missing, other, tile])
 
 
 def _is_zero_fill(value: ir.Value) -> bool:
