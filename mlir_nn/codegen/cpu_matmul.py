@@ -5,7 +5,7 @@
 * a large product (static column count, enough static work, a zero-filled accumulator)
   packs op(A) into row panels [m / tm, k, tm] and op(B) into column panels
   [n / tn, k, tn] (zero-padded to whole panels; a transposed operand is transposed by its
-  packing, no separate copy) and becomes a ``linalg.generic`` over (row panel, column
+  packing, no separate copy) and becomes a ``linalg.generic`` over (column panel, row
   panel, row, column, k) into a zero-filled [m / tm, tm, n / tn, tn] accumulator whose
   (m, n) corner is the result (a view). The transform schedule ``passes/cpu_matmul.mlir``
   splits it into tasks over threads (2-D: row and column panels), kc-deep slices of k,
@@ -248,7 +248,7 @@ def _is_zero_fill(value: ir.Value) -> bool:
 
 def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
     """C = op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
-    panels [nb, k, tn], a generic over (row panel, column panel, row, column, k) into a
+    panels [nb, k, tn], a generic over (column panel, row panel, row, column, k) into a
     zero-filled [mb, tm, nb, tn] accumulator (tagged for the schedule), read back as the
     (m, n) corner of its (mb * tm, nb * tn) view: every register block is whole."""
     a, b, c = op.operands
@@ -262,8 +262,8 @@ def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
     row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
     acc = _zeros([row_panels, tm, col_panels, tn], element)
     acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
-    # dims (row panel, column panel, row, column, k)
-    maps = [dims_map(5, [0, 4, 2]), dims_map(5, [1, 4, 3]), dims_map(5, [0, 2, 1, 3])]
+    # dims (column panel, row panel, row, column, k): the tasks' row blocks vary fastest
+    maps = [dims_map(5, [1, 4, 2]), dims_map(5, [0, 4, 3]), dims_map(5, [1, 2, 0, 3])]
     fastmath = ir.Attribute.parse("#arith.fastmath<contract>")
 
     @linalg.generic([packed_a, packed_b], [acc], maps, [PARALLEL] * 4 + [REDUCTION])
