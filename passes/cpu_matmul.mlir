@@ -31,12 +31,17 @@ module attributes {transform.with_named_sequence} {
         : (!transform.any_op) -> !transform.any_op
     %pack_chunks, %pack_forall = transform.structured.tile_using_forall %pack_parallel tile_sizes [4]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    %pack_rows = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_rows} in %root
+    %pack_rows_a = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_rows_a} in %root
         : (!transform.any_op) -> !transform.any_op
     // (several rows per vector op, masked at a dynamic end: single rows would fold into copies)
-    %rows, %row_panels, %row_k = transform.structured.tile_using_for %pack_rows tile_sizes [1, {rows}, 0]
+    %rows_a, %row_panels_a, %row_k_a = transform.structured.tile_using_for %pack_rows_a tile_sizes [1, {rows}, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
-    transform.structured.vectorize %rows vector_sizes [1, {rows}, {tn}] : !transform.any_op
+    transform.structured.vectorize %rows_a vector_sizes [1, {rows}, {tm}] : !transform.any_op
+    %pack_rows_b = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_rows_b} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %rows_b, %row_panels_b, %row_k_b = transform.structured.tile_using_for %pack_rows_b tile_sizes [1, {rows}, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    transform.structured.vectorize %rows_b vector_sizes [1, {rows}, {tn}] : !transform.any_op
     %pack_tiles = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_tiles} in %root
         : (!transform.any_op) -> !transform.any_op
     %tiles, %tile_panels, %tile_k = transform.structured.tile_using_for %pack_tiles tile_sizes [1, {tile}, 0]

@@ -41,7 +41,8 @@ SCHEDULE = "cpu_matmul.mlir"
 # tiles when the packing transposes and the sizes allow, else loops), and ops with
 # enough work to spread over threads.
 PACKED, ACC_INIT, PARALLEL_ROWS = "mlirnn.packed", "mlirnn.acc_init", "mlirnn.parallel"
-PACK, PACK_ROWS, PACK_TILES = "mlirnn.pack", "mlirnn.pack_rows", "mlirnn.pack_tiles"
+PACK, PACK_TILES = "mlirnn.pack", "mlirnn.pack_tiles"
+PACK_ROWS_A, PACK_ROWS_B = "mlirnn.pack_rows_a", "mlirnn.pack_rows_b"  # row copies into A's / B's panels
 PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 PARALLEL_MAP = "mlirnn.parallel_map"
 
@@ -177,8 +178,10 @@ def _put(part: ir.Value, into: ir.Value, offsets: list[int | ir.Value], sizes: l
                                [1] * len(sizes))
 
 
-def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, tagged: bool, parallel: bool) -> ir.Value:
-    """``x`` (its dim ``axis`` a multiple of ``tile``) as panels [s / tile, o, tile] written into ``into``."""
+def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, rows_tag: str | None,
+                       parallel: bool) -> ir.Value:
+    """``x`` (its dim ``axis`` a multiple of ``tile``) as panels [s / tile, o, tile] written into
+    ``into``; tagged for the schedule (``rows_tag`` when it copies rows) unless ``rows_tag`` is None."""
     size, other = _dim_sizes(x)[axis], _dim_sizes(x)[1 - axis]
     count = _ceil_div(size, tile)
     if axis == 0:  # (s, o) -> [count, tile, o] -> [count, o, tile]
@@ -186,21 +189,21 @@ def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, tagged
         tag = PACK_TILES if isinstance(other, int) and other % TRANSPOSE_TILE == 0 else PACK
     else:  # (o, s) -> [o, count, tile] -> [count, o, tile]
         split, perm = _expand(x, [other, count, tile], [[0], [1, 2]]), [1, 0, 2]
-        tag = PACK_ROWS
+        tag = rows_tag
 
     # a generic, not linalg.transpose: tiles that only move unit dims must not fold into copies
     @linalg.generic([split], [into], [dims_map(3, perm), dims_map(3, [0, 1, 2])], [PARALLEL] * 3)
     def pack(value: ir.Value, _out: ir.Value) -> ir.Value:
         return value
 
-    if tagged:
+    if rows_tag is not None:
         pack.owner.attributes[tag] = ir.UnitAttr.get()
     if parallel:
         pack.owner.attributes[PACK_PARALLEL] = ir.UnitAttr.get()
     return pack
 
 
-def _panels(x: ir.Value, axis: int, tile: int, parallel: bool) -> ir.Value:
+def _panels(x: ir.Value, axis: int, tile: int, parallel: bool, rows_tag: str) -> ir.Value:
     """A 2-D tensor as panels [ceil(s / tile), o, tile] of ``tile`` consecutive indices of
     its dim ``axis`` (size s; the other dim has size o), zero-padded to whole panels.
     Packing op(A) takes tiles of its rows, op(B) of its columns; a transposed operand is
@@ -213,7 +216,7 @@ def _panels(x: ir.Value, axis: int, tile: int, parallel: bool) -> ir.Value:
     count = _ceil_div(size, tile)
     packed = _empty([count, other, tile], element)
     if isinstance(size, int) and size % tile == 0:
-        return _pack_whole_panels(x, axis, tile, packed, True, parallel)
+        return _pack_whole_panels(x, axis, tile, packed, rows_tag, parallel)
     index = ir.IndexType.get()
     full = size // tile if isinstance(size, int) else arith.divui(size, arith.constant(index, tile))
     whole = _times(full, tile)
@@ -225,11 +228,11 @@ def _panels(x: ir.Value, axis: int, tile: int, parallel: bool) -> ir.Value:
     if not (isinstance(full, int) and full == 0):
         main = _part(x, *along(0, whole))
         into = _part(packed, [0, 0, 0], [full, other, tile])
-        packed = _put(_pack_whole_panels(main, axis, tile, into, True, parallel), packed, [0, 0, 0],
+        packed = _put(_pack_whole_panels(main, axis, tile, into, rows_tag, parallel), packed, [0, 0, 0],
                       [full, other, tile])
     rest = size - whole if isinstance(size, int) else arith.subi(size, whole)
     tail = _zero_padded(_part(x, *along(whole, rest)), axis, tile)
-    last = _pack_whole_panels(tail, axis, tile, _empty([1, other, tile], element), False, False)
+    last = _pack_whole_panels(tail, axis, tile, _empty([1, other, tile], element), None, False)
     missing = count - full if isinstance(count, int) else arith.subi(count, full)  # 0 or 1 panels
     return _put(_part(last, [0, 0, 0], [missing, other, tile]), packed, [full, 0, 0], [missing, other, tile])
 
@@ -256,8 +259,8 @@ def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
     element = ir.RankedTensorType(c.type).element_type
     tm, tn = register_block(ir.FloatType(element).width // 8)
     parallel = threads and _static_work(op) >= PARALLEL_WORK_MIN
-    packed_a = _panels(a, 1 if ta else 0, tm, parallel)
-    packed_b = _panels(b, 0 if tb else 1, tn, parallel)
+    packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A)
+    packed_b = _panels(b, 0 if tb else 1, tn, parallel, PACK_ROWS_B)
     m, n = _dim_sizes(c)
     row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
     acc = _zeros([row_panels, tm, col_panels, tn], element)
