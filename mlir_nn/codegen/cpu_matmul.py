@@ -4,13 +4,15 @@
 
 * a large product (static column count, enough static work, a zero-filled accumulator)
   packs op(A) into row panels [m / tm, k, tm] and op(B) into column panels
-  [n / tn, k, tn] (zero-padded to whole panels; a transposed operand is transposed by its
-  packing, no separate copy) and becomes a ``linalg.generic`` over (column panel, row
-  panel, row, column, k) into a zero-filled [m / tm, tm, n / tn, tn] accumulator whose
-  (m, n) corner is the result (a view). The transform schedule ``passes/cpu_matmul.mlir``
-  splits it into tasks over threads (2-D: row and column panels), kc-deep slices of k,
-  and tm x tn register blocks vectorized to broadcasts and FMAs. Block sizes come from
-  the host (``mlir_nn.backends.cpu_target``);
+  [n / tn, k, tn] (whole panels copied straight from the operand, a partial last panel
+  zero-padded; a transposed operand is transposed by its packing, no separate copy) and
+  becomes a ``linalg.generic`` over (column panel, row panel, row, column, k) into a
+  zero-filled [m / tm, tm, n / tn, tn] accumulator whose (m, n) corner is the result (a
+  view). The transform schedule ``passes/cpu_matmul.mlir`` splits it into tasks over
+  threads (2-D: column and row panels), kc-deep slices of k, and tm x tn register blocks
+  vectorized to broadcasts and FMAs. Block sizes come from the host
+  (``mlir_nn.backends.cpu_target``). Its epilogue (bias + ReLU, ReLU-grad mask, folded
+  update) reads the corner and writes a fresh tensor, or the updated parameter in place;
 * a small product becomes a ``linalg.generic`` in the loop order whose innermost loop
   runs over contiguous memory: (k, m, n) when A is transposed and B is not (row
   updates of C), (m, k, n) when B is (k, n) (a row update, which LLVM vectorizes),
