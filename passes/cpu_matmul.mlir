@@ -33,10 +33,12 @@ module attributes {transform.with_named_sequence} {
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     %pack_rows_a = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_rows_a} in %root
         : (!transform.any_op) -> !transform.any_op
-    // (several rows per vector op, masked at a dynamic end: single rows would fold into copies)
+    // (several rows per vector op, masked at a dynamic end: single rows would fold into copies;
+    // A's rows in {tm_lanes}-lane vectors: {tm}-lane ones cost LLVM about a second of the large
+    // step's compile, {tn}-lane masked ones ran with spills)
     %rows_a, %row_panels_a, %row_k_a = transform.structured.tile_using_for %pack_rows_a tile_sizes [1, {rows}, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
-    transform.structured.vectorize %rows_a vector_sizes [1, {rows}, {tm}] : !transform.any_op
+    transform.structured.vectorize %rows_a vector_sizes [1, {rows}, {tm_lanes}] : !transform.any_op
     %pack_rows_b = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_rows_b} in %root
         : (!transform.any_op) -> !transform.any_op
     %rows_b, %row_panels_b, %row_k_b = transform.structured.tile_using_for %pack_rows_b tile_sizes [1, {rows}, 0]

@@ -322,7 +322,8 @@ def _updated_input(op: ir.Operation) -> int | None:
 def _schedule_text(itemsize: int) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
-    sizes = {"map_rows": PARALLEL_MAP_ROWS, "tm": tm, "tn": tn, "row_panels": mc // tm, "col_panels": nc // tn,
+    sizes = {"map_rows": PARALLEL_MAP_ROWS, "tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
+             "row_panels": mc // tm, "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
