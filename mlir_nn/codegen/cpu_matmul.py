@@ -181,17 +181,22 @@ def _put(part: ir.Value, into: ir.Value, offsets: list[int | ir.Value], sizes: l
 
 
 def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, rows_tag: str | None,
-                       parallel: bool) -> ir.Value:
+                       parallel: bool, panels: ir.Value | None = None) -> ir.Value:
     """``x`` (its dim ``axis`` a multiple of ``tile``) as panels [s / tile, o, tile] written into
-    ``into``; tagged for the schedule (``rows_tag`` when it copies rows) unless ``rows_tag`` is None."""
+    ``into`` (only its first ``panels`` when given); tagged for the schedule (``rows_tag`` when it
+    copies rows) unless ``rows_tag`` is None."""
     size, other = _dim_sizes(x)[axis], _dim_sizes(x)[1 - axis]
     count = _ceil_div(size, tile)
     if axis == 0:  # (s, o) -> [count, tile, o] -> [count, o, tile]
         split, perm = _expand(x, [count, tile, other], [[0, 1], [2]]), [0, 2, 1]
         tag = PACK_TILES if isinstance(other, int) and other % TRANSPOSE_TILE == 0 else PACK
+        if panels is not None:
+            split = _part(split, [0, 0, 0], [panels, tile, other])
     else:  # (o, s) -> [o, count, tile] -> [count, o, tile]
         split, perm = _expand(x, [other, count, tile], [[0], [1, 2]]), [1, 0, 2]
         tag = rows_tag
+        if panels is not None:
+            split = _part(split, [0, 0, 0], [other, panels, tile])
 
     # a generic, not linalg.transpose: tiles that only move unit dims must not fold into copies
     @linalg.generic([split], [into], [dims_map(3, perm), dims_map(3, [0, 1, 2])], [PARALLEL] * 3)
@@ -234,9 +239,10 @@ def _panels(x: ir.Value, axis: int, tile: int, parallel: bool, rows_tag: str) ->
                       [full, other, tile])
     rest = size - whole if isinstance(size, int) else arith.subi(size, whole)
     tail = _zero_padded(_part(x, *along(whole, rest)), axis, tile)
-    last = _pack_whole_panels(tail, axis, tile, _empty([1, other, tile], element), None, False)
     missing = count - full if isinstance(count, int) else arith.subi(count, full)  # 0 or 1 panels
-    return _put(_part(last, [0, 0, 0], [missing, other, tile]), packed, [full, 0, 0], [missing, other, tile])
+    into = _part(packed, [full, 0, 0], [missing, other, tile])
+    last = _pack_whole_panels(tail, axis, tile, into, None, False, None if isinstance(missing, int) else missing)
+    return _put(last, packed, [full, 0, 0], [missing, other, tile])
 
 
 def _is_zero_fill(value: ir.Value) -> bool:
