@@ -4,8 +4,10 @@ Each product of the MLP 784-1024-1024-10 step at batch 512 (forward with bias an
 input gradients with the ReLU mask, weight gradients folded into the SGD update) is
 compiled alone as a one-op graph and timed against the same product in NumPy (its BLAS,
 OpenBLAS in the wheels) and PyTorch when importable, round-robin so that machine load
-hits every contender alike. The ceiling is the measured peak of a loop of independent
-vector FMAs on every thread.
+hits every contender alike, with a pause before each contender's turn: OpenBLAS's threads
+spin for a while after a call and would otherwise take a core from the next contender
+(measured: the compiled product 1.6x slower right after a NumPy call than after a pause).
+The ceiling is the measured peak of a loop of independent vector FMAs on every thread.
 
     python benchmarks/matmul_table.py [--quick] [--threads N]
 """
@@ -40,6 +42,7 @@ SHAPES = [
     ("dW L2   W2 - lr h1^T g", "gemm", 1024, BATCH, 10, True, False),
 ]
 LR = 0.005
+SETTLE_S = 0.3  # pause before each contender's turn: the previous contender's threads stop spinning
 
 FMA_LOOP = """
 func.func @fma_loop(%n: index, %out: memref<8xf32>) attributes {llvm.emit_c_interface} {
@@ -118,7 +121,8 @@ def fma_peak(threads: int, iterations: int = 20_000_000, clock: Callable[[], flo
 
 
 def product_graph(op: str, m: int, k: int, n: int, ta: bool, tb: bool):
-    """One-op graph: the batch dim is the dynamic N where the step has it."""
+    """One-op graph: the batch dim is the dynamic N where the step has it; the update
+    product writes its parameter in place, as the step does."""
     from mlir_nn.ir import Graph, make_node
 
     def dim(d: int) -> int | str:
@@ -144,7 +148,8 @@ def product_graph(op: str, m: int, k: int, n: int, ta: bool, tb: bool):
         params.append(c)
         lr = make_node("const", [], value=LR, dtype="float32")
         one = make_node("const", [], value=1.0, dtype="float32")
-        out = make_node("gemm", [a, b, c, lr, one], transpose_a=ta, subtract=True)  # c - lr * op(a) @ b
+        update = make_node("gemm", [a, b, c, lr, one], transpose_a=ta, subtract=True)  # c - lr * op(a) @ b
+        return Graph(tuple(inputs), tuple(params), (), updates=(("c", update),), name="product")  # in place
     return Graph(tuple(inputs), tuple(params), (out,), name="product")
 
 
@@ -182,6 +187,7 @@ def round_robin(fns: dict[str, Callable[[], object]], rounds: int, reps: int,
     medians: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for label, fn in fns.items():
+            time.sleep(SETTLE_S)
             times = []
             for _ in range(reps):
                 t = clock()

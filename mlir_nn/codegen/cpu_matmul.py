@@ -4,13 +4,15 @@
 
 * a large product (static column count, enough static work, a zero-filled accumulator)
   packs op(A) into row panels [m / tm, k, tm] and op(B) into column panels
-  [n / tn, k, tn] (zero-padded to whole panels; a transposed operand is transposed by its
-  packing, no separate copy) and becomes a ``linalg.generic`` over (row panel, column
-  panel, row, column, k) into a zero-filled [m / tm, tm, n / tn, tn] accumulator whose
-  (m, n) corner is the result (a view). The transform schedule ``passes/cpu_matmul.mlir``
-  splits it into tasks over threads (2-D: row and column panels), kc-deep slices of k,
-  and tm x tn register blocks vectorized to broadcasts and FMAs. Block sizes come from
-  the host (``mlir_nn.backends.cpu_target``);
+  [n / tn, k, tn] (whole panels copied straight from the operand, a partial last panel
+  zero-padded; a transposed operand is transposed by its packing, no separate copy) and
+  becomes a ``linalg.generic`` over (column panel, row panel, row, column, k) into a
+  zero-filled [m / tm, tm, n / tn, tn] accumulator whose (m, n) corner is the result (a
+  view). The transform schedule ``passes/cpu_matmul.mlir`` splits it into tasks over
+  threads (2-D: column and row panels), kc-deep slices of k, and tm x tn register blocks
+  vectorized to broadcasts and FMAs. Block sizes come from the host
+  (``mlir_nn.backends.cpu_target``). Its epilogue (bias + ReLU, ReLU-grad mask, folded
+  update) reads the corner and writes a fresh tensor, or the updated parameter in place;
 * a small product becomes a ``linalg.generic`` in the loop order whose innermost loop
   runs over contiguous memory: (k, m, n) when A is transposed and B is not (row
   updates of C), (m, k, n) when B is (k, n) (a row update, which LLVM vectorizes),
@@ -41,7 +43,8 @@ SCHEDULE = "cpu_matmul.mlir"
 # tiles when the packing transposes and the sizes allow, else loops), and ops with
 # enough work to spread over threads.
 PACKED, ACC_INIT, PARALLEL_ROWS = "mlirnn.packed", "mlirnn.acc_init", "mlirnn.parallel"
-PACK, PACK_ROWS, PACK_TILES = "mlirnn.pack", "mlirnn.pack_rows", "mlirnn.pack_tiles"
+PACK, PACK_TILES = "mlirnn.pack", "mlirnn.pack_tiles"
+PACK_ROWS_A, PACK_ROWS_B = "mlirnn.pack_rows_a", "mlirnn.pack_rows_b"  # row copies into A's / B's panels
 PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 PARALLEL_MAP = "mlirnn.parallel_map"
 
@@ -160,34 +163,86 @@ def _expand(value: ir.Value, sizes: list[int | ir.Value], reassociation: list[li
     return tensor.expand_shape(kind, value, reassociation, dynamic, _static(sizes))
 
 
-def _panels(x: ir.Value, axis: int, tile: int, parallel: bool) -> ir.Value:
-    """A 2-D tensor as panels [ceil(s / tile), o, tile] of ``tile`` consecutive indices of
-    its dim ``axis`` (size s; the other dim has size o), zero-padded to whole panels.
-    Packing op(A) takes tiles of its rows, op(B) of its columns; a transposed operand is
-    read in its own layout (the packing is the transpose)."""
-    size = _dim_sizes(x)[axis]
+def _part(value: ir.Value, offsets: list[int | ir.Value], sizes: list[int | ir.Value]) -> ir.Value:
+    """The slice of ``value`` at ``offsets`` with ``sizes`` (unit strides)."""
+    kind = ir.RankedTensorType.get(_static(sizes), ir.RankedTensorType(value.type).element_type)
+    dynamic_offsets = [d for d in offsets if isinstance(d, ir.Value)]
+    dynamic_sizes = [d for d in sizes if isinstance(d, ir.Value)]
+    return tensor.extract_slice(kind, value, dynamic_offsets, dynamic_sizes, [], _static(offsets), _static(sizes),
+                                [1] * len(sizes))
+
+
+def _put(part: ir.Value, into: ir.Value, offsets: list[int | ir.Value], sizes: list[int | ir.Value]) -> ir.Value:
+    """``into`` with ``part`` written at ``offsets``."""
+    dynamic_offsets = [d for d in offsets if isinstance(d, ir.Value)]
+    dynamic_sizes = [d for d in sizes if isinstance(d, ir.Value)]
+    return tensor.insert_slice(part, into, dynamic_offsets, dynamic_sizes, [], _static(offsets), _static(sizes),
+                               [1] * len(sizes))
+
+
+def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, rows_tag: str | None,
+                       parallel: bool, panels: ir.Value | None = None) -> ir.Value:
+    """``x`` (its dim ``axis`` a multiple of ``tile``) as panels [s / tile, o, tile] written into
+    ``into`` (only its first ``panels`` when given); tagged for the schedule (``rows_tag`` when it
+    copies rows) unless ``rows_tag`` is None."""
+    size, other = _dim_sizes(x)[axis], _dim_sizes(x)[1 - axis]
     count = _ceil_div(size, tile)
-    if not (isinstance(size, int) and size % tile == 0):
-        x = _zero_padded(x, axis, _times(count, tile))
-    other = _dim_sizes(x)[1 - axis]
     if axis == 0:  # (s, o) -> [count, tile, o] -> [count, o, tile]
         split, perm = _expand(x, [count, tile, other], [[0, 1], [2]]), [0, 2, 1]
         tag = PACK_TILES if isinstance(other, int) and other % TRANSPOSE_TILE == 0 else PACK
+        if panels is not None:
+            split = _part(split, [0, 0, 0], [panels, tile, other])
     else:  # (o, s) -> [o, count, tile] -> [count, o, tile]
         split, perm = _expand(x, [other, count, tile], [[0], [1, 2]]), [1, 0, 2]
-        tag = PACK_ROWS
-    element = ir.RankedTensorType(x.type).element_type
+        tag = rows_tag
+        if panels is not None:
+            split = _part(split, [0, 0, 0], [other, panels, tile])
 
     # a generic, not linalg.transpose: tiles that only move unit dims must not fold into copies
-    @linalg.generic([split], [_empty([count, other, tile], element)], [dims_map(3, perm), dims_map(3, [0, 1, 2])],
-                    [PARALLEL] * 3)
+    @linalg.generic([split], [into], [dims_map(3, perm), dims_map(3, [0, 1, 2])], [PARALLEL] * 3)
     def pack(value: ir.Value, _out: ir.Value) -> ir.Value:
         return value
 
-    pack.owner.attributes[tag] = ir.UnitAttr.get()
+    if rows_tag is not None:
+        pack.owner.attributes[tag] = ir.UnitAttr.get()
     if parallel:
         pack.owner.attributes[PACK_PARALLEL] = ir.UnitAttr.get()
     return pack
+
+
+def _panels(x: ir.Value, axis: int, tile: int, parallel: bool, rows_tag: str) -> ir.Value:
+    """A 2-D tensor as panels [ceil(s / tile), o, tile] of ``tile`` consecutive indices of
+    its dim ``axis`` (size s; the other dim has size o), zero-padded to whole panels.
+    Packing op(A) takes tiles of its rows, op(B) of its columns; a transposed operand is
+    read in its own layout (the packing is the transpose). The whole panels are packed
+    straight from ``x`` (vector copies, on threads for large products); a partial last
+    panel is packed from a zero-padded copy of its few rows or columns."""
+    sizes = _dim_sizes(x)
+    size, other = sizes[axis], sizes[1 - axis]
+    element = ir.RankedTensorType(x.type).element_type
+    count = _ceil_div(size, tile)
+    packed = _empty([count, other, tile], element)
+    if isinstance(size, int) and size % tile == 0:
+        return _pack_whole_panels(x, axis, tile, packed, rows_tag, parallel)
+    index = ir.IndexType.get()
+    full = size // tile if isinstance(size, int) else arith.divui(size, arith.constant(index, tile))
+    whole = _times(full, tile)
+
+    def along(offset: int | ir.Value, length: int | ir.Value) -> tuple[list, list]:
+        """(offsets, sizes) of a slice of x over [offset, offset + length) of dim ``axis``."""
+        return ([offset, 0], [length, other]) if axis == 0 else ([0, offset], [other, length])
+
+    if not (isinstance(full, int) and full == 0):
+        main = _part(x, *along(0, whole))
+        into = _part(packed, [0, 0, 0], [full, other, tile])
+        packed = _put(_pack_whole_panels(main, axis, tile, into, rows_tag, parallel), packed, [0, 0, 0],
+                      [full, other, tile])
+    rest = size - whole if isinstance(size, int) else arith.subi(size, whole)
+    tail = _zero_padded(_part(x, *along(whole, rest)), axis, tile)
+    missing = count - full if isinstance(count, int) else arith.subi(count, full)  # 0 or 1 panels
+    into = _part(packed, [full, 0, 0], [missing, other, tile])
+    last = _pack_whole_panels(tail, axis, tile, into, None, False, None if isinstance(missing, int) else missing)
+    return _put(last, packed, [full, 0, 0], [missing, other, tile])
 
 
 def _is_zero_fill(value: ir.Value) -> bool:
@@ -204,7 +259,7 @@ def _is_zero_fill(value: ir.Value) -> bool:
 
 def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
     """C = op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
-    panels [nb, k, tn], a generic over (row panel, column panel, row, column, k) into a
+    panels [nb, k, tn], a generic over (column panel, row panel, row, column, k) into a
     zero-filled [mb, tm, nb, tn] accumulator (tagged for the schedule), read back as the
     (m, n) corner of its (mb * tm, nb * tn) view: every register block is whole."""
     a, b, c = op.operands
@@ -212,14 +267,14 @@ def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
     element = ir.RankedTensorType(c.type).element_type
     tm, tn = register_block(ir.FloatType(element).width // 8)
     parallel = threads and _static_work(op) >= PARALLEL_WORK_MIN
-    packed_a = _panels(a, 1 if ta else 0, tm, parallel)
-    packed_b = _panels(b, 0 if tb else 1, tn, parallel)
+    packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A)
+    packed_b = _panels(b, 0 if tb else 1, tn, parallel, PACK_ROWS_B)
     m, n = _dim_sizes(c)
     row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
     acc = _zeros([row_panels, tm, col_panels, tn], element)
     acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
-    # dims (row panel, column panel, row, column, k)
-    maps = [dims_map(5, [0, 4, 2]), dims_map(5, [1, 4, 3]), dims_map(5, [0, 2, 1, 3])]
+    # dims (column panel, row panel, row, column, k): the tasks' row blocks vary fastest
+    maps = [dims_map(5, [1, 4, 2]), dims_map(5, [0, 4, 3]), dims_map(5, [1, 2, 0, 3])]
     fastmath = ir.Attribute.parse("#arith.fastmath<contract>")
 
     @linalg.generic([packed_a, packed_b], [acc], maps, [PARALLEL] * 4 + [REDUCTION])
@@ -238,10 +293,43 @@ def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
     return _slice(flat, [m, n])
 
 
+def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
+    """Element-wise ops that write over a blocked product (an epilogue's ``init``) write
+    into a fresh tensor instead: over the padded accumulator's corner, bufferization first
+    copies the product into the result buffer, a serial pass over the whole output (and,
+    for an update, a second one into the parameter). The op never reads its init."""
+    for use in list(product.uses):
+        op = use.owner
+        if op.name != "linalg.generic" or use.operand_number < len(op.operands) - len(op.results):
+            continue
+        body = op.regions[0].blocks[0]
+        if list(body.arguments[use.operand_number].uses):
+            continue
+        updated = _updated_input(op)
+        if updated is not None:  # read and written through the init: no copy of the parameter
+            body.arguments[updated].replace_all_uses_with(body.arguments[use.operand_number])
+            op.operands[use.operand_number] = op.operands[updated]
+            continue
+        element = ir.RankedTensorType(product.type).element_type
+        with ir.InsertionPoint(op), op.location:
+            op.operands[use.operand_number] = _empty(_dim_sizes(product), element)
+
+
+def _updated_input(op: ir.Operation) -> int | None:
+    """Position of the input of ``op`` that its result is written back into (``W - lr * grad``
+    materialized into ``W``, read with the identity map), or None."""
+    targets = {use.owner.operands[1] for use in op.results[0].uses
+               if use.owner.name == "bufferization.materialize_in_destination"}
+    maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
+    return next((i for i, x in enumerate(op.operands[:len(op.operands) - 1])
+                 if x in targets and maps[i] == maps[-1]), None)
+
+
 def _schedule_text(itemsize: int) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
-    sizes = {"map_rows": PARALLEL_MAP_ROWS, "tm": tm, "tn": tn, "row_panels": mc // tm, "col_panels": nc // tn,
+    sizes = {"map_rows": PARALLEL_MAP_ROWS, "tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
+             "row_panels": mc // tm, "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
@@ -295,6 +383,8 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
                 replacement = _as_blocked(op, threads) if large else _as_generic(op)
             op.result.replace_all_uses_with(replacement)
             op.erase()
+            if large:
+                _epilogues_into_fresh_tensors(replacement)
             blocked += large
         if (threads and spread_maps(module)) or blocked:
             _apply_schedule(module, itemsize)

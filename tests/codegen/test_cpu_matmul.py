@@ -12,11 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlir_nn.backends.cpu import CpuBackend, compile_kernel
+from mlir_nn.backends.cpu import CpuBackend, compile_kernel, lower
 from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
+from mlir_nn.ir import Graph, make_node
+from mlir_nn.pipelines import Pipeline, load_pipeline
 from tests.codegen.zoo import arguments, matmul_zoo
 
 TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float64": dict(rtol=1e-9, atol=1e-11)}
@@ -68,3 +70,60 @@ def test_the_serial_build_matches_the_threaded_one():
     for a, b in zip(CpuExecutable(graph, threaded).run(inputs, [p.copy() for p in params]),
                     CpuExecutable(graph, serial).run(inputs, [p.copy() for p in params])):
         np.testing.assert_array_equal(a, b)  # each block is summed in the same order either way
+
+
+def _update_graph(k: int, m: int, also_read: bool) -> Graph:
+    """W <- W - lr * x^T g (a blocked update product) in place; ``also_read``: another output
+    reads W's old value after the update's product."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype="float32")
+    g = make_node("input", [], name="g", shape=("N", m), dtype="float32")
+    w = make_node("param", [], name="w", shape=(k, m), dtype="float32")
+    lr = make_node("param", [], name="lr", shape=(), dtype="float32")
+    one = make_node("const", [], value=1.0, dtype="float32")
+    update = make_node("gemm", [x, g, w, lr, one], transpose_a=True, subtract=True)
+    outs = (make_node("matmul", [x, w]),) if also_read else ()
+    return Graph((x, g), (w, lr), outs, updates=(("w", update),), name="update")
+
+
+@pytest.mark.parametrize("k, m, also_read", [(257, 33, False), (13, 257, False), (33, 257, True), (65, 1024, False),
+                                             (65, 1024, True)])  # 1024 columns: the epilogue on threads
+def test_blocked_updates_write_the_parameter_in_place(k, m, also_read):
+    graph = _update_graph(k, m, also_read)
+    executable = CpuBackend().compile(graph)
+    for batch in (1, 7, 257):
+        inputs, params = arguments(graph, batch, np.random.default_rng(batch))
+        params[1] = np.array(0.05, np.float32)
+        want, (new_w,) = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        w = params[0]
+        got = executable.run(inputs, params)
+        assert params[0] is w
+        np.testing.assert_allclose(w, new_w, **TOL["float32"], err_msg=f"batch {batch}")
+        for value, expected in zip(got, want):
+            np.testing.assert_allclose(value, expected, **TOL["float32"], err_msg=f"batch {batch}")
+
+
+def test_a_blocked_update_copies_no_parameter():
+    """The epilogue reads and writes W through its init: after bufferization no memref.copy
+    of W is left (it was W into a temporary and back, serial passes over the whole parameter)."""
+    shipped = load_pipeline("cpu")
+    cut = next(i for i, p in enumerate(shipped.passes) if p.startswith("convert-linalg-to-loops"))
+    until_loops = Pipeline("until-loops", shipped.passes[:cut])  # copies are still memref.copy here
+    module, _, _ = lower(_update_graph(65, 1024, False), until_loops, threads=True)  # epilogue on threads
+    assert "mlirAsyncRuntime" in str(module)  # the threaded build
+    copies = [line for line in str(module).splitlines() if "memref.copy" in line]
+    assert not [line for line in copies if "65x1024xf32" in line]  # W's shape (the last panel's copy is small)
+
+
+def test_packing_pads_only_the_last_partial_panel():
+    """x @ w with a batch of rows that is no multiple of the register block: whole panels are
+    packed straight from x, only the last panel's rows are zero-padded (a static tile of rows,
+    not a fill and copy of the whole of x)."""
+    x = make_node("input", [], name="x", shape=("N", 1024), dtype="float32")
+    w = make_node("param", [], name="w", shape=(1024, 64), dtype="float32")
+    graph = Graph((x,), (w,), (make_node("matmul", [x, w]),), name="rows")
+    shipped = load_pipeline("cpu")
+    cut = next(i for i, p in enumerate(shipped.passes) if p.startswith("convert-linalg-to-loops"))
+    module, _, _ = lower(graph, Pipeline("until-loops", shipped.passes[:cut]), threads=True)
+    fills = [line for line in str(module).splitlines() if "linalg.fill" in line and "mlirnn.acc_init" not in line]
+    tm, _ = register_block(4)
+    assert fills and all(f"memref<{tm}x1024xf32>" in line for line in fills), fills
