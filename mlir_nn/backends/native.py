@@ -90,6 +90,7 @@ class NativeFunction:
             raise NativeError(f"symbol {symbol} not found in the compiled code")
         self.owner = owner  # ExecutionEngine or CDLL: freeing it would free the code
         self.symbol = symbol
+        self.address = address  # of the packed entry point: void (*)(void **args)
         self.call = PackedFn(address)
 
 
