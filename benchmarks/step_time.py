@@ -226,7 +226,7 @@ COMPILE = (  # trace + optimize + compile; "cold" imports egglog and MLIR first,
     "import json, sys, time\n"
     "imports = {}\n"
     "for module in (('egglog', 'mlir.execution_engine') if sys.argv[1] == 'cold' else ()):\n"
-    "    t = time.perf_counter(); __import__(module); imports['import ' + module] = time.perf_counter() - t\n"
+    "    t = time.perf_counter(); __import__(module); imports['import-' + module] = time.perf_counter() - t\n"
     "from benchmarks.step_time import mlir_nn_step, data\n"
     "x, y = data([2, 32, 32, 16, 1], 10)\n"
     "step = mlir_nn_step([2, 32, 32, 16, 1], 'cpu')\n"

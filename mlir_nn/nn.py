@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.engine import Tensor, stack
+from mlir_nn.guards import TrackedList, structure_changed, tracked
 from mlir_nn.ir import ShapeError
 from mlir_nn.ir.shapes import fmt_shape
 
@@ -27,6 +28,17 @@ class Module:
     def structure_key(self) -> tuple[int, ...]:
         """Identities of the parameter tensors: a compiled step re-traces when they change."""
         return tuple(map(id, self.parameters()))
+
+    def structure_tracked(self) -> bool:
+        """True when every change of ``structure_key()`` is reported to ``mlir_nn.guards``: the
+        key is read from attributes (set through ``__setattr__``) and the lists they hold.
+        Modules that compute ``parameters()`` some other way say False (the default)."""
+        return False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set the attribute (a list or dict becomes a tracked one) and report a possible change of structure."""
+        object.__setattr__(self, name, tracked(value))
+        structure_changed()
 
     def __call__(self, x: Any) -> Tensor:
         raise NotImplementedError
@@ -123,6 +135,9 @@ class Layer(Module):
     def parameters(self) -> list[Tensor]:
         return [self.W, self.b]
 
+    def structure_tracked(self) -> bool:
+        return type(self).parameters is Layer.parameters
+
     def __repr__(self) -> str:
         return f"{'ReLU' if self.nonlin else 'Linear'}Layer({self.nin}, {self.nout})"
 
@@ -144,6 +159,10 @@ class MLP(Module):
 
     def parameters(self) -> list[Tensor]:
         return [p for layer in self.layers for p in layer.parameters()]
+
+    def structure_tracked(self) -> bool:
+        return (type(self).parameters is MLP.parameters and isinstance(self.layers, TrackedList)
+                and all(isinstance(layer, Module) and layer.structure_tracked() for layer in self.layers))
 
     def __repr__(self) -> str:
         return f"MLP of [{', '.join(str(layer) for layer in self.layers)}]"
