@@ -108,12 +108,13 @@ def _compile_into_caches() -> None:
     from mlir_nn.backends.cpu import compile_kernel
 
     graph, batch_estimate, optimize = pickle.loads(sys.stdin.buffer.read())
-    thin_call.extension()
+    thin_call.prepare()
     if optimize:
         from mlir_nn.egraph.cache import optimize_cached
 
         graph, _ = optimize_cached(graph, batch_estimate)
     compile_kernel(graph)
+    thin_call.extension()
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 ``compile_kernel`` turns a graph into native code once per (graph, pipeline, target,
 version) and caches it in memory and on disk. ``CpuExecutable.run`` checks the
-arguments' shapes and dtypes in Python, binds them to prebuilt memref descriptors and
-makes one native call; parameters are updated in their own numpy buffers.
+arguments' shapes and dtypes, binds them to prebuilt memref descriptors and makes one
+native call, all in one C function (``thin_call``) when the arguments are plainly valid
+and in Python otherwise; parameters are updated in their own numpy buffers.
 
 Native calling convention (after ``passes/cpu.pipeline``): arguments are the graph's
 inputs, then its params, then one caller-allocated buffer per output, then the workspace
@@ -188,6 +189,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     from mlir_nn.codegen import symbol_name
 
     name = symbol_name(graph)
+    thin_call.prepare()  # its compiler runs while this one does
     module, stages, timings, plan = lower_with_plan(graph, pipeline, threads)
     check_lowered_to_llvm(module, pipeline)
     if plan is None:

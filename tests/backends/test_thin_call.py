@@ -88,3 +88,17 @@ def test_a_new_batch_size_or_another_parameter_array_takes_the_checked_path():
     assert executable.run_plain([np.ones((6, 3), np.float32), *inputs[1:]], [weights]) is None
     assert executable.run_plain(inputs, [weights.copy()]) is None
     assert executable.run_plain(inputs, [weights]) is not None
+
+
+def test_a_build_started_by_prepare_is_finished_by_extension(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+    thin_call.extension.cache_clear()
+    try:
+        thin_call.prepare()
+        assert thin_call._building is not None  # cc runs in the background
+        assert hasattr(thin_call.extension(), "ThinCall")
+        assert thin_call._building is None and len(list(tmp_path.glob("thin-call/*/_thin_call*.so"))) == 1
+        thin_call.prepare()  # built and loaded: nothing to start
+        assert thin_call._building is None
+    finally:
+        thin_call.extension.cache_clear()
