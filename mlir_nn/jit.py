@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn.backends import Executable, check_backend, get_backend
+from mlir_nn.backends import Executable, get_backend
 from mlir_nn.distributed.split import compile_step, has_collectives
 from mlir_nn.engine import Tensor, Trace, numeric_array, set_trace
 from mlir_nn.feeds import FedTensor
@@ -200,7 +200,7 @@ class JitFunction:
     def __init__(self, fn: Callable[..., Any], backend: str | None = None, dynamic_batch: bool = True,
                  optimize: bool = True, tiered: bool | None = None) -> None:
         backend = DEFAULT_BACKEND if backend is None else backend
-        check_backend(backend)  # fail early on an unknown backend
+        get_backend(backend)  # fail early on an unknown backend or one that cannot run here
         functools.update_wrapper(self, fn)
         self.fn, self.backend, self.dynamic_batch, self.optimize = fn, backend, dynamic_batch, optimize
         self.tiered = tiered_default() if tiered is None else tiered

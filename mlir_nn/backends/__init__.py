@@ -13,16 +13,13 @@ def register_backend(name: str, factory: Callable[[], Backend]) -> None:
     _FACTORIES[name] = factory
 
 
-def check_backend(name: str) -> None:
-    """Raise ValueError listing the known backends unless ``name`` is one (imports none of them)."""
-    if name not in _FACTORIES:
-        raise ValueError(f"unknown backend {name!r}; available: {', '.join(sorted(_FACTORIES))}")
-
-
 def get_backend(name: str) -> Backend:
     """The backend called ``name``; raises ValueError listing the known ones."""
-    check_backend(name)
-    return _FACTORIES[name]()
+    try:
+        factory = _FACTORIES[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; available: {', '.join(sorted(_FACTORIES))}") from None
+    return factory()
 
 
 def _reference() -> Backend:
@@ -49,4 +46,4 @@ def _cuda() -> Backend:
 
 register_backend("cuda", _cuda)
 
-__all__ = ["Backend", "Executable", "check_arguments", "check_backend", "get_backend", "register_backend"]
+__all__ = ["Backend", "Executable", "check_arguments", "get_backend", "register_backend"]

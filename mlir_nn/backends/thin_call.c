@@ -358,7 +358,7 @@ static PyObject *results(ThinCall *self, PyObject *inputs) {
 
 /* The plain call: None when the arguments need the checked path. */
 static PyObject *plain_call(ThinCall *self, PyObject *inputs, PyObject *params_seq) {
-    PyObject *in = PySequence_Fast(inputs, "inputs must be a sequence");
+    PyObject *in = PySequence_Tuple(inputs); /* holds the inputs while the GIL is released */
     if (!in) {
         return NULL;
     }
@@ -369,11 +369,11 @@ static PyObject *plain_call(ThinCall *self, PyObject *inputs, PyObject *params_s
     }
     PyObject *result = Py_None;
     lock(self);
-    if (!self->plain || self->outputs == NULL || PySequence_Fast_GET_SIZE(in) != self->n_inputs ||
+    if (!self->plain || self->outputs == NULL || PyTuple_GET_SIZE(in) != self->n_inputs ||
         (ps && PySequence_Fast_GET_SIZE(ps) != self->n_params) || (!ps && !self->tensors)) {
         goto done;
     }
-    PyObject *const *xs = PySequence_Fast_ITEMS(in);
+    PyObject *const *xs = ((PyTupleObject *)in)->ob_item;
     Py_ssize_t batch = check_inputs(self, xs);
     if (batch != self->batch || !check_params(self, ps ? PySequence_Fast_ITEMS(ps) : NULL, xs) ||
         !refresh_feeds(self)) {
