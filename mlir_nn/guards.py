@@ -13,10 +13,11 @@ Hyperparameter values are not structure: they are fed on every call (``mlir_nn.f
 
 Comparing structure keys walks every parameter, so it is done only after a structural
 change may have happened: modules and optimizers call ``structure_changed()`` when an
-attribute is set, a list they hold (``TrackedList``) or the optimizer state
+attribute is set, the list of layers they made (``TrackedList``) or the optimizer state
 (``TrackedDict``) changes, or a term switches on or off. Objects whose key depends on
 anything else (``structure_tracked()`` false or missing: user-defined modules that
-override ``parameters()``, for instance) have their keys compared on every call.
+override ``parameters()``, or a plain list assigned in place of a tracked one) have
+their keys compared on every call.
 """
 
 from __future__ import annotations
@@ -68,34 +69,18 @@ class TrackedList(list):
 
 
 class TrackedDict(dict):
-    """A dict that calls ``structure_changed()`` whenever it is modified (an optimizer's state);
-    plain dicts and lists stored into it are tracked too."""
+    """A dict that calls ``structure_changed()`` whenever it is modified (an optimizer's state)."""
 
+    __setitem__ = _reporting(dict.__setitem__)
     __delitem__ = _reporting(dict.__delitem__)
     __ior__ = _reporting(dict.__ior__)
     pop = _reporting(dict.pop)
     popitem = _reporting(dict.popitem)
     clear = _reporting(dict.clear)
+    setdefault = _reporting(dict.setdefault)
     update = _reporting(dict.update)
 
-    def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, tracked(value))
-        structure_changed()
 
-    def setdefault(self, key: Any, default: Any = None) -> Any:
-        if key in self:
-            return self[key]
-        self[key] = default
-        return self[key]
-
-
-def tracked(value: Any) -> Any:
-    """``value`` with a plain list or dict replaced by a tracked copy (items tracked too)."""
-    if type(value) is list:
-        return TrackedList(tracked(v) for v in value)
-    if type(value) is dict:
-        return TrackedDict((k, tracked(v)) for k, v in value.items())
-    return value
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.engine import Tensor, stack
-from mlir_nn.guards import TrackedList, structure_changed, tracked
+from mlir_nn.guards import TrackedList, structure_changed
 from mlir_nn.ir import ShapeError
 from mlir_nn.ir.shapes import fmt_shape
 
@@ -31,13 +31,13 @@ class Module:
 
     def structure_tracked(self) -> bool:
         """True when every change of ``structure_key()`` is reported to ``mlir_nn.guards``: the
-        key is read from attributes (set through ``__setattr__``) and the lists they hold.
+        key is read from attributes (set through ``__setattr__``) and tracked lists.
         Modules that compute ``parameters()`` some other way say False (the default)."""
         return False
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """Set the attribute (a list or dict becomes a tracked one) and report a possible change of structure."""
-        object.__setattr__(self, name, tracked(value))
+        """Set the attribute and report a possible change of structure."""
+        object.__setattr__(self, name, value)
         structure_changed()
 
     def __call__(self, x: Any) -> Tensor:
@@ -147,10 +147,10 @@ class MLP(Module):
 
     def __init__(self, nin: int, nouts: list[int], dtype: Any = np.float32, init: str = "kaiming_uniform") -> None:
         sizes = [nin] + list(nouts)
-        self.layers = [
+        self.layers = TrackedList(  # a list that reports layers added, removed or replaced
             Layer(sizes[i], sizes[i + 1], nonlin=i != len(nouts) - 1, dtype=dtype, name=f"L{i}.", init=init)
             for i in range(len(nouts))
-        ]
+        )
 
     def __call__(self, x: Any) -> Tensor:
         for layer in self.layers:

@@ -25,7 +25,7 @@ import numpy as np
 
 from mlir_nn.engine import Tensor, current_trace
 from mlir_nn.feeds import FedTensor
-from mlir_nn.guards import TrackedDict, structure_changed, tracked
+from mlir_nn.guards import TrackedDict, structure_changed
 from mlir_nn.ir import ShapeError
 
 
@@ -93,12 +93,10 @@ class Optimizer:
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Set the attribute and report a possible change of structure (hyperparameters report
-        only when one switches between zero and nonzero); a plain dict or list becomes a tracked one."""
-        if isinstance(getattr(type(self), name, None), Hyperparameter):
-            object.__setattr__(self, name, value)
-            return
-        object.__setattr__(self, name, tracked(value))
-        structure_changed()
+        only when one switches between zero and nonzero)."""
+        object.__setattr__(self, name, value)
+        if not isinstance(getattr(type(self), name, None), Hyperparameter):
+            structure_changed()
 
     def structure_tracked(self) -> bool:
         """True when every change of ``structure_key()`` is reported to ``mlir_nn.guards`` (the
@@ -113,7 +111,7 @@ class Optimizer:
             p.grad = 0
 
     def _state(self, p: Tensor, name: str, init: float = 0.0, shape: tuple | None = None) -> Tensor:
-        slot = self.state.setdefault(id(p), {})
+        slot = self.state.setdefault(id(p), TrackedDict())
         if name not in slot:
             slot[name] = Tensor(np.full(p.shape if shape is None else shape, init), dtype=p.dtype,
                                 label=f"{p.label}.{name}")
@@ -179,7 +177,7 @@ class Optimizer:
             raise
         for (i, key), value in arrays.items():
             p = self.parameters[i]
-            slot = self.state.setdefault(id(p), {})
+            slot = self.state.setdefault(id(p), TrackedDict())
             if key in slot:
                 slot[key].data[...] = value
             else:

@@ -184,3 +184,19 @@ def test_an_unchanged_tracked_structure_skips_the_key_comparison(monkeypatch):
     model.layers[0].W = Tensor(np.zeros((2, 3)), dtype=np.float32)
     step(x, y)
     assert calls  # compared again after a change
+
+
+def test_a_plain_list_of_layers_keeps_its_identity_and_is_checked_on_every_call():
+    model = MLP(2, [3, 1])
+    layers = list(model.layers)
+    model.layers = layers  # a plain list: the model holds this very list
+    assert model.layers is layers and not model.structure_tracked()
+
+    @jit(backend="numpy")
+    def forward(x):
+        return model(x)
+
+    x, _ = data()
+    assert forward(x).shape == (4, 1)
+    layers.append(Layer(1, 5, nonlin=False))  # reported by nothing
+    assert forward(x).shape == (4, 5)
