@@ -12,6 +12,8 @@ Reported: samples/s (global batch / step time, median over rounds), scaling effi
 allreduce (including waiting for the slower rank). Needs the ``dist`` extra.
 
     python benchmarks/data_parallel.py [--rounds 3] [--steps 20] [--json benchmarks/results/data_parallel.json]
+
+``--sizes 2,8,1 --batch 8`` runs another MLP (the test suite's smoke run).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ BATCH = 512
 LR = 0.005
 
 
-def worker(mode: str, steps: int) -> None:
+def worker(mode: str, steps: int, sizes: list[int], batch: int) -> None:
     """One configuration under mpiexec: rank 0 prints one JSON line of timings."""
     sys.path.insert(0, str(ROOT))
     import mlir_nn
@@ -44,8 +46,8 @@ def worker(mode: str, steps: int) -> None:
     from mlir_nn.trainer import train_step
 
     dist.init(timeout=600.0)
-    model = MLP(SIZES[0], SIZES[1:])
-    for p, w in zip(model.parameters(), init_weights(SIZES)):  # step_time.py's weights: training stays finite
+    model = MLP(sizes[0], sizes[1:])
+    for p, w in zip(model.parameters(), init_weights(sizes)):  # step_time.py's weights: training stays finite
         p.data[...] = w
     dist.broadcast_parameters(model.parameters())
     opt = SGD(model.parameters(), lr=LR)
@@ -53,9 +55,9 @@ def worker(mode: str, steps: int) -> None:
         opt = dist.DistributedOptimizer(opt)
     step = mlir_nn.jit(train_step(model, opt))
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((BATCH, SIZES[0])).astype(np.float32)
-    y = rng.standard_normal((BATCH, SIZES[-1])).astype(np.float32)
-    share = BATCH // dist.size()
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    y = rng.standard_normal((batch, sizes[-1])).astype(np.float32)
+    share = batch // dist.size()
     lo = dist.rank() * share
     xs, ys = np.ascontiguousarray(x[lo:lo + share]), np.ascontiguousarray(y[lo:lo + share])
     step(xs, ys)  # trace, compile (or load from the disk cache), warm up
@@ -73,11 +75,11 @@ def worker(mode: str, steps: int) -> None:
         print(json.dumps({"step_s": slowest / steps, "allreduce_s": max(a for _, a in times) / steps}))
 
 
-def run_config(ranks: int, mode: str, steps: int) -> dict:
+def run_config(ranks: int, mode: str, steps: int, sizes: list[int], batch: int) -> dict:
     mpiexec = Path(sys.executable).parent / "mpiexec"
     bind = ["-bind-to", "core"] if ranks > 1 else []
     command = [str(mpiexec), "-n", str(ranks), *bind, sys.executable, __file__, "--worker", mode,
-               "--steps", str(steps)]
+               "--steps", str(steps), "--sizes", ",".join(map(str, sizes)), "--batch", str(batch)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}")
@@ -89,29 +91,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "data_parallel.json"))
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="the MLP's layer widths")
+    parser.add_argument("--batch", type=int, default=BATCH, help="global batch (even: two ranks share it)")
     parser.add_argument("--worker", choices=["plain", "dp"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sizes, batch = [int(w) for w in args.sizes.split(",")], args.batch
     if args.worker:
-        worker(args.worker, args.steps)
+        worker(args.worker, args.steps, sizes, batch)
         return
     configs = {"1 rank, plain": (1, "plain"), "1 rank, dp": (1, "dp"), "2 ranks, dp": (2, "dp")}
     samples: dict[str, list[dict]] = {name: [] for name in configs}
     load = [os.getloadavg()[0]]
     for _ in range(args.rounds):
         for name, (ranks, mode) in configs.items():
-            samples[name].append(run_config(ranks, mode, args.steps))
+            samples[name].append(run_config(ranks, mode, args.steps, sizes, batch))
             load.append(os.getloadavg()[0])
     rows = {}
     for name, runs in samples.items():
         step = statistics.median(r["step_s"] for r in runs)
-        rows[name] = {"step_s": step, "samples_per_s": BATCH / step,
+        rows[name] = {"step_s": step, "samples_per_s": batch / step,
                       "allreduce_s": statistics.median(r["allreduce_s"] for r in runs),
                       "all_step_s": [r["step_s"] for r in runs]}
     base = rows["1 rank, plain"]["samples_per_s"]
-    results = {"sizes": SIZES, "global_batch": BATCH, "steps": args.steps, "rounds": args.rounds,
+    results = {"sizes": sizes, "global_batch": batch, "steps": args.steps, "rounds": args.rounds,
                "cpus": os.cpu_count(), "load_1min": load, "configs": rows,
                "scaling_efficiency": rows["2 ranks, dp"]["samples_per_s"] / (2 * base)}
-    print(f"MLP {'-'.join(map(str, SIZES))}, global batch {BATCH}, {args.steps} steps x {args.rounds} rounds, "
+    print(f"MLP {'-'.join(map(str, sizes))}, global batch {batch}, {args.steps} steps x {args.rounds} rounds, "
           f"{os.cpu_count()} cpus, 1-min load {min(load):.1f}..{max(load):.1f}")
     print(f"  {'configuration':16s} {'step':>10s} {'samples/s':>10s} {'allreduce/step':>15s}")
     for name, row in rows.items():

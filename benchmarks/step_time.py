@@ -7,15 +7,22 @@ and JAX jit when importable (the ``bench`` extra). The backends run round-robin 
 slice of each per round) and the reported time is the median of the per-round medians,
 so machine load that comes and goes hits all of them alike; minor page faults per step
 come from ``resource.getrusage``. Also, in fresh processes: the first step of the moons
-step with an empty cache (import + jit + first call; mlir-nn tiered and JAX), the cold
-compile of the moons step with its time per stage, and its disk-cache load time.
+step with an empty cache (import + jit + first call; mlir-nn tiered and JAX, alternating;
+wall time and the process's own CPU time, which load inflates less), the cold compile of
+the moons step with its time per stage, and its disk-cache load time. The package is
+byte-compiled first, as an installed one is: fresh processes then time imports, not
+the compilation of every module (which ``PYTHONDONTWRITEBYTECODE`` would repeat).
 
-    python benchmarks/step_time.py [--quick] [--json benchmarks/results/step_time.json]
+    python benchmarks/step_time.py [--quick | --smoke] [--json benchmarks/results/step_time.json]
+
+``--smoke`` runs everything once on the moons step with tiny budgets (the test suite's
+check that the script works; its figures mean nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import platform
@@ -202,26 +209,31 @@ def flops_per_step(sizes: list[int], batch: int) -> float:
     return float(total)
 
 
-def _run_fresh(program: str, cache: str, clear: bool) -> list[str]:
-    """stdout words of ``program`` run in a new Python process with ``cache`` as its compile cache."""
+def _run_fresh(program: str, cache: str, clear: bool, *args: str) -> list[str]:
+    """stdout words of ``program`` run in a new Python process (``args`` its ``sys.argv[1:]``) with
+    ``cache`` as its compile cache."""
     env = dict(os.environ, MLIR_NN_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
     if clear:
         for child in Path(cache).iterdir():
             subprocess.run(["rm", "-rf", str(child)], check=True)
-    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, env=env, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(out.stderr)
     return out.stdout.split()
 
 
-COMPILE = (
-    "import json, time, numpy as np\n"
+COMPILE = (  # trace + optimize + compile; "cold" imports egglog and MLIR first, timed as stages of their own
+    "import json, sys, time\n"
+    "imports = {}\n"
+    "for module in (('egglog', 'mlir.execution_engine') if sys.argv[1] == 'cold' else ()):\n"
+    "    t = time.perf_counter(); __import__(module); imports['import-' + module] = time.perf_counter() - t\n"
     "from benchmarks.step_time import mlir_nn_step, data\n"
     "x, y = data([2, 32, 32, 16, 1], 10)\n"
     "step = mlir_nn_step([2, 32, 32, 16, 1], 'cpu')\n"
     "t = time.perf_counter(); c = step.lower(x, y); dt = time.perf_counter() - t\n"
-    "stages = dict(c.executable.kernel.timings, egglog=c.optimize_report.seconds if c.optimize_report else 0)\n"
-    "print(dt, c.executable.kernel.source, json.dumps(stages).replace(' ', ''))\n"
+    "stages = dict(imports, **c.executable.kernel.timings)\n"
+    "stages['egglog'] = c.optimize_report.seconds if c.optimize_report else 0.0\n"
+    "print(dt + sum(imports.values()), c.executable.kernel.source, json.dumps(stages).replace(' ', ''))\n"
 )
 
 FIRST_STEP = {  # import + jit + the first step, timed from the program's first line
@@ -233,45 +245,55 @@ FIRST_STEP = {  # import + jit + the first step, timed from the program's first 
         "model = MLP(2, [32, 32, 16, 1])\n"
         "step = jit(train_step(model, SGD(model.parameters(), lr=0.005)), tiered=True)\n"
         "step(np.ones((10, 2), np.float32), np.ones((10, 1), np.float32))\n"
-        "print(time.perf_counter() - start, step._last.tier)\n"),
+        "import resource; r = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "print(time.perf_counter() - start, r.ru_utime + r.ru_stime, step._last.tier)\n"),
     "jax-jit": (
         "import time; start = time.perf_counter()\n"
         "import numpy as np\n"
         "from benchmarks.step_time import jax_step, data\n"
         "x, y = data([2, 32, 32, 16, 1], 10)\n"
         "jax_step([2, 32, 32, 16, 1])(x, y)\n"
-        "print(time.perf_counter() - start, 'jit')\n"),
+        "import resource; r = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "print(time.perf_counter() - start, r.ru_utime + r.ru_stime, 'jit')\n"),
 }
 
 
 def process_times(cache: str, warm: bool) -> tuple[float, dict[str, float]]:
     """Seconds for a new process to get a callable moons step (compiled cold or loaded from disk),
     and the seconds per compile stage."""
-    seconds, source, stages = _run_fresh(COMPILE, cache, clear=not warm)
+    seconds, source, stages = _run_fresh(COMPILE, cache, not warm, "warm" if warm else "cold")
     expected = "disk" if warm else "compiled"
     if source != expected:
         raise RuntimeError(f"expected a {expected} step, got {source}")
     return float(seconds), json.loads(stages)
 
 
-def first_step_times(cache: str, processes: int, peers_found: dict) -> dict[str, list[float]]:
-    """Per peer, seconds to the end of the first moons step in fresh processes, empty cache."""
-    times: dict[str, list[float]] = {}
-    for label, program in FIRST_STEP.items():
-        if label == "jax-jit" and isinstance(peers_found.get("jax-jit"), str):
-            continue
-        times[label] = [float(_run_fresh(program, cache, clear=True)[0]) for _ in range(processes)]
+def first_step_times(cache: str, processes: int, peers_found: dict) -> dict[str, dict[str, list[float]]]:
+    """Per peer, wall and CPU seconds to the end of the first moons step in fresh processes with
+    an empty cache, the peers taking turns."""
+    programs = {label: program for label, program in FIRST_STEP.items()
+                if not (label == "jax-jit" and isinstance(peers_found.get("jax-jit"), str))}
+    times: dict[str, dict[str, list[float]]] = {label: {"wall": [], "cpu": []} for label in programs}
+    for _ in range(processes):
+        for label, program in programs.items():
+            wall, cpu, _ = _run_fresh(program, cache, clear=True)
+            times[label]["wall"].append(float(wall))
+            times[label]["cpu"].append(float(cpu))
     return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter timing budgets")
+    parser.add_argument("--smoke", action="store_true", help="the moons step only, everything once, tiny budgets")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "step_time.json"))
     parser.add_argument("--processes", type=int, default=5, help="fresh processes for compile/load medians")
     parser.add_argument("--rounds", type=int, default=5, help="round-robin rounds over the backends")
     args = parser.parse_args()
-    budget = 1.0 if args.quick else 5.0  # seconds per backend and workload, over all rounds
+    budget = 0.05 if args.smoke else 1.0 if args.quick else 5.0  # seconds per backend and workload, all rounds
+    if args.smoke:
+        args.processes, args.rounds = 1, 1
+    workloads = {"moons": WORKLOADS["moons"]} if args.smoke else WORKLOADS
     results: dict = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                      "load_average": os.getloadavg(), "workloads": {}, "skipped": {}}
     peer_factories = peers()
@@ -280,7 +302,7 @@ def main() -> None:
             results["skipped"][name] = reason
             print(f"skipping {name}: {reason}")
     print(f"load average at start: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    for workload, (sizes, batch) in WORKLOADS.items():
+    for workload, (sizes, batch) in workloads.items():
         x, y = data(sizes, batch)
         steps: dict[str, Callable] = {"reference (numpy interpreter)": mlir_nn_step(sizes, "numpy"),
                                       "compiled cpu": mlir_nn_step(sizes, "cpu"),
@@ -311,24 +333,30 @@ def main() -> None:
             print(f"  {label:32s} {t * 1e6:11.1f} us {flops / t / 1e9:9.2f} {t / compiled:15.2f}x {faults:12.1f}")
     if "numpy_matmul_gflops" in results:
         print(f"\nnumpy (OpenBLAS) 512x1024 @ 1024x1024 matmul: {results['numpy_matmul_gflops']:.1f} GFLOP/s")
+    compileall.compile_dir(ROOT / "mlir_nn", quiet=1)
+    compileall.compile_dir(ROOT / "benchmarks", quiet=1)
     with tempfile.TemporaryDirectory() as cache:
         first = first_step_times(cache, args.processes, peer_factories)
         cold = [process_times(cache, warm=False) for _ in range(args.processes)]
         warm = [process_times(cache, warm=True)[0] for _ in range(args.processes)]
     cold_s = [c[0] for c in cold]
     stages = {k: statistics.median(c[1].get(k, 0.0) for c in cold) for k in cold[0][1]}
-    results["moons_first_step_fresh_process_s"] = {k: {"median": statistics.median(v), "all": v}
-                                                   for k, v in first.items()}
+    results["moons_first_step_fresh_process_s"] = {
+        k: {"median": statistics.median(v["wall"]), "all": v["wall"], "cpu_median": statistics.median(v["cpu"]),
+            "cpu_all": v["cpu"]} for k, v in first.items()}
     results["moons_compile_cold_s"] = {"median": statistics.median(cold_s), "all": cold_s, "stages": stages}
     results["moons_disk_cache_load_s"] = {"median": statistics.median(warm), "all": warm}
     print("\nmoons step, first step in a new process with an empty cache (import + jit + first call):")
     for label, times in first.items():
-        print(f"  {label:20s} median {statistics.median(times) * 1e3:.0f} ms "
-              f"(all: {', '.join(f'{t * 1e3:.0f}' for t in times)})")
+        print(f"  {label:20s} median {statistics.median(times['wall']) * 1e3:.0f} ms "
+              f"(all: {', '.join(f'{t * 1e3:.0f}' for t in times['wall'])}); its CPU time median "
+              f"{statistics.median(times['cpu']) * 1e3:.0f} ms")
     print(f"moons step, new process: cold trace+compile median {statistics.median(cold_s) * 1e3:.0f} ms "
           f"(all: {', '.join(f'{c * 1e3:.0f}' for c in cold_s)}); "
           f"trace + disk-cache load median {statistics.median(warm) * 1e3:.1f} ms")
-    print("  cold compile per stage (median ms): " + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in stages.items()))
+    rest = statistics.median(cold_s) - sum(stages.values())  # tracing, the optimizer cache, loading the code
+    print("  cold compile per stage (median ms): " + ", ".join(f"{k} {v * 1e3:.0f}" for k, v in stages.items())
+          + f", the rest {rest * 1e3:.0f}")
     print(f"load average at end: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))

@@ -1,6 +1,7 @@
 """mlir-nn: a tensor autograd framework whose training steps compile through MLIR."""
 
-from mlir_nn.checkpoint import load, save
+from typing import Any
+
 from mlir_nn.engine import Tensor, Value
 from mlir_nn.jit import jit
 from mlir_nn.residency import resident, sync
@@ -8,3 +9,12 @@ from mlir_nn.residency import resident, sync
 __version__ = "0.1.0"
 
 __all__ = ["Tensor", "Value", "__version__", "jit", "load", "resident", "save", "sync"]
+
+
+def __getattr__(name: str) -> Any:
+    """``save`` and ``load`` from ``mlir_nn.checkpoint``, imported on first use."""
+    if name in ("save", "load"):
+        from mlir_nn import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module 'mlir_nn' has no attribute {name!r}")

@@ -10,6 +10,14 @@ terms are on) by that key too. Rebinding a referenced name, replacing a paramete
 (``layer.W = Tensor(...)``), adding or removing layers, replacing the optimizer or
 clearing its state therefore makes ``holds()`` false, and ``mlir_nn.jit`` re-traces.
 Hyperparameter values are not structure: they are fed on every call (``mlir_nn.feeds``).
+
+Comparing structure keys walks every parameter, so it is done only after a structural
+change may have happened: modules and optimizers call ``structure_changed()`` when an
+attribute is set, the list of layers they made (``TrackedList``) or the optimizer state
+(``TrackedDict``) changes, or a term switches on or off. Objects whose key depends on
+anything else (``structure_tracked()`` false or missing: user-defined modules that
+override ``parameters()``, or a plain list assigned in place of a tracked one) have
+their keys compared on every call.
 """
 
 from __future__ import annotations
@@ -23,6 +31,56 @@ from typing import Any
 
 Getter = Callable[[], Any]
 _MISSING = object()
+_version = 0  # bumped by structure_changed()
+
+
+def structure_changed() -> None:
+    """Note that some module's or optimizer's structure may have changed: the next check of
+    every step compares structure keys again. (Concurrent bumps may merge; the count still moves.)"""
+    global _version
+    _version += 1
+
+
+def _reporting(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method``, then ``structure_changed()``."""
+    @functools.wraps(method)
+    def changed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        structure_changed()
+        return result
+    return changed
+
+
+class TrackedList(list):
+    """A list that calls ``structure_changed()`` whenever it is modified (a module's layers)."""
+
+    __setitem__ = _reporting(list.__setitem__)
+    __delitem__ = _reporting(list.__delitem__)
+    __iadd__ = _reporting(list.__iadd__)
+    __imul__ = _reporting(list.__imul__)
+    append = _reporting(list.append)
+    extend = _reporting(list.extend)
+    insert = _reporting(list.insert)
+    pop = _reporting(list.pop)
+    remove = _reporting(list.remove)
+    clear = _reporting(list.clear)
+    sort = _reporting(list.sort)
+    reverse = _reporting(list.reverse)
+
+
+class TrackedDict(dict):
+    """A dict that calls ``structure_changed()`` whenever it is modified (an optimizer's state)."""
+
+    __setitem__ = _reporting(dict.__setitem__)
+    __delitem__ = _reporting(dict.__delitem__)
+    __ior__ = _reporting(dict.__ior__)
+    pop = _reporting(dict.pop)
+    popitem = _reporting(dict.popitem)
+    clear = _reporting(dict.clear)
+    setdefault = _reporting(dict.setdefault)
+    update = _reporting(dict.update)
+
+
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 
 
@@ -76,12 +134,22 @@ class StructureGuard:
 
     def snapshot(self) -> None:
         """Record the current structure (after a trace, which may have created optimizer state)."""
+        version = _version
         getters = self._roots + [g for root in self._roots for g in _held(root(), root)]
         objects = [get() for get in getters]
         keys = [_key(o) for o in objects]
         self._objects = [o for o, k in zip(objects, keys) if k is not None]  # modules and optimizers
-        self._same = [(get, obj) for get, obj, key in zip(getters, objects, keys) if key is None]
-        self._keyed = [(get, obj, key) for get, obj, key in zip(getters, objects, keys) if key is not None]
+        self._same = [(get, obj) for get, obj in zip(getters, objects)]  # every object, by identity
+        self._keyed = [(obj, key) for obj, key in zip(objects, keys) if key is not None]
+        self._checked_version = version if self._all_tracked() else None
+
+    def _all_tracked(self) -> bool:
+        """True when every keyed object reports each change of its key (``structure_changed``)."""
+        for obj, _ in self._keyed:
+            is_tracked = getattr(obj, "structure_tracked", None)
+            if not (callable(is_tracked) and is_tracked()):
+                return False
+        return True
 
     def parameter_dtype(self) -> str | None:
         """The dtype of the first parameter of a referenced module or optimizer, if any."""
@@ -93,11 +161,16 @@ class StructureGuard:
         return None
 
     def holds(self) -> bool:
-        """True when every referenced object is the same one with the same structure key."""
+        """True when every referenced object is the same one with the same structure key (keys
+        compared only when a structural change may have happened since they last were)."""
         for get, obj in self._same:
             if get() is not obj:
                 return False
-        for get, obj, key in self._keyed:
-            if get() is not obj or obj.structure_key() != key:
+        if self._checked_version == _version:
+            return True
+        version = _version  # read first: a change during the comparison is seen next time
+        for obj, key in self._keyed:
+            if obj.structure_key() != key:
                 return False
+        self._checked_version = version if self._all_tracked() else None
         return True

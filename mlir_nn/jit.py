@@ -39,6 +39,7 @@ from mlir_nn.ir.shapes import dtype_name
 from mlir_nn.tiered import BackgroundCompile, from_caches, tiered_default
 
 Signature = tuple[tuple[tuple, str], ...]
+PlainCall = Callable[[tuple], "list[np.ndarray] | None"]  # a backend's plain_entry
 
 DEFAULT_BACKEND = "cpu"
 
@@ -93,7 +94,7 @@ def trace_step(fn: Callable[..., Any], arrays: list[np.ndarray], names: list[str
     return graph, [trace.captured[i] for i in keep], single
 
 
-NOT_PLAIN = object()  # CompiledStep.call_if_plain: the arguments need the general path
+DATA_ATTRIBUTE = "_data"  # where a Tensor keeps its array (what Tensor.data returns)
 _INSTANCES: weakref.WeakSet[JitFunction] = weakref.WeakSet()
 
 
@@ -133,6 +134,7 @@ class CompiledStep:
             self.optimized_graph, self.optimize_report = graph, None
             self.executable: Executable = get_backend("numpy").compile(graph)
             self.stages: dict[str, str] = {"tensor": str(graph)}
+            self.run_plain: PlainCall | None = None
         else:
             self._compile()
 
@@ -149,6 +151,9 @@ class CompiledStep:
         self.optimized_graph, self.optimize_report, self.executable = optimized, report, executable
         self.stages = {"tensor": str(self.graph), "optimized": str(optimized)}
         self.stages.update(getattr(executable, "stages", {}))
+        plain_entry = getattr(executable, "plain_entry", None)
+        feeds = [(i, t.source) for i, t in enumerate(self.captured) if isinstance(t, FedTensor)]
+        self.run_plain = None if plain_entry is None else plain_entry(self.captured, DATA_ATTRIBUTE, feeds)
 
     @property
     def tier(self) -> str:
@@ -184,15 +189,6 @@ class CompiledStep:
             self.finish_compile(wait=False)
         return self._result(self.executable.run(arrays, self._param_arrays()))
 
-    def call_if_plain(self, args: tuple) -> Any:
-        """Run when the backend confirms ``args`` fit this step exactly (its quick check);
-        otherwise return NOT_PLAIN so the caller takes the general path."""
-        run_plain = getattr(self.executable, "run_plain", None)
-        if run_plain is None:
-            return NOT_PLAIN
-        outputs = run_plain(args, self._param_arrays())
-        return NOT_PLAIN if outputs is None else self._result(outputs)
-
     def _result(self, outputs: list[np.ndarray]) -> Any:
         if self.single:
             return outputs[0]
@@ -205,7 +201,7 @@ class JitFunction:
     def __init__(self, fn: Callable[..., Any], backend: str | None = None, dynamic_batch: bool = True,
                  optimize: bool = True, tiered: bool | None = None) -> None:
         backend = DEFAULT_BACKEND if backend is None else backend
-        get_backend(backend)  # fail early on an unknown backend
+        get_backend(backend)  # fail early on an unknown backend or one that cannot run here
         functools.update_wrapper(self, fn)
         self.fn, self.backend, self.dynamic_batch, self.optimize = fn, backend, dynamic_batch, optimize
         self.tiered = tiered_default() if tiered is None else tiered
@@ -293,10 +289,10 @@ class JitFunction:
             args = self._positional(args, kwargs)
         self._check_structure()
         last = self._last
-        if last is not None:
-            result = last.call_if_plain(args)
-            if result is not NOT_PLAIN:
-                return result
+        if last is not None and last.run_plain is not None:
+            outputs = last.run_plain(args)  # None: not plainly valid, take the general path
+            if outputs is not None:
+                return outputs[0] if last.single else tuple(outputs) if outputs else None
         key = self._fast_key(args)
         step = self._fast.get(key) if key is not None else None
         if step is not None:

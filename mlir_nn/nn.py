@@ -9,6 +9,7 @@ import numpy as np
 
 from mlir_nn import residency
 from mlir_nn.engine import Tensor, stack
+from mlir_nn.guards import TrackedList, structure_changed
 from mlir_nn.ir import ShapeError
 from mlir_nn.ir.shapes import fmt_shape
 
@@ -28,6 +29,17 @@ class Module:
     def structure_key(self) -> tuple[int, ...]:
         """Identities of the parameter tensors: a compiled step re-traces when they change."""
         return tuple(map(id, self.parameters()))
+
+    def structure_tracked(self) -> bool:
+        """True when every change of ``structure_key()`` is reported to ``mlir_nn.guards``: the
+        key is read from attributes (set through ``__setattr__``) and tracked lists.
+        Modules that compute ``parameters()`` some other way say False (the default)."""
+        return False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set the attribute and report a possible change of structure."""
+        object.__setattr__(self, name, value)
+        structure_changed()
 
     def __call__(self, x: Any) -> Tensor:
         raise NotImplementedError
@@ -128,6 +140,9 @@ class Layer(Module):
     def parameters(self) -> list[Tensor]:
         return [self.W, self.b]
 
+    def structure_tracked(self) -> bool:
+        return type(self).parameters is Layer.parameters
+
     def __repr__(self) -> str:
         return f"{'ReLU' if self.nonlin else 'Linear'}Layer({self.nin}, {self.nout})"
 
@@ -137,10 +152,10 @@ class MLP(Module):
 
     def __init__(self, nin: int, nouts: list[int], dtype: Any = np.float32, init: str = "kaiming_uniform") -> None:
         sizes = [nin] + list(nouts)
-        self.layers = [
+        self.layers = TrackedList(  # a list that reports layers added, removed or replaced
             Layer(sizes[i], sizes[i + 1], nonlin=i != len(nouts) - 1, dtype=dtype, name=f"L{i}.", init=init)
             for i in range(len(nouts))
-        ]
+        )
 
     def __call__(self, x: Any) -> Tensor:
         for layer in self.layers:
@@ -149,6 +164,10 @@ class MLP(Module):
 
     def parameters(self) -> list[Tensor]:
         return [p for layer in self.layers for p in layer.parameters()]
+
+    def structure_tracked(self) -> bool:
+        return (type(self).parameters is MLP.parameters and isinstance(self.layers, TrackedList)
+                and all(isinstance(layer, Module) and layer.structure_tracked() for layer in self.layers))
 
     def __repr__(self) -> str:
         return f"MLP of [{', '.join(str(layer) for layer in self.layers)}]"

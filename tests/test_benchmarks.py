@@ -1,0 +1,67 @@
+"""Smoke runs of every script in benchmarks/ on tiny shapes and budgets: each must run to the
+end and write what it says. Their figures are not checked (speed is measured, not tested)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+needs_mpi = pytest.mark.skipif(not MPIEXEC.exists(), reason="the dist extra (mpiexec) is not installed")
+needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA) is not on PATH")
+
+
+def run(script: str, *args: str, timeout: float = 900) -> str:
+    """stdout of ``benchmarks/<script> args``; a failure shows its stderr."""
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True,
+                            text=True, env=env, cwd=ROOT, timeout=timeout)
+    assert result.returncode == 0, f"{script} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def test_step_time(tmp_path):
+    out = run("step_time.py", "--smoke", "--json", str(tmp_path / "step_time.json"))
+    results = json.loads((tmp_path / "step_time.json").read_text())
+    assert set(results["workloads"]["moons"]["median_s"]) >= {"compiled cpu", "reference (numpy interpreter)",
+                                                            "hand-written numpy"}
+    assert "mlir-nn (tiered)" in results["moons_first_step_fresh_process_s"]
+    assert {"codegen", "passes", "llvm", "egglog"} <= set(results["moons_compile_cold_s"]["stages"])
+    assert "cold compile per stage" in out
+
+
+def test_egraph_moons():
+    assert "optimize time" in run("egraph_moons.py", "1")
+
+
+def test_classification_step(tmp_path):
+    run("classification_step.py", "--batch", "7", "--rounds", "1", "--reps", "2", "--json", str(tmp_path / "c.json"))
+    assert json.loads((tmp_path / "c.json").read_text())
+
+
+def test_matmul_table():
+    assert "dW L2" in run("matmul_table.py", "--quick", "--only", "dW L2")
+
+
+@needs_mpi
+def test_data_parallel(tmp_path):
+    run("data_parallel.py", "--sizes", "2,8,1", "--batch", "8", "--rounds", "1", "--steps", "2",
+        "--json", str(tmp_path / "dp.json"))
+    assert json.loads((tmp_path / "dp.json").read_text())["global_batch"] == 8
+
+
+@needs_mpi
+def test_allreduce_lowering():
+    assert "median" in run("allreduce_lowering.py", "--reps", "2")
+
+
+@needs_ptxas
+def test_gpu_artifacts_and_their_dry_check(tmp_path):
+    run("make_gpu_artifacts.py", str(tmp_path / "artifacts"), "--cases", "op_mse")
+    run("gpu_check.py", str(tmp_path / "results"), "--artifacts", str(tmp_path / "artifacts"), "--cases", "op_mse",
+        "--dry-run")
