@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 WORKLOADS = {"moons": ([2, 32, 32, 16, 1], 10), "mlp-784": ([784, 1024, 1024, 10], 512)}
 LR = 0.005
+SETTLE_S = 0.3  # pause before each turn: OpenBLAS's threads spin on after a NumPy call and take a core
 
 
 def median_time(fn: Callable[[], object], budget_s: float, min_reps: int = 5) -> float:
@@ -73,6 +74,7 @@ def round_robin(steps: dict[str, Callable[[], object]], budget_s: float, rounds:
     faults = dict.fromkeys(steps, 0)
     for _ in range(rounds):
         for label, fn in steps.items():
+            time.sleep(SETTLE_S)
             median, n, f = timed_slice(fn, budget_s / rounds, min_reps=3)
             medians[label].append(median)
             calls[label] += n

@@ -55,6 +55,14 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.lower_masks
     } : !transform.any_op
 
+    // Small products (`mlirnn.small_vector`): per iteration of the outer (batch) loop, one
+    // vector contraction over the static inner sizes (broadcasts and FMAs on registers).
+    %small = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_vector} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %small_rows, %small_loop = transform.structured.tile_using_for %small tile_sizes [1, 0, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.structured.vectorize %small_rows : !transform.any_op
+
     // Large element-wise ops (epilogues of products, updates): blocks of {map_rows} rows on threads.
     %maps = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.parallel_map} in %root
         : (!transform.any_op) -> !transform.any_op

@@ -17,7 +17,10 @@
   runs over contiguous memory: (k, m, n) when A is transposed and B is not (row
   updates of C), (m, k, n) when B is (k, n) (a row update, which LLVM vectorizes),
   (m, n, k) when B is transposed or rows are short (a dot product whose sum is marked
-  ``reassoc`` so LLVM vectorizes the reduction).
+  ``reassoc`` so LLVM vectorizes the reduction). When its two inner loops have static
+  sizes (``mlirnn.small_vector``), the schedule tiles the outer loop (the batch) by one
+  and vectorizes each iteration into broadcasts and FMAs on vector registers: LLVM left
+  these loops scalar (the moons step's products took ~20 of its ~30 us).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ PACK, PACK_TILES = "mlirnn.pack", "mlirnn.pack_tiles"
 PACK_ROWS_A, PACK_ROWS_B = "mlirnn.pack_rows_a", "mlirnn.pack_rows_b"  # row copies into A's / B's panels
 PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 PARALLEL_MAP = "mlirnn.parallel_map"
+# Small products whose inner two loops have static sizes: vector code per outer iteration.
+SMALL_VECTOR = "mlirnn.small_vector"
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -100,6 +105,9 @@ def _as_generic(op: ir.Operation) -> ir.Value:
     def product(x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
         return arith.addf(acc, arith.mulf(x, y, fastmath=fastmath), fastmath=fastmath)
 
+    sizes = dict(zip((0, 1, 2), _sizes(op), strict=True))  # m, n, k by matmul dim
+    if all(not ir.ShapedType.is_dynamic_size(sizes[d]) for d in order[1:]):
+        product.owner.attributes[SMALL_VECTOR] = ir.UnitAttr.get()
     return product
 
 
@@ -386,6 +394,6 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
             if large:
                 _epilogues_into_fresh_tensors(replacement)
             blocked += large
-        if (threads and spread_maps(module)) or blocked:
+        if (threads and spread_maps(module)) or matmuls:
             _apply_schedule(module, itemsize)
     return blocked, len(matmuls) - blocked

@@ -46,6 +46,23 @@ def test_blocked_products_match_the_reference_at_awkward_sizes(k, m, dtype):
             np.testing.assert_allclose(got, expected, **TOL[dtype], err_msg=message)
 
 
+@pytest.mark.parametrize("k, m, dtype", [(32, 32, "float32"), (7, 13, "float32"), (1, 33, "float32"),
+                                         (13, 1, "float32"), (9, 5, "float64")])
+def test_small_products_are_vector_code_and_match_the_reference(k, m, dtype):
+    graph = matmul_zoo(k, m, dtype)
+    assert rewrite_matmuls(emit_linalg(graph))[0] == 0  # all loop kernels: too little static work to pack
+    module = emit_linalg(graph)
+    rewrite_matmuls(module)
+    assert "vector.fma" in str(module) and "vector.contract" not in str(module)  # FMAs on vector registers
+    executable = CpuBackend().compile(graph)
+    for batch in BATCHES:
+        inputs, params = arguments(graph, batch, np.random.default_rng(batch))
+        want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        for node, got, expected in zip(graph.outputs, executable.run(inputs, params), want):
+            message = f"{node.op} {dict(node.attrs)} batch {batch}"
+            np.testing.assert_allclose(got, expected, **TOL[dtype], err_msg=message)
+
+
 def test_sizes_cross_the_block_boundaries():
     tm, tn = register_block(4)
     _, _, kc = cache_blocks(4)
