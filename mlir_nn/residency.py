@@ -117,7 +117,8 @@ class Ledger:
         if resident and self._steady.get(holder) == (self._generation, key):
             return STEADY
         downloads, uploads, values = [], [], {}
-        key_watched = set(watched)
+        # the watched values' bytes: the key's when resident, else read here
+        watched_bytes = dict(zip(watched, key[1] if resident else [arrays[i].tobytes() for i in watched]))
         for slot, array in enumerate(arrays):
             copies = self._arrays.get(id(array))
             if copies is not None and copies.newer is not None and (copies.newer != holder or not resident):
@@ -127,7 +128,7 @@ class Ledger:
                 old = self._arrays[replaced]
                 if old.newer == holder:
                     downloads.append(Transfer(holder, slot, old.array))
-            value = array.tobytes() if slot in key_watched else None
+            value = watched_bytes.get(slot)
             current = copies is not None and copies.slots.get(holder) == slot \
                 and (value is None or copies.values.get(holder) == value)
             if not resident or not current:

@@ -105,7 +105,7 @@ def _as_generic(op: ir.Operation) -> ir.Value:
     def product(x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
         return arith.addf(acc, arith.mulf(x, y, fastmath=fastmath), fastmath=fastmath)
 
-    sizes = dict(zip((0, 1, 2), _sizes(op), strict=True))  # m, n, k by matmul dim
+    sizes = _sizes(op)  # (m, n, k): indexed by matmul dim
     if all(not ir.ShapedType.is_dynamic_size(sizes[d]) for d in order[1:]):
         product.owner.attributes[SMALL_VECTOR] = ir.UnitAttr.get()
     return product

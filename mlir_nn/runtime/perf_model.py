@@ -111,7 +111,8 @@ def predict(model: list[dict[str, Any]], resources: dict[str, KernelResources], 
         ratio = min((r.fma / r.shared_loads for r in tiled), default=None)
         shared = (flops / 2) * max(r.shared_load_bytes / r.fma for r in tiled) if tiled else 0.0
         occ = [occupancy(resources[k], blocks.get(k, 256), gpu) for k in kernels]
-        used = min([1.0, *(grids[k] / gpu["sms"] for k in kernels if k in grids)])
+        # the node's widest launch: its partial sums or product, not a one-block total or init
+        used = min(1.0, max((grids[k] for k in kernels if k in grids), default=gpu["sms"]) / gpu["sms"])
         seconds = max(flops / (gpu["fp32_flops"] * used), nbytes / gpu["dram_bytes"], shared / gpu["shared_bytes"])
         rows.append({
             "node": node["op"], "kernels": kernels, "flops": flops, "bytes": nbytes, "shared_bytes": shared,

@@ -24,6 +24,13 @@ def cuda_steps(function):
     return [compiled.executable.step for compiled in function._cache.values()]
 
 
+def sgd_step(seed, backend="cuda", **options):
+    """(model, jit step) of a seeded MLP 2-7-1 trained with SGD(lr=0.1, **options) on ``backend``."""
+    np.random.seed(seed)
+    model = MLP(2, [7, 1])
+    return model, mlir_nn.jit(train_step(model, SGD(model.parameters(), lr=0.1, **options)), backend=backend)
+
+
 def data(n=57, seed=0):
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, 2)).astype(np.float32)
@@ -98,10 +105,7 @@ def test_a_jit_step_in_a_resident_block_matches_the_reference(optimizer):
 
 
 def test_a_jit_step_outside_a_block_copies_every_call_and_honours_writes():
-    np.random.seed(2)
-    model = MLP(2, [7, 1])
-    opt = SGD(model.parameters(), lr=0.1)
-    step = mlir_nn.jit(train_step(model, opt), backend="cuda")
+    model, step = sgd_step(2)
     X, y = data(7)
     for _ in range(3):
         step(X, y)
@@ -115,10 +119,7 @@ def test_a_jit_step_outside_a_block_copies_every_call_and_honours_writes():
 
 
 def test_bad_input_is_refused_before_the_device_and_the_state_survives():
-    np.random.seed(3)
-    model = MLP(2, [7, 1])
-    opt = SGD(model.parameters(), lr=0.1)
-    step = mlir_nn.jit(train_step(model, opt), backend="cuda")
+    model, step = sgd_step(3)
     X, y = data(7)
     with pytest.raises(ShapeError):
         with mlir_nn.resident():
@@ -131,9 +132,7 @@ def test_bad_input_is_refused_before_the_device_and_the_state_survives():
                 step(bad, y)
             assert cuda_step.param_copies == copies  # nothing was copied for the refused call
             step(X, y[:3])  # another batch size for y than for X
-    np.random.seed(3)
-    reference = MLP(2, [7, 1])
-    ref_step = mlir_nn.jit(train_step(reference, SGD(reference.parameters(), lr=0.1)), backend="numpy")
+    reference, ref_step = sgd_step(3, backend="numpy")
     ref_step(X, y)
     ref_step(X, y)
     for p, q in zip(model.parameters(), reference.parameters()):
@@ -157,10 +156,7 @@ def test_a_trainer_on_cuda_matches_the_reference_over_a_few_epochs():
 
 
 def test_load_state_dict_inside_a_block_is_what_the_next_step_uses():
-    np.random.seed(5)
-    model = MLP(2, [7, 1])
-    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
-    step = mlir_nn.jit(train_step(model, opt), backend="cuda")
+    model, step = sgd_step(5, momentum=0.9)
     X, y = data(13)
     start = model.state_dict()
     with mlir_nn.resident():
