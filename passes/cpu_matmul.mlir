@@ -105,6 +105,7 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.lower_outerproduct
       transform.apply_patterns.canonicalization
     } : !transform.any_op
+    transform.loop.unroll %k_loop {factor = 4} : !transform.any_op
     transform.yield
   }
 }

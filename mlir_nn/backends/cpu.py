@@ -113,6 +113,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline,
     from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
     from mlir_nn.codegen.fp_env import flush_subnormals
     from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
+    from mlir_nn.codegen.lane_loads import scalarize_lane_loads
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -136,6 +137,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline,
              "convert-bufferization-to-memref": lambda m: flush_subnormals(m, symbol_name(graph)),
              "convert-linalg-to-loops": strided_copies_as_loops}
     run_pipeline(module, pipeline, hooks)
+    scalarize_lane_loads(module)
     timings["passes"] = time.perf_counter() - start
     stages["llvm"] = str(module)
     return module, stages, timings, plans[-1] if plans else None
