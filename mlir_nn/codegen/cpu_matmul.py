@@ -38,7 +38,7 @@ PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
 ROW_MIN = 64  # shorter rows keep the dot-product loop order
 TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims count as 1) from which packing pays
-PARALLEL_WORK_MIN = 1 << 18  # static work from which a product's row blocks are spread over threads
+PARALLEL_WORK_MIN = 1 << 18  # work from which a product's blocks are spread over threads (see _on_threads)
 PARALLEL_MAP_ROWS, PARALLEL_MAP_MIN = 32, 1 << 14  # element-wise ops on threads: rows per task, elements
 SCHEDULE = "cpu_matmul.mlir"
 # Tags the schedule matches: the blocked product, its accumulator's zero fill, packings
@@ -80,6 +80,18 @@ def _static_work(op: ir.Operation) -> int:
     for d in _sizes(op):
         work *= 1 if ir.ShapedType.is_dynamic_size(d) else d
     return work
+
+
+def _on_threads(op: ir.Operation) -> bool:
+    """Whether a blocked product's tasks go to the thread pool: its static work (dynamic dims
+    counted as 1) reaches PARALLEL_WORK_MIN, or its rows are the batch and one task's rows (mc)
+    carry that much work. The task count then follows the batch at run time: a batch of at
+    most mc rows is one block, which the async runtime runs inline on the calling thread."""
+    m, n, k = _sizes(op)
+    if _static_work(op) >= PARALLEL_WORK_MIN:
+        return True
+    mc = cache_blocks(ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8)[0]
+    return ir.ShapedType.is_dynamic_size(m) and not ir.ShapedType.is_dynamic_size(k) and mc * n * k >= PARALLEL_WORK_MIN
 
 
 def _is_large(op: ir.Operation) -> bool:
@@ -274,7 +286,7 @@ def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
     ta, tb = _transposes(op)
     element = ir.RankedTensorType(c.type).element_type
     tm, tn = register_block(ir.FloatType(element).width // 8)
-    parallel = threads and _static_work(op) >= PARALLEL_WORK_MIN
+    parallel = threads and _on_threads(op)
     packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A)
     packed_b = _panels(b, 0 if tb else 1, tn, parallel, PACK_ROWS_B)
     m, n = _dim_sizes(c)

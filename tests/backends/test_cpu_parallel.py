@@ -1,10 +1,10 @@
 """Large matrix products whose row blocks run on the async runtime's threads, against the reference.
 
 A product is split over threads when its static work (dynamic dims counted as 1) reaches
-``PARALLEL_WORK_MIN``; each row block is computed by exactly one task, so results do not
-depend on the thread count or the scheduling. Tolerances: float32 rtol 2e-4 / atol 2e-4
-(sums of ~500 products of unit normals cancel down to ~1e-2 at times), float64 as in
-test_cpu.py.
+``PARALLEL_WORK_MIN``, or when its rows are the batch and one task's rows carry that much;
+each row block is computed by exactly one task, so results do not depend on the thread
+count or the scheduling. Tolerances: float32 rtol 2e-4 / atol 2e-4 (sums of ~500 products
+of unit normals cancel down to ~1e-2 at times), float64 as in test_cpu.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 
 from mlir_nn.backends.cpu import compile_kernel
+from mlir_nn.backends.cpu_target import cache_blocks
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen.cpu_matmul import PARALLEL_WORK_MIN
+from mlir_nn.ir import Graph, make_node
 from tests.backends.test_cpu import compiled, make_step
 from tests.codegen.zoo import arguments, matmul_zoo
 
@@ -47,8 +49,28 @@ def test_parallel_products_match_the_reference(dtype):
         check(graph, batch, batch)
 
 
-def test_small_products_stay_on_the_calling_thread():
-    assert PARALLEL_FN not in compiled(matmul_zoo(181, 197, "float32")).stages["llvm"]
+def _one_product(batch_rows: bool, k: int, m: int) -> Graph:
+    """x @ w (the batch as rows) or x^T @ g (the batch as k: a weight gradient), x: (N, k)."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype="float32")
+    if batch_rows:
+        other = make_node("param", [], name="w", shape=(k, m), dtype="float32")
+        return Graph((x,), (other,), (make_node("matmul", [x, other]),), name="rows")
+    other = make_node("input", [], name="g", shape=("N", m), dtype="float32")
+    return Graph((x, other), (), (make_node("matmul", [x, other], transpose_a=True),), name="weights")
+
+
+def test_small_weight_gradients_stay_on_the_calling_thread():
+    assert 181 * 197 < PARALLEL_WORK_MIN  # batch-deep: every batch gives the same few tasks
+    assert PARALLEL_FN not in compiled(_one_product(False, 181, 197)).stages["llvm"]
+
+
+def test_products_with_the_batch_as_rows_go_to_threads_and_match_at_every_batch():
+    mc = cache_blocks(4)[0]
+    assert mc * 181 * 197 >= PARALLEL_WORK_MIN > 181 * 197  # one task's rows carry enough work
+    graph = _one_product(True, 181, 197)
+    assert PARALLEL_FN in compiled(graph).stages["llvm"]
+    for batch in (1, 7, mc, mc + 1, 3 * mc + 5):  # one block (inline) up to mc rows, then several
+        check(graph, batch, batch)
 
 
 def test_parallel_results_are_deterministic():

@@ -73,7 +73,8 @@ def test_an_odd_width_load_used_only_by_lane_extracts_becomes_scalar_loads_with_
         assert _vector_loads(module, 6) == 0 and str(module).count("-> f32") >= 6
         np.testing.assert_array_equal(_run(module), want)
         src = np.arange(64, dtype=np.float32) * 0.25
-        np.testing.assert_allclose(want, [sum(src[i + l] * (l + 1) for l in range(6)) for i in range(8)], rtol=1e-6)
+        expected = [sum(src[i + lane] * (lane + 1) for lane in range(6)) for i in range(8)]
+        np.testing.assert_allclose(want, expected, rtol=1e-6)
 
 
 def test_power_of_two_loads_and_loads_with_other_uses_are_left_alone():
