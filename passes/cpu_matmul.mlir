@@ -11,7 +11,9 @@
 //   transposed by its packing (in {tile}-deep vector tiles where the sizes allow).
 // * The product (`mlirnn.packed`), a generic over (column panel, row panel, row, column,
 //   k) into a zero-filled accumulator (`mlirnn.acc_init`), is split into tasks
-//   (`mlirnn.parallel`: on threads, each zero-filling its own tile of the accumulator).
+//   (`mlirnn.parallel`: on threads, each zero-filling its own tile of the accumulator; after
+//   the schedule, mlir_nn/codegen/zero_start.py drops the fills: the first kc slice's
+//   register blocks start from zero).
 //   Row blocks are the tasks' inner dim: MLIR 22's async-parallel-for runs blocks twice or
 //   three times (block count from the unaligned block size, coordinates wrapping around)
 //   when a block spans more than the inner dim's static trip count; a dynamic (batch) or
@@ -86,6 +88,8 @@ module attributes {transform.with_named_sequence} {
         : (!transform.any_op) -> !transform.any_op
     %slices, %k_blocks = transform.structured.tile_using_for %all tile_sizes [0, 0, 0, 0, {kc}]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    // (marked for the zero start of the accumulators that follows the schedule, in cpu_matmul.py)
+    transform.annotate %k_blocks "mlirnn.kc_loop" : !transform.any_op
     %blocks, %col_loop, %row_loop = transform.structured.tile_using_for %slices tile_sizes [1, 1, 0, 0, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
     %steps, %k_loop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, 0, 0, 1]

@@ -10,7 +10,8 @@
   zero-filled [m / tm, tm, n / tn, tn] accumulator whose (m, n) corner is the result (a
   view). The transform schedule ``passes/cpu_matmul.mlir`` splits it into tasks over
   threads (2-D: column and row panels), kc-deep slices of k, and tm x tn register blocks
-  vectorized to broadcasts and FMAs. Block sizes come from the host
+  vectorized to broadcasts and FMAs; after it, the register blocks of the first slice
+  start from zero instead of the zero fill (``zero_start``). Block sizes come from the host
   (``mlir_nn.backends.cpu_target``). Its epilogue (bias + ReLU, ReLU-grad mask, folded
   update) reads the corner and writes a fresh tensor, or the updated parameter in place;
 * a small product becomes a ``linalg.generic`` in the loop order whose innermost loop
@@ -32,6 +33,7 @@ from mlir.dialects.transform import interpreter
 from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.codegen.maps import dims_map, matmul_maps
 from mlir_nn.codegen.walk import collect_ops
+from mlir_nn.codegen.zero_start import start_accumulators_at_zero
 from mlir_nn.pipelines import shipped_dir
 
 PARALLEL = linalg.IteratorType.parallel
@@ -408,4 +410,5 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
             blocked += large
         if (threads and spread_maps(module)) or matmuls:
             _apply_schedule(module, itemsize)
+            start_accumulators_at_zero(module)
     return blocked, len(matmuls) - blocked
