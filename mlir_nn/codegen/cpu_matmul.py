@@ -33,7 +33,7 @@ from mlir.dialects.transform import interpreter
 from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.codegen.maps import dims_map, matmul_maps
 from mlir_nn.codegen.walk import collect_ops
-from mlir_nn.codegen.zero_start import start_accumulators_at_zero
+from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
 from mlir_nn.pipelines import shipped_dir
 
 PARALLEL = linalg.IteratorType.parallel
@@ -47,7 +47,7 @@ SCHEDULE = "cpu_matmul.mlir"
 # of the operands (copies of whole vector rows, copies in TRANSPOSE_TILE-deep vector
 # tiles when the packing transposes and the sizes allow, else loops), and ops with
 # enough work to spread over threads.
-PACKED, ACC_INIT, PARALLEL_ROWS = "mlirnn.packed", "mlirnn.acc_init", "mlirnn.parallel"
+PACKED, PARALLEL_ROWS = "mlirnn.packed", "mlirnn.parallel"
 PACK, PACK_TILES = "mlirnn.pack", "mlirnn.pack_tiles"
 PACK_ROWS_A, PACK_ROWS_B = "mlirnn.pack_rows_a", "mlirnn.pack_rows_b"  # row copies into A's / B's panels
 PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
@@ -85,15 +85,16 @@ def _static_work(op: ir.Operation) -> int:
 
 
 def _on_threads(op: ir.Operation) -> bool:
-    """Whether a blocked product's tasks go to the thread pool: its static work (dynamic dims
-    counted as 1) reaches PARALLEL_WORK_MIN, or its rows are the batch and one task's rows (mc)
-    carry that much work. The task count then follows the batch at run time: a batch of at
-    most mc rows is one block, which the async runtime runs inline on the calling thread."""
+    """Whether a blocked product's tasks go to the thread pool: its work at a batch that fills
+    one task (a dynamic row count counted as mc rows, a dynamic k as one kc slice) reaches
+    PARALLEL_WORK_MIN. With the batch as rows, the task count follows the batch at run time
+    (a batch of at most mc rows is one block, which the async runtime runs inline on the
+    calling thread); with the batch as k, each task's work does."""
+    mc, _, kc = cache_blocks(ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8)
     m, n, k = _sizes(op)
-    if _static_work(op) >= PARALLEL_WORK_MIN:
-        return True
-    mc = cache_blocks(ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8)[0]
-    return ir.ShapedType.is_dynamic_size(m) and not ir.ShapedType.is_dynamic_size(k) and mc * n * k >= PARALLEL_WORK_MIN
+    rows = mc if ir.ShapedType.is_dynamic_size(m) else m
+    depth = kc if ir.ShapedType.is_dynamic_size(k) else k
+    return rows * n * depth >= PARALLEL_WORK_MIN
 
 
 def _is_large(op: ir.Operation) -> bool:

@@ -1,7 +1,7 @@
 """Large matrix products whose row blocks run on the async runtime's threads, against the reference.
 
-A product is split over threads when its static work (dynamic dims counted as 1) reaches
-``PARALLEL_WORK_MIN``, or when its rows are the batch and one task's rows carry that much;
+A product is split over threads when its work reaches ``PARALLEL_WORK_MIN`` at a batch
+that fills one task (mc rows, or one kc slice as k);
 each row block is computed by exactly one task, so results do not depend on the thread
 count or the scheduling. Tolerances: float32 rtol 2e-4 / atol 2e-4 (sums of ~500 products
 of unit normals cancel down to ~1e-2 at times), float64 as in test_cpu.py.
@@ -59,9 +59,17 @@ def _one_product(batch_rows: bool, k: int, m: int) -> Graph:
     return Graph((x, other), (), (make_node("matmul", [x, other], transpose_a=True),), name="weights")
 
 
-def test_small_weight_gradients_stay_on_the_calling_thread():
-    assert 181 * 197 < PARALLEL_WORK_MIN  # batch-deep: every batch gives the same few tasks
-    assert PARALLEL_FN not in compiled(_one_product(False, 181, 197)).stages["llvm"]
+def test_small_products_stay_on_the_calling_thread():
+    assert PARALLEL_FN not in compiled(_one_product(True, 16, 16)).stages["llvm"]
+
+
+def test_weight_gradients_go_to_threads_and_match_at_every_batch():
+    kc = cache_blocks(4)[2]
+    assert 181 * 197 < PARALLEL_WORK_MIN <= 181 * 197 * kc  # one kc slice of the batch carries enough work
+    graph = _one_product(False, 181, 197)
+    assert PARALLEL_FN in compiled(graph).stages["llvm"]
+    for batch in (1, 7, kc + 1):
+        check(graph, batch, batch)
 
 
 def test_products_with_the_batch_as_rows_go_to_threads_and_match_at_every_batch():
