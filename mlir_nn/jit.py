@@ -25,7 +25,8 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,8 +39,10 @@ from mlir_nn.ir import BATCH, Graph, verify
 from mlir_nn.ir.shapes import dtype_name
 from mlir_nn.tiered import BackgroundCompile, from_caches, tiered_default
 
+if TYPE_CHECKING:
+    from mlir_nn.backends.cpu import PlainCall
+
 Signature = tuple[tuple[tuple, str], ...]
-PlainCall = Callable[[tuple], "list[np.ndarray] | None"]  # a backend's plain_entry
 
 DEFAULT_BACKEND = "cpu"
 
@@ -107,6 +110,19 @@ def _new_locks_after_fork() -> None:
 os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 
+def _no_result(outputs: list[np.ndarray]) -> None:
+    return None
+
+
+def _result_of(single: bool, n_outputs: int) -> Callable[[list[np.ndarray]], Any]:
+    """What a step's call returns for its output arrays: the array of a step that returned one
+    tensor, else their tuple (None when it returned nothing). A C callable where possible: the
+    call fast path runs it on every step."""
+    if single:
+        return itemgetter(0)
+    return tuple if n_outputs else _no_result
+
+
 class CompiledStep:
     """One traced and compiled signature of a step; ``stages`` holds each stage's text.
 
@@ -120,6 +136,7 @@ class CompiledStep:
         self.graph = graph
         self.captured = captured
         self.single = single
+        self._result = _result_of(single, len(graph.outputs))
         self.backend = backend
         self.feeds = [t for t in captured if isinstance(t, FedTensor)]
         self._optimize, self._batch_estimate = optimize, batch_estimate
@@ -188,11 +205,6 @@ class CompiledStep:
         if self._background is not None:
             self.finish_compile(wait=False)
         return self._result(self.executable.run(arrays, self._param_arrays()))
-
-    def _result(self, outputs: list[np.ndarray]) -> Any:
-        if self.single:
-            return outputs[0]
-        return tuple(outputs) if outputs else None
 
 
 class JitFunction:
@@ -292,7 +304,7 @@ class JitFunction:
         if last is not None and last.run_plain is not None:
             outputs = last.run_plain(args)  # None: not plainly valid, take the general path
             if outputs is not None:
-                return outputs[0] if last.single else tuple(outputs) if outputs else None
+                return last._result(outputs)
         key = self._fast_key(args)
         step = self._fast.get(key) if key is not None else None
         if step is not None:
