@@ -102,3 +102,18 @@ def test_a_build_started_by_prepare_is_finished_by_extension(tmp_path, monkeypat
         assert thin_call._building is None
     finally:
         thin_call.extension.cache_clear()
+
+
+def test_a_cold_build_finds_its_target_and_hashes_the_source_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+    targets = []
+    real_target = thin_call._target
+    monkeypatch.setattr(thin_call, "_target", lambda: targets.append(real_target()) or targets[-1])
+    thin_call.extension.cache_clear()
+    thin_call._build_key.cache_clear()
+    try:
+        thin_call.prepare()  # what a cold compile does first, then the executable loads the extension
+        assert hasattr(thin_call.extension(), "ThinCall")
+        assert len(targets) == 1 and thin_call._build_key.cache_info().misses == 1
+    finally:
+        thin_call.extension.cache_clear()
