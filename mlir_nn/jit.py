@@ -48,12 +48,14 @@ DEFAULT_BACKEND = "cpu"
 
 
 def _to_input_array(value: Any, name: str, default_dtype: str = "float32") -> np.ndarray:
-    """An argument as a C-contiguous float array; integers, and Python numbers and lists
-    (which numpy would make float64), take ``default_dtype``."""
+    """An argument as a C-contiguous float array in native byte order; integers, and Python
+    numbers and lists (which numpy would make float64), take ``default_dtype``."""
     array = numeric_array(value, f"jit: argument {name}")
     if array.dtype.kind != "f" or not isinstance(value, (np.ndarray, np.generic, Tensor)):
         array = array.astype(default_dtype)
     dtype_name(array.dtype)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
@@ -289,9 +291,9 @@ class JitFunction:
         return self._lower_arrays(self._arrays(args)).graph
 
     def _fast_key(self, args: tuple) -> tuple | None:
-        """A cheap signature for plain float C-contiguous ndarray arguments, else None."""
+        """A cheap signature for plain float C-contiguous native-order ndarray arguments, else None."""
         for a in args:
-            if type(a) is not np.ndarray or a.dtype.kind != "f" or not a.flags.c_contiguous:
+            if type(a) is not np.ndarray or a.dtype.kind != "f" or not a.flags.c_contiguous or not a.dtype.isnative:
                 return None
         shared = self.dynamic_batch and batch_is_shared(args)  # type: ignore[arg-type]
         return shared, tuple((a.dtype, a.ndim, a.shape[1:] if shared else a.shape) for a in args)
