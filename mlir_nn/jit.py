@@ -25,7 +25,6 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -112,19 +111,6 @@ def _new_locks_after_fork() -> None:
 os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 
-def _no_result(outputs: list[np.ndarray]) -> None:
-    return None
-
-
-def _result_of(single: bool, n_outputs: int) -> Callable[[list[np.ndarray]], Any]:
-    """What a step's call returns for its output arrays: the array of a step that returned one
-    tensor, else their tuple (None when it returned nothing). A C callable where possible: the
-    call fast path runs it on every step."""
-    if single:
-        return itemgetter(0)
-    return tuple if n_outputs else _no_result
-
-
 class CompiledStep:
     """One traced and compiled signature of a step; ``stages`` holds each stage's text.
 
@@ -138,7 +124,6 @@ class CompiledStep:
         self.graph = graph
         self.captured = captured
         self.single = single
-        self._result = _result_of(single, len(graph.outputs))
         self.backend = backend
         self.feeds = [t for t in captured if isinstance(t, FedTensor)]
         self._optimize, self._batch_estimate = optimize, batch_estimate
@@ -203,10 +188,11 @@ class CompiledStep:
             t.refresh()
         return [t.data for t in self.captured]
 
-    def __call__(self, arrays: list[np.ndarray]) -> Any:
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The outputs for these input arrays (parameters updated in place)."""
         if self._background is not None:
             self.finish_compile(wait=False)
-        return self._result(self.executable.run(arrays, self._param_arrays()))
+        return self.executable.run(arrays, self._param_arrays())
 
 
 class JitFunction:
@@ -302,21 +288,26 @@ class JitFunction:
         if kwargs:
             args = self._positional(args, kwargs)
         self._check_structure()
-        last = self._last
-        if last is not None and last.run_plain is not None:
-            outputs = last.run_plain(args)  # None: not plainly valid, take the general path
-            if outputs is not None:
-                return last._result(outputs)
+        step = self._last  # the previous call's step: its plain call is tried first
+        outputs = None if step is None or step.run_plain is None else step.run_plain(args)
+        if outputs is None:  # no plain call, or not plainly valid arguments
+            step, outputs = self._run_general(args)
+        # what the step function returned: one tensor, else a tuple of them (nothing: None)
+        return outputs[0] if step.single else tuple(outputs) if outputs else None
+
+    def _run_general(self, args: tuple) -> tuple[CompiledStep, list[np.ndarray]]:
+        """The step for these arguments (found by their fast key, else traced and compiled once)
+        and its outputs."""
         key = self._fast_key(args)
         step = self._fast.get(key) if key is not None else None
         if step is not None:
-            return step(list(args))
+            return step, step.run(list(args))
         arrays = self._arrays(args)
         step = self._lower_arrays(arrays)
         if key is not None:
             self._fast[key] = step
         self._last = step
-        return step(arrays)
+        return step, step.run(arrays)
 
 
 def jit(fn: Callable[..., Any] | None = None, *, backend: str | None = None, dynamic_batch: bool = True,
