@@ -561,7 +561,7 @@ static PyObject *ThinCall_bind_workspace(ThinCall *self, PyObject *args) {
     if (n == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    if (n < 1) { /* run() takes a batch it cannot match (-1) for plainly valid inputs */
+    if (n < 1) { /* check_inputs answers -1 for arguments it cannot take: no bound batch may equal it */
         PyErr_SetString(PyExc_ValueError, "bind_workspace: the batch size must be positive");
         return NULL;
     }
