@@ -38,6 +38,7 @@ from mlir_nn.backends.cuda import build_artifact  # noqa: E402
 from mlir_nn.backends.reference import evaluate  # noqa: E402
 from mlir_nn.egraph import optimize  # noqa: E402
 from mlir_nn.engine import Tensor  # noqa: E402
+from mlir_nn.gpu.schedule import STAGE_NAMES, TILING  # noqa: E402
 from mlir_nn.ir.shapes import resolve  # noqa: E402
 from mlir_nn.jit import trace_step  # noqa: E402
 from mlir_nn.losses import mse_loss  # noqa: E402
@@ -64,8 +65,7 @@ def step_function(case: dict) -> tuple:
 
 
 PRODUCTS = ("matmul", "linear", "gemm", "matmul_relu_grad")
-STAGES = ("_partial", "_total")  # a reduction's two kernels
-TILING = re.compile(r"_tile\d+$")  # a product's kernel per tiling (the host launches one per batch size)
+STAGES = tuple(STAGE_NAMES.values())  # a reduction's two kernels
 
 
 def node_cost(node, batch: int) -> tuple[float, float]:
@@ -154,7 +154,7 @@ def build_trainer_case(out: Path, arch: str) -> dict:
     kernels = []
     for compiled in trainer_steps(trainer):
         artifact = build_artifact(compiled.optimized_graph, arch)
-        if cuda_cache.store(compiled.optimized_graph, artifact) is None:
+        if cuda_cache.store(artifact) is None:
             raise OSError(f"cannot write the CUDA cache in {out / 'cache'}")
         kernels.append(artifact.info["kernels"])
     return {"kernels": kernels, "compile_s": round(time.perf_counter() - start, 2)}

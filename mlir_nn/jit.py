@@ -25,7 +25,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,19 +38,23 @@ from mlir_nn.ir import BATCH, Graph, verify
 from mlir_nn.ir.shapes import dtype_name
 from mlir_nn.tiered import BackgroundCompile, from_caches, tiered_default
 
+if TYPE_CHECKING:
+    from mlir_nn.backends.cpu import PlainCall
+
 Signature = tuple[tuple[tuple, str], ...]
-PlainCall = Callable[[tuple], "list[np.ndarray] | None"]  # a backend's plain_entry
 
 DEFAULT_BACKEND = "cpu"
 
 
 def _to_input_array(value: Any, name: str, default_dtype: str = "float32") -> np.ndarray:
-    """An argument as a C-contiguous float array; integers, and Python numbers and lists
-    (which numpy would make float64), take ``default_dtype``."""
+    """An argument as a C-contiguous float array in native byte order; integers, and Python
+    numbers and lists (which numpy would make float64), take ``default_dtype``."""
     array = numeric_array(value, f"jit: argument {name}")
     if array.dtype.kind != "f" or not isinstance(value, (np.ndarray, np.generic, Tensor)):
         array = array.astype(default_dtype)
     dtype_name(array.dtype)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
@@ -184,15 +188,11 @@ class CompiledStep:
             t.refresh()
         return [t.data for t in self.captured]
 
-    def __call__(self, arrays: list[np.ndarray]) -> Any:
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The outputs for these input arrays (parameters updated in place)."""
         if self._background is not None:
             self.finish_compile(wait=False)
-        return self._result(self.executable.run(arrays, self._param_arrays()))
-
-    def _result(self, outputs: list[np.ndarray]) -> Any:
-        if self.single:
-            return outputs[0]
-        return tuple(outputs) if outputs else None
+        return self.executable.run(arrays, self._param_arrays())
 
 
 class JitFunction:
@@ -277,9 +277,9 @@ class JitFunction:
         return self._lower_arrays(self._arrays(args)).graph
 
     def _fast_key(self, args: tuple) -> tuple | None:
-        """A cheap signature for plain float C-contiguous ndarray arguments, else None."""
+        """A cheap signature for plain float C-contiguous native-order ndarray arguments, else None."""
         for a in args:
-            if type(a) is not np.ndarray or a.dtype.kind != "f" or not a.flags.c_contiguous:
+            if type(a) is not np.ndarray or a.dtype.kind != "f" or not a.flags.c_contiguous or not a.dtype.isnative:
                 return None
         shared = self.dynamic_batch and batch_is_shared(args)  # type: ignore[arg-type]
         return shared, tuple((a.dtype, a.ndim, a.shape[1:] if shared else a.shape) for a in args)
@@ -288,21 +288,26 @@ class JitFunction:
         if kwargs:
             args = self._positional(args, kwargs)
         self._check_structure()
-        last = self._last
-        if last is not None and last.run_plain is not None:
-            outputs = last.run_plain(args)  # None: not plainly valid, take the general path
-            if outputs is not None:
-                return outputs[0] if last.single else tuple(outputs) if outputs else None
+        step = self._last  # the previous call's step: its plain call is tried first
+        outputs = None if step is None or step.run_plain is None else step.run_plain(args)
+        if outputs is None:  # no plain call, or not plainly valid arguments
+            step, outputs = self._run_general(args)
+        # what the step function returned: one tensor, else a tuple of them (nothing: None)
+        return outputs[0] if step.single else tuple(outputs) if outputs else None
+
+    def _run_general(self, args: tuple) -> tuple[CompiledStep, list[np.ndarray]]:
+        """The step for these arguments (found by their fast key, else traced and compiled once)
+        and its outputs."""
         key = self._fast_key(args)
         step = self._fast.get(key) if key is not None else None
         if step is not None:
-            return step(list(args))
+            return step, step.run(list(args))
         arrays = self._arrays(args)
         step = self._lower_arrays(arrays)
         if key is not None:
             self._fast[key] = step
         self._last = step
-        return step(arrays)
+        return step, step.run(arrays)
 
 
 def jit(fn: Callable[..., Any] | None = None, *, backend: str | None = None, dynamic_batch: bool = True,

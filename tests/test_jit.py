@@ -151,3 +151,38 @@ def test_keyword_arguments_bind_like_a_call():
 def test_an_empty_backend_name_is_refused():
     with pytest.raises(ValueError, match="unknown backend ''"):
         jit(lambda x: x, backend="")
+
+
+
+RETURNS = {  # what a step returns -> (its loss and prediction -> that, the length of the tuple or None)
+    "loss": (lambda loss, pred: loss, None), "(loss,)": (lambda loss, pred: (loss,), 1),
+    "(loss, pred)": (lambda loss, pred: (loss, pred), 2), "nothing": (lambda loss, pred: None, 0),
+}
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+@pytest.mark.parametrize("returned", list(RETURNS))
+def test_a_call_returns_what_the_step_returned_on_every_call_path(backend, returned):
+    pick, length = RETURNS[returned]
+    model = MLP(3, [4, 2])
+    opt = SGD(model.parameters(), lr=0.1)
+
+    def step(x, y):
+        pred = model(x)
+        loss = mse_loss(pred, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return pick(loss, pred)
+
+    compiled = jit(step, backend=backend)
+    x, y = np.ones((7, 3), np.float32), np.ones((7, 2), np.float32)
+    for _ in range(3):  # traced, then the call fast paths
+        result = compiled(x, y)
+        if length is None:
+            assert isinstance(result, np.ndarray) and result.shape == ()
+        elif length == 0:
+            assert result is None
+        else:
+            assert isinstance(result, tuple) and len(result) == length
+            assert result[0].shape == () and all(r.shape == (7, 2) for r in result[1:])

@@ -49,9 +49,10 @@ def check_arguments(graph: Graph, inputs: list[np.ndarray], params: list[np.ndar
             name = node.attr("name")
             if not isinstance(array, np.ndarray):
                 raise TypeError(f"{graph.name}: {kind} {name} must be a numpy array, got {type(array).__name__}")
-            if array.dtype.name != node.dtype:
+            if array.dtype != node.dtype:  # byte order included: compiled code reads native numbers
+                order = "" if array.dtype.isnative else " in non-native byte order"
                 raise DTypeError(
-                    f"{graph.name}: {kind} {name} has dtype {array.dtype.name}, expected {node.dtype}"
+                    f"{graph.name}: {kind} {name} has dtype {array.dtype.name}{order}, expected {node.dtype}"
                 )
             if array.ndim != len(node.shape):
                 raise ShapeError(

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,9 @@ from mlir_nn.ir import BATCH, Graph
 from mlir_nn.pipelines import Pipeline, load_pipeline, shipped_dir
 
 TARGET = "cpu"
-PlainCall = Callable[[Sequence[np.ndarray]], "list[np.ndarray] | None"]  # CpuExecutable.plain_entry
+# what CpuExecutable.plain_entry returns: called with a step's arguments as given (anything
+# but plainly valid arrays answers None), it returns the outputs
+PlainCall = Callable[[Sequence[Any]], "list[np.ndarray] | None"]
 
 
 @dataclass
@@ -280,6 +283,8 @@ class CpuExecutable:
         self._entry = thin_call.extension().ThinCall(
             kernel.native.address, self._args.address, self._args.words.ctypes.data, (self._args, specs),
             specs if all_fast else None, self._n_params, self._input_error)
+        # the call for plainly valid arguments (see the class docstring); None if they are not
+        self.run_plain: Callable[[Sequence[Any], Sequence[np.ndarray]], list[np.ndarray] | None] = self._entry.run
         self._use_kernel(kernel)
         _EXECUTABLES.add(self)
 
@@ -349,12 +354,8 @@ class CpuExecutable:
 
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
         """Executable protocol: outputs returned, parameters updated in place."""
-        outputs = self._entry.run(inputs, params)
+        outputs = self.run_plain(inputs, params)
         return self._run_checked(inputs, params) if outputs is None else outputs
-
-    def run_plain(self, inputs: Sequence[np.ndarray], params: Sequence[np.ndarray]) -> list[np.ndarray] | None:
-        """The call for plainly valid arguments (see the class docstring); None if they are not."""
-        return self._entry.run(inputs, params)
 
     def plain_entry(self, holders: Sequence[object], attribute: str,
                     feeds: Sequence[tuple[int, Callable[[], float]]]) -> PlainCall:

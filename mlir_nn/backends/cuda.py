@@ -123,7 +123,7 @@ class CudaBackend:
         else:
             program = compile_graph(graph, (arch,))
             artifact = artifact_of(graph, program, arch)
-            cuda_cache.store(graph, artifact)
+            cuda_cache.store(artifact)
             stages = {"linalg": program.linalg_text, "gpu": program.gpu_text,
                       "ptx": "\n".join(program.ptx[arch].values())}
         return CudaExecutable(graph, CudaStep(artifact, self.device), stages)

@@ -44,31 +44,37 @@ def compiler_digest() -> str:
 
 
 def entry_path(graph: Graph, arch: str) -> Path:
+    return _path(graph.fingerprint(), arch)
+
+
+def _path(fingerprint: str, arch: str) -> Path:
+    """The entry of the graph with this fingerprint for ``arch``."""
     from mlir_nn import __version__
 
-    key = "\0".join([f"format={FORMAT}", graph.fingerprint(), arch, __version__, compiler_digest()])
+    key = "\0".join([f"format={FORMAT}", fingerprint, arch, __version__, compiler_digest()])
     return cache_dir() / "cuda" / (hashlib.sha256(key.encode()).hexdigest() + ".mlirnn")
 
 
 def load(graph: Graph, arch: str) -> Artifact | None:
     """The cached artifact of ``graph`` for ``arch``, or None (missing or not checking out)."""
-    path = entry_path(graph, arch)
+    fingerprint = graph.fingerprint()
+    path = _path(fingerprint, arch)
     if not path.is_file():
         return None
     try:
         artifact = Artifact.read(path)
     except ArtifactError:
         return None
-    if artifact.arch != arch or artifact.graph_fingerprint != graph.fingerprint() \
-            or artifact.signature != signature_of(graph):
+    if artifact.arch != arch or artifact.graph_fingerprint != fingerprint or artifact.signature != signature_of(graph):
         return None
     return artifact
 
 
-def store(graph: Graph, artifact: Artifact) -> Path | None:
-    """Write ``artifact`` as ``graph``'s entry, atomically; returns its path, or None when the
-    cache cannot be written (which only costs the next process a compile)."""
-    path = entry_path(graph, artifact.arch)
+def store(artifact: Artifact) -> Path | None:
+    """Write ``artifact`` as the entry of the graph it was compiled from (its ``graph_fingerprint``)
+    for its arch, atomically; returns its path, or None when the cache cannot be written (which
+    only costs the next process a compile)."""
+    path = _path(artifact.graph_fingerprint, artifact.arch)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

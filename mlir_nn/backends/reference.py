@@ -38,8 +38,12 @@ class ReferenceExecutable:
         self._update_slots = [index[name] for name, _ in graph.updates]
 
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
+        """Outputs are arrays of their own, as on every backend: an output that is an argument
+        (or a view of one) is copied before the parameters are written."""
         batch = check_arguments(self.graph, inputs, params)
         outputs, updates = evaluate(self.graph, inputs, params, batch)
+        arguments = [*inputs, *params]
+        outputs = [o.copy() if any(np.may_share_memory(o, a) for a in arguments) else o for o in outputs]
         for slot, value in zip(self._update_slots, updates):
             params[slot][...] = value
         return outputs

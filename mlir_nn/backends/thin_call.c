@@ -34,7 +34,7 @@ typedef struct {
 typedef struct {
     PyArrayObject *array; /* bound last (a strong reference), or NULL */
     void *data;
-    PyArray_Descr *descr;
+    PyArray_Descr *descr; /* a strong reference: a freed dtype's address can come back as another one */
     int ndim;
     npy_intp dims[MAX_RANK];
     npy_intp strides[MAX_RANK];
@@ -80,6 +80,7 @@ static void unlock(ThinCall *self) { PyThread_release_lock(self->lock); }
 static void forget_params(ThinCall *self) {
     for (Py_ssize_t i = 0; i < self->n_params; i++) {
         Py_CLEAR(self->params[i].array);
+        Py_CLEAR(self->params[i].descr);
     }
 }
 
@@ -101,7 +102,37 @@ static void forget_workspace(ThinCall *self) {
     Py_CLEAR(self->outputs);
 }
 
+/* The garbage collector's view: error is usually a bound method of the executable that holds
+ * this object, a cycle only the collector can free. */
+static int ThinCall_traverse(ThinCall *self, visitproc visit, void *arg) {
+    Py_VISIT(self->keep);
+    Py_VISIT(self->error);
+    Py_VISIT(self->tensors);
+    Py_VISIT(self->data_name);
+    for (Py_ssize_t i = 0; i < self->n_feeds; i++) {
+        Py_VISIT(self->feeds[i].source);
+    }
+    for (Py_ssize_t i = 0; self->params && i < self->n_params; i++) {
+        Py_VISIT(self->params[i].array);
+    }
+    Py_VISIT(self->workspace);
+    Py_VISIT(self->outputs);
+    return 0;
+}
+
+/* Break cycles: with no workspace bound, run() answers None and nothing calls error. */
+static int ThinCall_clear(ThinCall *self) {
+    if (self->params) {
+        forget_params(self);
+    }
+    forget_watch(self);
+    forget_workspace(self);
+    Py_CLEAR(self->error);
+    return 0;
+}
+
 static void ThinCall_dealloc(ThinCall *self) {
+    PyObject_GC_UnTrack(self);
     if (self->params) {
         forget_params(self);
     }
@@ -153,6 +184,10 @@ static int ThinCall_init(ThinCall *self, PyObject *args, PyObject *kwds) {
     }
     if (self->lock) {
         PyErr_SetString(PyExc_RuntimeError, "ThinCall is initialized once");
+        return -1;
+    }
+    if (n_params < 0) {
+        PyErr_SetString(PyExc_ValueError, "ThinCall: n_params must not be negative");
         return -1;
     }
     self->fn = (packed_fn)(uintptr_t)function;
@@ -484,6 +519,7 @@ static PyObject *ThinCall_bind_params(ThinCall *self, PyObject *arrays) {
         s->array = a;
         s->data = PyArray_DATA(a);
         s->descr = PyArray_DESCR(a);
+        Py_INCREF(s->descr);
         s->ndim = PyArray_NDIM(a);
         s->nbytes = PyArray_NBYTES(a);
         memcpy(s->dims, PyArray_DIMS(a), s->ndim * sizeof(npy_intp));
@@ -523,6 +559,10 @@ static PyObject *ThinCall_bind_workspace(ThinCall *self, PyObject *args) {
     }
     Py_ssize_t n = PyLong_AsSsize_t(batch);
     if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n < 1) { /* check_inputs answers -1 for arguments it cannot take: no bound batch may equal it */
+        PyErr_SetString(PyExc_ValueError, "bind_workspace: the batch size must be positive");
         return NULL;
     }
     Py_INCREF(buffer);
@@ -607,11 +647,14 @@ static PyTypeObject ThinCallType = {
     .tp_name = "_thin_call.ThinCall",
     .tp_basicsize = sizeof(ThinCall),
     .tp_dealloc = (destructor)ThinCall_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "One compiled step's checks, descriptor binding and native call",
     .tp_methods = ThinCall_methods,
     .tp_init = (initproc)ThinCall_init,
     .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)ThinCall_traverse,
+    .tp_clear = (inquiry)ThinCall_clear,
+    .tp_free = PyObject_GC_Del,
 };
 
 static struct PyModuleDef module = {

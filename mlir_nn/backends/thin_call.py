@@ -33,8 +33,10 @@ SOURCE = Path(__file__).with_name("thin_call.c")
 MODULE = "_thin_call"
 
 
+@cache
 def _build_key() -> str:
-    """What the built extension depends on: its source, the interpreter's ABI and NumPy's C API."""
+    """What the built extension depends on: its source, the interpreter's ABI and NumPy's C API
+    (hashed once per process)."""
     parts = [SOURCE.read_bytes(), sys.version.encode(), sysconfig.get_config_var("EXT_SUFFIX").encode(),
              np.__version__.encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:24]
@@ -98,8 +100,11 @@ def prepare() -> None:
     calls this first, so that ``cc`` runs while egglog and LLVM do)."""
     global _building
     with _lock:
-        if _building is None and not extension.cache_info().currsize and not _intact(_target()):
-            _building = (*_start_build(_target()), _target())
+        if _building is not None or extension.cache_info().currsize:
+            return
+        target = _target()
+        if not _intact(target):
+            _building = (*_start_build(target), target)
 
 
 @cache
@@ -107,10 +112,12 @@ def extension() -> ModuleType:
     """The loaded ``_thin_call`` module, built first unless the cache holds it intact."""
     global _building
     with _lock:
-        target = _target()
         building, _building = _building, None
         if building is not None:
             _finish_build(*building)
+            target = building[2]
+        else:
+            target = _target()
         if not _intact(target):
             _finish_build(*_start_build(target), target)
         loader = importlib.machinery.ExtensionFileLoader(MODULE, str(target))

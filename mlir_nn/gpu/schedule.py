@@ -34,6 +34,9 @@ LAUNCH_TAG = "mlirnn.launch"
 FUSED = "mlirnn.fused"  # on a tile loop made by mlir_nn.gpu.fusion: how many linalg ops it holds
 REDUCE = "mlirnn.reduce"  # on a block loop made by mlir_nn.gpu.reduction: its kernel (1 or 2)
 STAGE_NAMES = {1: "_partial", 2: "_total"}  # a reduction's kernels
+TILING_SUFFIX = r"_tile\d+"  # a register-tiled product's kernel per tiling (named by mlir_nn.gpu.matmul)
+TILING = re.compile(TILING_SUFFIX + "$")
+KERNEL_SUFFIX = re.compile("(" + "|".join([*STAGE_NAMES.values(), TILING_SUFFIX]) + ")$")  # past the node's op
 MATMUL = "mlirnn.matmul"  # on the block loop of a register-tiled product made by mlir_nn.gpu.matmul
 NODE = "mlirnn.node"  # on a linalg op: the op of the Graph node it lowers (names the kernel)
 TILE = 16  # output tile of a contraction per block (rows, columns), as in passes/cuda_schedule.mlir
@@ -148,7 +151,7 @@ def _name_initializers(plans: list[OpSchedule]) -> list[OpSchedule]:
         if out[i].kind == "parallel" and out[i].name == out[i].kind and following:
             out[i] = replace(out[i], name=f"{following}_init")
         elif out[i].name != out[i].kind:
-            following = re.sub(r"(_partial|_total|_tile\d+)$", "", out[i].name)  # the node, not its kernel
+            following = KERNEL_SUFFIX.sub("", out[i].name)  # the node, not its kernel
     return out
 
 

@@ -61,12 +61,18 @@ def arch_version(arch: str) -> tuple[int, int, bool]:
     return int(m.group(1)), int(m.group(2)), bool(m.group(3))
 
 
-def check_arch(artifact_arch: str, device: Device) -> None:
-    """A cubin runs on its own major version with an equal or newer minor version; an
-    arch-specific one (``sm_90a``) on its exact version only."""
+def runs_on(artifact_arch: str, capability: tuple[int, int]) -> bool:
+    """True when a cubin for ``artifact_arch`` runs on a device of this compute capability: its
+    own major version with an equal or newer minor version; an arch-specific one (``sm_90a``)
+    on its exact version only."""
     major, minor, specific = arch_version(artifact_arch)
-    dev_major, dev_minor = device.capability
-    if major != dev_major or minor > dev_minor or (specific and minor != dev_minor):
+    dev_major, dev_minor = capability
+    return major == dev_major and minor <= dev_minor and not (specific and minor != dev_minor)
+
+
+def check_arch(artifact_arch: str, device: Device) -> None:
+    """Raise ``CudaUnavailable`` unless the artifact's cubins run on ``device`` (``runs_on``)."""
+    if not runs_on(artifact_arch, device.capability):
         raise CudaUnavailable(f"the artifact holds cubins for {artifact_arch}, but {device.name} is {device.arch}; "
                               f"recompile with: mlir-nn compile --target cuda --arch {device.arch}")
 

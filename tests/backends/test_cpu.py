@@ -173,10 +173,12 @@ def linear_step():
     (lambda i, p: i.__setitem__(0, i[0][:, :2]), ShapeError, "input x has shape"),
     (lambda i, p: i.__setitem__(1, i[1][:2]), ShapeError, "batch size 2 but an earlier input has"),
     (lambda i, p: i.__setitem__(0, i[0].astype(np.float64)), DTypeError, "dtype float64, expected float32"),
+    (lambda i, p: i.__setitem__(0, i[0].astype(">f4")), DTypeError, "input x has dtype float32 in non-native byte"),
     (lambda i, p: i[2].__setitem__((0, 0), np.nan), ValueError, "NaN or infinite"),
     (lambda i, p: i[0].__setitem__((1, 1), np.inf), ValueError, "NaN or infinite"),
     (lambda i, p: p.__setitem__(0, p[0][:2]), ShapeError, "parameter w has shape"),
     (lambda i, p: p.__setitem__(1, p[1].astype(np.float64)), DTypeError, "parameter bias"),
+    (lambda i, p: p.__setitem__(1, p[1].astype(">f4")), DTypeError, "parameter bias has dtype float32 in non-native"),
     (lambda i, p: i.pop(), TypeError, "expected 3 inputs"),
     (lambda i, p: p[2].setflags(write=False), ValueError, "read-only"),
     (lambda i, p: p.__setitem__(0, np.asfortranarray(p[0])), ValueError, "not C-contiguous"),
@@ -206,6 +208,25 @@ def test_input_that_views_a_parameter_reads_the_old_value():
     got = compiled(graph).run(inputs, params)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-9)
+
+
+def _misaligned(array: np.ndarray) -> np.ndarray:
+    """A writable copy of ``array`` one byte past an aligned address."""
+    out = np.frombuffer(bytearray(array.nbytes + 1), array.dtype, count=array.size, offset=1).reshape(array.shape)
+    out[...] = array
+    return out
+
+
+@pytest.mark.parametrize("batch", [1, 13])
+def test_misaligned_inputs_and_parameters_match_the_reference(batch):
+    graph = matmul_zoo(3, 5, "float32")
+    inputs, params = arguments(graph, batch, np.random.default_rng(batch))
+    want_params = [p.copy() for p in params]
+    want = get_backend("numpy").compile(graph).run([a.copy() for a in inputs], want_params)
+    inputs, params = [_misaligned(a) for a in inputs], [_misaligned(p) for p in params]
+    assert not any(a.flags.aligned for a in inputs + params if a.dtype.itemsize > 1)
+    for got, expected in zip(compiled(graph).run(inputs, params) + params, want + want_params):
+        np.testing.assert_allclose(got, expected, **TOL["float32"])
 
 
 # ---------------------------------------------------------------------------- pipelines, errors, cache

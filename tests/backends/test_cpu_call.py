@@ -16,7 +16,7 @@ import pytest
 from mlir_nn import jit
 from mlir_nn.ir import DTypeError, ShapeError
 from mlir_nn.nn import MLP
-from tests.backends.test_cpu import make_step
+from tests.backends.test_cpu import TOL, make_step
 
 
 def test_threads_calling_one_step_get_their_own_results():
@@ -147,3 +147,32 @@ def test_outputs_are_fresh_arrays_not_views_of_the_workspace():
     second = step(2 * x)
     assert first.base is None and second.base is None and first is not second
     np.testing.assert_array_equal(first, kept)
+
+
+def test_an_input_that_is_a_parameter_array_matches_the_reference():
+    """x is the first layer's weight array itself (3x3: a batch of 3), then a view of its rows:
+    the step reads it while it updates that array in place (the thin call leaves such calls to
+    the checked path, which copies the input first)."""
+    results = {}
+    for backend in ("numpy", "cpu"):
+        step, model, _ = make_step([3, 3, 1], "sgd", backend, 0, lr=0.1)
+        weight = model.parameters()[0].data
+        y = np.linspace(-1, 1, 3, dtype=np.float32).reshape(3, 1)
+        losses = [float(step(weight, y)) for _ in range(3)]  # traced, then the call fast paths
+        losses += [float(step(weight[1:], y[1:])) for _ in range(2)]
+        results[backend] = losses, [p.data.copy() for p in model.parameters()]
+    np.testing.assert_allclose(results["cpu"][0], results["numpy"][0], **TOL["float32"])
+    for got, want in zip(results["cpu"][1], results["numpy"][1]):
+        np.testing.assert_allclose(got, want, **TOL["float32"])
+
+
+def test_big_endian_inputs_compute_like_native_ones():
+    """They passed the checked path's dtype check (same dtype name) and were read byte-swapped."""
+    x = np.random.default_rng(0).standard_normal((7, 3)).astype(np.float32)
+    y = np.ones((7, 1), np.float32)
+    native, native_model, _ = make_step([3, 4, 1], "sgd", "cpu", 0, lr=0.1)
+    swapped, swapped_model, _ = make_step([3, 4, 1], "sgd", "cpu", 0, lr=0.1)
+    for _ in range(3):
+        assert float(swapped(x.astype(">f4"), y.astype(">f4"))) == float(native(x, y))
+    for a, b in zip(swapped_model.parameters(), native_model.parameters()):
+        np.testing.assert_array_equal(a.data, b.data)

@@ -34,7 +34,7 @@ def test_a_stored_artifact_is_found_for_its_graph_and_arch_only(compiled, tmp_pa
     monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
     graph, artifact = compiled
     assert cuda_cache.load(graph, "sm_90") is None
-    path = cuda_cache.store(graph, artifact)
+    path = cuda_cache.store(artifact)
     assert path is not None and path.parent == tmp_path / "cuda"
     found = cuda_cache.load(graph, "sm_90")
     assert found.plan == artifact.plan and found.cubins == artifact.cubins and found.signature == artifact.signature
@@ -45,13 +45,13 @@ def test_a_stored_artifact_is_found_for_its_graph_and_arch_only(compiled, tmp_pa
 def test_a_damaged_or_foreign_entry_is_a_miss_and_is_rewritten(compiled, tmp_path, monkeypatch):
     monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
     graph, artifact = compiled
-    path = cuda_cache.store(graph, artifact)
+    path = cuda_cache.store(artifact)
     path.write_bytes(path.read_bytes()[:1000])
     assert cuda_cache.load(graph, "sm_90") is None
     other = traced(13)
     path.write_bytes(build_artifact(other, "sm_90").to_bytes())  # another graph's artifact under this key
     assert cuda_cache.load(graph, "sm_90") is None
-    cuda_cache.store(graph, artifact)
+    cuda_cache.store(artifact)
     assert cuda_cache.load(graph, "sm_90").graph_fingerprint == graph.fingerprint()
 
 
@@ -60,5 +60,17 @@ def test_an_unwritable_cache_only_costs_a_compile(compiled, tmp_path, monkeypatc
     blocker.write_text("not a folder")
     monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(blocker))
     graph, artifact = compiled
-    assert cuda_cache.store(graph, artifact) is None
+    assert cuda_cache.store(artifact) is None
     assert cuda_cache.load(graph, "sm_90") is None
+
+
+def test_a_load_and_a_store_fingerprint_the_graph_once_between_them(compiled, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+    graph, artifact = compiled
+    fingerprints = []
+    real = type(graph).fingerprint
+    monkeypatch.setattr(type(graph), "fingerprint", lambda g: fingerprints.append(g) or real(g))
+    assert cuda_cache.load(graph, "sm_90") is None  # what a compile does around building the artifact
+    cuda_cache.store(artifact)
+    assert len(fingerprints) == 1
+    assert cuda_cache.load(graph, "sm_90") is not None and len(fingerprints) == 2

@@ -49,6 +49,21 @@ def test_bad_arguments_raise_and_leave_parameters_alone(x, error, match):
     np.testing.assert_array_equal(w, np.ones((3, 2)))
 
 
+def test_an_output_that_is_an_argument_is_its_value_before_the_step_and_a_copy():
+    """The interpreter returned the parameter array itself: it then held the updated value,
+    unlike every compiled backend, and writing into it wrote into the parameter."""
+    w = make_node("param", (), name="w", shape=(3,), dtype="float32")
+    x = make_node("input", (), name="x", shape=("N", 3), dtype="float32")
+    new_w = make_node("add", (w, make_node("sum_to", (x,), shape=(3,))))
+    graph = Graph((x,), (w,), (w, x, new_w), (("w", new_w),), name="echo")
+    params, inputs = [np.arange(3, dtype=np.float32)], [np.ones((2, 3), np.float32)]
+    old, echoed, new = get_backend("numpy").compile(graph).run(inputs, params)
+    np.testing.assert_array_equal(old, [0, 1, 2])
+    np.testing.assert_array_equal(new, [2, 3, 4])
+    np.testing.assert_array_equal(params[0], [2, 3, 4])
+    assert not any(np.shares_memory(o, a) for o in (old, echoed, new) for a in inputs + params)
+
+
 def test_unknown_backend_is_named():
     with pytest.raises(ValueError, match="unknown backend 'tpu'"):
         get_backend("tpu")

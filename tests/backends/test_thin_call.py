@@ -1,13 +1,16 @@
 """The cpu backend's thin call (mlir_nn/backends/thin_call.c): built once per cache, checks
 plainly valid arguments in C and leaves everything else to the checked path."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
 from mlir_nn.backends import get_backend, thin_call
 from mlir_nn.backends.native import NativeError
 from mlir_nn.backends.reference import evaluate
-from mlir_nn.ir import Graph, make_node
+from mlir_nn.ir import DTypeError, Graph, make_node
 from tests.backends.test_cpu import TOL
 
 
@@ -102,3 +105,68 @@ def test_a_build_started_by_prepare_is_finished_by_extension(tmp_path, monkeypat
         assert thin_call._building is None
     finally:
         thin_call.extension.cache_clear()
+
+
+def test_a_cold_build_finds_its_target_and_hashes_the_source_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+    targets = []
+    real_target = thin_call._target
+    monkeypatch.setattr(thin_call, "_target", lambda: targets.append(real_target()) or targets[-1])
+    thin_call.extension.cache_clear()
+    thin_call._build_key.cache_clear()
+    try:
+        thin_call.prepare()  # what a cold compile does first, then the executable loads the extension
+        assert hasattr(thin_call.extension(), "ThinCall")
+        assert len(targets) == 1 and thin_call._build_key.cache_info().misses == 1
+    finally:
+        thin_call.extension.cache_clear()
+
+
+def _plain_arguments(batch: int = 5) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    return [np.ones((batch, 3), np.float32), np.ones((2, 3), np.float32), np.array(1.0, np.float32)], \
+        [np.ones((2, 3), np.float32)]
+
+
+def test_an_executable_nothing_refers_to_is_freed():
+    """Its thin call refers back to it (the error callback): a cycle through a C object that
+    only the garbage collector can free, and only when the type takes part in collection."""
+    executable = get_backend("cpu").compile(_update_graph())
+    inputs, params = _plain_arguments()
+    executable.run(inputs, params)
+    freed = weakref.ref(executable)
+    del executable
+    gc.collect()
+    assert freed() is None
+
+
+def test_a_parameter_whose_dtype_was_replaced_in_place_is_checked_again():
+    """The snapshot kept its dtype's address only: a dtype freed by ``a.dtype = ...`` can leave
+    another (here big-endian) one at that address, which then passed as the bound one."""
+    executable = get_backend("cpu").compile(_update_graph())
+    inputs, _ = _plain_arguments()
+    weights = np.ones((2, 3), np.dtype(np.float32).newbyteorder("="))  # native, but its own dtype object
+    executable.run(inputs, [weights])  # binds it
+    bound = id(weights.dtype)
+    for _ in range(100):  # without a reference held, the freed address comes back within a few tries
+        weights.dtype = np.dtype(">f4")
+        if id(weights.dtype) == bound:
+            break
+    assert executable.run_plain(inputs, [weights]) is None
+    before = weights.copy()
+    with pytest.raises(DTypeError, match="parameter w has dtype float32 in non-native byte order"):
+        executable.run(inputs, [weights])
+    np.testing.assert_array_equal(weights, before)
+
+
+def test_bad_setup_of_the_thin_call_is_an_error_not_a_crash():
+    executable = get_backend("cpu").compile(_update_graph())
+    call = thin_call.extension().ThinCall
+    with pytest.raises(ValueError, match="n_params must not be negative"):
+        call(0, 0, 0, None, None, -1, print)
+    buffer = np.zeros(64, np.uint8)
+    for batch in (0, -1):  # -1 would match the batch that run() reports for arguments it cannot take
+        with pytest.raises(ValueError, match="batch size must be positive"):
+            executable._entry.bind_workspace(batch, buffer, ())
+    inputs, params = _plain_arguments()
+    assert executable.run_plain(["not an array", *inputs[1:]], params) is None  # nothing bound now
+    assert len(executable.run(inputs, params)) == 2

@@ -131,3 +131,14 @@ def test_arch_versions_parse_and_bad_ones_are_refused():
     assert arch_version("sm_86") == (8, 6, False)
     with pytest.raises(PlanError, match="not a CUDA arch"):
         arch_version("compute_90")
+
+
+@pytest.mark.parametrize(("arch", "capability", "runs"), [
+    ("sm_90a", (9, 0), True), ("sm_90a", (9, 1), False), ("sm_90a", (10, 0), False), ("sm_90a", (8, 9), False),
+    ("sm_90", (9, 0), True), ("sm_90", (9, 1), True), ("sm_90", (10, 0), False), ("sm_91", (9, 0), False),
+    ("sm_100a", (10, 0), True), ("sm_100a", (10, 1), False), ("sm_86", (8, 9), True), ("sm_89", (8, 6), False),
+])
+def test_an_arch_specific_cubin_runs_on_its_exact_version_only(arch, capability, runs):
+    from mlir_nn.runtime.cuda import runs_on
+
+    assert runs_on(arch, capability) is runs
