@@ -165,15 +165,10 @@ RETURNS = {  # what a step returns -> (its loss and prediction -> that, the leng
 def test_a_call_returns_what_the_step_returned_on_every_call_path(backend, returned):
     pick, length = RETURNS[returned]
     model = MLP(3, [4, 2])
-    opt = SGD(model.parameters(), lr=0.1)
+    full_step = make_step(model, SGD(model.parameters(), lr=0.1))
 
     def step(x, y):
-        pred = model(x)
-        loss = mse_loss(pred, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return pick(loss, pred)
+        return pick(*full_step(x, y))
 
     compiled = jit(step, backend=backend)
     x, y = np.ones((7, 3), np.float32), np.ones((7, 2), np.float32)

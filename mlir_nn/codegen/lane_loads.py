@@ -54,16 +54,15 @@ def _is_odd_vector_load(op: ir.Operation) -> bool:
 def scalarize_lane_loads(module: ir.Module) -> int:
     """Rewrite each load that ``_is_odd_vector_load`` accepts and whose every use extracts a
     constant lane into one scalar load per lane used; how many loads were rewritten."""
-    loads = [op for op in collect_ops(module, _is_odd_vector_load) if _lane_reads(op) is not None]
-    if not loads:
-        return 0
-    with module.context, ir.Location.unknown():
-        for load in loads:
+    candidates = [(op, _lane_reads(op)) for op in collect_ops(module, _is_odd_vector_load)]
+    loads = [(op, reads) for op, reads in candidates if reads is not None]
+    with module.context:
+        for load, reads in loads:
             element = ir.VectorType(load.results[0].type).element_type
             alignment = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), ir.FloatType(element).width // 8)
             scalars: dict[int, ir.Value] = {}
             with ir.InsertionPoint(load):
-                for extract, lane in sorted(_lane_reads(load), key=lambda read: read[1]):
+                for extract, lane in sorted(reads, key=lambda read: read[1]):
                     if lane not in scalars:
                         pointer = ir.Operation.create(
                             "llvm.getelementptr", results=[load.operands[0].type], operands=[load.operands[0]],

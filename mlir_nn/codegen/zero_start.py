@@ -46,16 +46,12 @@ def _block_reads(value: ir.Value) -> list[ir.Operation] | None:
     return reads
 
 
-def _first_loop(value: ir.Value) -> ir.Operation | None:
-    """The scf.for that ``value`` (through a slice) starts, if any."""
-    for use in value.uses:
-        if use.owner.name == "tensor.extract_slice" and use.operand_number == 0:
-            loop = _first_loop(use.owner.results[0])
-            if loop is not None:
-                return loop
-        elif use.owner.name == "scf.for" and use.operand_number >= FOR_INITS:
-            return use.owner
-    return None
+def _kc_loop(op: ir.Operation) -> ir.Operation | None:
+    """The kc-slice loop around ``op``, if there is one (folded away when k fits one slice)."""
+    parent = op.parent
+    while parent is not None and not (parent.name == "scf.for" and KC_LOOP in parent.attributes):
+        parent = parent.parent
+    return parent
 
 
 def _zero_from(read: ir.Operation, first: ir.Value | None) -> None:
@@ -74,24 +70,30 @@ def _zero_from(read: ir.Operation, first: ir.Value | None) -> None:
         use.owner.operands[use.operand_number] = chosen
 
 
+def _first_slice(loop: ir.Operation | None, firsts: dict[ir.Operation, ir.Value]) -> ir.Value | None:
+    """The condition "first iteration of ``loop``", made once per loop at its body's start."""
+    if loop is None:
+        return None
+    if loop not in firsts:
+        body = loop.regions[0].blocks[0]
+        with ir.InsertionPoint.at_block_begin(body), loop.location:
+            firsts[loop] = arith.cmpi(arith.CmpIPredicate.eq, body.arguments[0], loop.operands[0])
+    return firsts[loop]
+
+
 def start_accumulators_at_zero(module: ir.Module) -> int:
     """Drop the zero fill of each blocked product's accumulator (see the module docstring);
     how many fills were dropped."""
     fills = collect_ops(module, lambda op: op.name == "linalg.fill" and ACC_INIT in op.attributes)
+    firsts: dict[ir.Operation, ir.Value] = {}  # per kc loop: "this is its first slice"
     dropped = 0
     with module.context:
         for fill in fills:
             reads = _block_reads(fill.results[0])
             if reads is None:
                 continue
-            loop = _first_loop(fill.results[0])
-            first = None
-            if loop is not None and KC_LOOP in loop.attributes:
-                body = loop.regions[0].blocks[0]
-                with ir.InsertionPoint.at_block_begin(body), loop.location:
-                    first = arith.cmpi(arith.CmpIPredicate.eq, body.arguments[0], loop.operands[0])
             for read in reads:
-                _zero_from(read, first)
+                _zero_from(read, _first_slice(_kc_loop(read), firsts))
             fill.results[0].replace_all_uses_with(fill.operands[1])
             fill.erase()
             dropped += 1
