@@ -12,10 +12,10 @@ inputs, then its params, then one caller-allocated buffer per output, then the w
 step first checks its inputs for NaN and infinity (``input_guard``) and writes nothing
 when it finds one; the status word says which input it was.
 
-Threads: the row blocks of large matrix products run on MLIR's async runtime thread pool
-(``mlir_nn.codegen.cpu_matmul``). A fork copies only the calling thread, so a process
-forked after that pool started must not call such a kernel (it would wait forever for
-threads that do not exist there): it compiles and calls a build without threads instead.
+Threads: the blocks of large matrix products and element-wise ops run as tasks of the
+task runtime (``mlir_nn.codegen.cpu_matmul``, ``task_runtime``). A fork copies only the
+calling thread: in the child the runtime starts its pool again on the first task, and
+each step's call lock is renewed (another thread may have held it).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn.backends import thin_call
+from mlir_nn.backends import task_runtime, thin_call
 from mlir_nn.backends.base import check_arguments, non_finite_error
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.cpu_target import register_block
@@ -194,7 +194,8 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     from mlir_nn.codegen import symbol_name
 
     name = symbol_name(graph)
-    thin_call.prepare()  # its compiler runs while this one does
+    thin_call.prepare()  # their compilers run while this one does
+    task_runtime.BUILD.prepare()
     module, stages, timings, plan = lower_with_plan(graph, pipeline, threads)
     check_lowered_to_llvm(module, pipeline)
     if plan is None:
@@ -229,18 +230,12 @@ def clear_memory_cache() -> None:
     _MEMORY.clear()
 
 
-_threads_started = False  # a threaded kernel was called: the async runtime's threads exist
-_threads_lost = False  # this process was forked after they started: here they do not
-
-
 _EXECUTABLES: weakref.WeakSet[CpuExecutable] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    global _threads_lost
-    _threads_lost = _threads_lost or _threads_started
     for executable in list(_EXECUTABLES):
-        executable._entry.after_fork()  # a lock another thread held stays held in the child
+        executable.after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -285,22 +280,22 @@ class CpuExecutable:
             specs if all_fast else None, self._n_params, self._input_error)
         # the call for plainly valid arguments (see the class docstring); None if they are not
         self.run_plain: Callable[[Sequence[Any], Sequence[np.ndarray]], list[np.ndarray] | None] = self._entry.run
-        self._use_kernel(kernel)
+        self.kernel = kernel
+        outputs = [(n.shape, np.dtype(n.dtype)) for n in graph.outputs]
+        self._workspaces = Workspaces(kernel.plan, outputs, graph.name)
+        self._workspace = None
+        self._workspace_batch: int | None = None
+        self._bound_arrays: list[np.ndarray | None] = [None] * self._n_params
         _EXECUTABLES.add(self)
 
     def _input_error(self, index: int, inputs: Sequence[np.ndarray]) -> ValueError:
         return non_finite_error(self.graph, index, inputs[index])
 
-    def _use_kernel(self, kernel: Kernel) -> None:
-        """Call ``kernel`` from now on; its workspaces start empty (plans differ per build)."""
-        self.kernel = kernel
-        self._entry.set_function(kernel.native.address)
-        self._entry.unbind()
-        outputs = [(n.shape, np.dtype(n.dtype)) for n in self.graph.outputs]
-        self._workspaces = Workspaces(kernel.plan, outputs, self.graph.name)
-        self._workspace = None
-        self._workspace_batch: int | None = None
-        self._bound_arrays: list[np.ndarray | None] = [None] * self._n_params
+    def after_fork(self) -> None:
+        """In a forked child: a new call lock (a lock another thread held stays held in the
+        child) and nothing bound, the workspace included."""
+        self._entry.after_fork()
+        self._workspace_batch = None
 
     def _bind_workspace(self, batch: int) -> None:
         """Point the workspace and output descriptors at the workspace for ``batch``."""
@@ -311,20 +306,6 @@ class CpuExecutable:
                 self._args.bind(self._output_slot + k, out)
             self._workspace_batch = batch
             self._entry.bind_workspace(batch, self._workspace.buffer, tuple(self._workspace.outputs))
-
-    def _call_native(self) -> None:
-        """The native call on the bound descriptors (lock held). A kernel that uses the async
-        runtime's threads switches to a build without threads in a process forked after they
-        started (see the module docstring)."""
-        global _threads_started
-        if self.kernel.threaded:
-            if _threads_lost:
-                batch = self._workspace_batch
-                self._use_kernel(compile_kernel(self.graph, self.kernel.pipeline, threads=False))
-                self._bind_workspace(batch)  # from now on, in this process
-            else:
-                _threads_started = True
-        self._entry.call_native()
 
     @staticmethod
     def _batch_major(shape: tuple) -> bool:
@@ -382,7 +363,7 @@ class CpuExecutable:
                 else:
                     self._args.bind(i, x)
             self._bind_workspace(batch or 1)
-            self._call_native()
+            self._entry.call_native()
             status = self._entry.status()
             if status:
                 raise non_finite_error(self.graph, status - 1, held[status - 1])

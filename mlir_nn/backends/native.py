@@ -19,7 +19,6 @@ if TYPE_CHECKING:  # MLIR is imported only to JIT: loading a cached shared objec
     from mlir import ir
     from mlir.execution_engine import ExecutionEngine
 
-from mlir_nn.backends.thread_pool import size_pool
 
 PackedFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 OPT_LEVEL_VARIABLE = "MLIR_NN_OPT_LEVEL"
@@ -63,24 +62,13 @@ def runtime_libs() -> list[str]:
     return [str(runtime_lib_dir() / "libmlir_c_runner_utils.so")]
 
 
-ASYNC_RUNTIME = "mlir_async_runtime"
+def load_task_runtime() -> None:
+    """The runtime of the steps' parallel loops (``task_runtime``), loaded once with global
+    symbols: the JIT and the cached shared objects find its ``mlirAsyncRuntime*`` functions
+    among the process's symbols."""
+    from mlir_nn.backends import task_runtime  # it builds itself with c_build, which needs NativeError
 
-
-@cache
-def load_async_runtime() -> ctypes.CDLL:
-    """MLIR's async runtime (the thread pool of parallel loops), loaded once with global symbols.
-
-    The JIT finds its ``mlirAsyncRuntime*`` functions among the process's symbols. It is not
-    given to the ExecutionEngine as a shared library: an engine calls the library's
-    ``__mlir_execution_engine_destroy`` when it is freed, which would tear down the thread
-    pool under every other compiled step."""
-    path = runtime_lib_dir() / f"lib{ASYNC_RUNTIME}.so"
-    try:
-        runtime = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    except OSError as error:
-        raise NativeError(f"loading MLIR's async runtime {path} failed: {error}") from None
-    size_pool(runtime)  # before any compiled step creates the pool at its default size
-    return runtime
+    task_runtime.load()
 
 
 class NativeFunction:
@@ -103,7 +91,7 @@ def jit(module: ir.Module, name: str) -> tuple[NativeFunction, ExecutionEngine]:
     """JIT-compile the LLVM-dialect ``module`` at ``OPT_LEVEL``; the engine can also dump an object."""
     from mlir.execution_engine import ExecutionEngine
 
-    load_async_runtime()
+    load_task_runtime()
     try:
         engine = ExecutionEngine(module, opt_level=OPT_LEVEL, shared_libs=runtime_libs(), enable_pic=True)
         address = engine.raw_lookup("_mlir_ciface_" + name)
@@ -121,8 +109,8 @@ def link_shared_object(engine: ExecutionEngine, path: Path) -> None:
     engine.dump_to_object_file(str(obj))
     lib = runtime_lib_dir()
     # -Bsymbolic: calls inside the object bind to its own symbols (a step named "step" must
-    # not call glibc's legacy step()).
-    command = [linker, "-shared", "-o", str(path), str(obj), f"-L{lib}", "-lmlir_c_runner_utils", f"-l{ASYNC_RUNTIME}",
+    # not call glibc's legacy step()). The task runtime's symbols resolve at load time.
+    command = [linker, "-shared", "-o", str(path), str(obj), f"-L{lib}", "-lmlir_c_runner_utils",
                f"-Wl,-rpath,{lib}", "-Wl,-Bsymbolic", "-lm"]
     result = subprocess.run(command, capture_output=True, text=True)
     obj.unlink(missing_ok=True)
@@ -132,7 +120,7 @@ def link_shared_object(engine: ExecutionEngine, path: Path) -> None:
 
 def load_shared_object(path: Path, name: str) -> NativeFunction:
     """Load a shared object written by ``link_shared_object``."""
-    load_async_runtime()
+    load_task_runtime()
     try:
         library = ctypes.CDLL(str(path))
         address = ctypes.cast(getattr(library, packed_symbol(name)), ctypes.c_void_p).value

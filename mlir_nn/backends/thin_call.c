@@ -574,16 +574,6 @@ static PyObject *ThinCall_bind_workspace(ThinCall *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* set_function(address): call other native code from now on (the bound state stays). */
-static PyObject *ThinCall_set_function(ThinCall *self, PyObject *address) {
-    unsigned long long value = PyLong_AsUnsignedLongLong(address);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
-    self->fn = (packed_fn)(uintptr_t)value;
-    Py_RETURN_NONE;
-}
-
 /* call_native(): the step on the bound descriptors (the caller holds the lock). */
 static PyObject *ThinCall_call_native(ThinCall *self, PyObject *unused) {
     call_native(self);
@@ -632,7 +622,6 @@ static PyMethodDef ThinCall_methods[] = {
     {"watch", (PyCFunction)ThinCall_watch, METH_VARARGS, "watch(tensors, data_name, feeds)"},
     {"bind_params", (PyCFunction)ThinCall_bind_params, METH_O, "snapshot the bound parameter arrays"},
     {"bind_workspace", (PyCFunction)ThinCall_bind_workspace, METH_VARARGS, "bind_workspace(batch, buffer, outputs)"},
-    {"set_function", (PyCFunction)ThinCall_set_function, METH_O, "set_function(address)"},
     {"call_native", (PyCFunction)ThinCall_call_native, METH_NOARGS, "the native call (lock held)"},
     {"status", (PyCFunction)ThinCall_status, METH_NOARGS, "the bound workspace's status word"},
     {"unbind", (PyCFunction)ThinCall_unbind, METH_NOARGS, "forget parameters and workspace"},

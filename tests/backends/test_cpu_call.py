@@ -5,6 +5,7 @@ Results are compared bit for bit where the same compiled code runs on the same d
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -176,3 +177,26 @@ def test_big_endian_inputs_compute_like_native_ones():
         assert float(swapped(x.astype(">f4"), y.astype(">f4"))) == float(native(x, y))
     for a, b in zip(swapped_model.parameters(), native_model.parameters()):
         np.testing.assert_array_equal(a.data, b.data)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_calls_a_step_its_parent_called():
+    """The child renewed the call's lock and unbound it, but the step still took the
+    workspace for the batch as bound: every call in the child raised 'no workspace bound'."""
+    step, model, _ = make_step([3, 5, 2], "sgd", "cpu", 0, lr=0.1)
+    x, y = np.ones((4, 3), np.float32), np.ones((4, 2), np.float32)
+    step(x, y)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports, never raises: pytest must not run on in it
+        try:
+            got = step(x, y)
+            message = f"ok {float(np.asarray(got).ravel()[0])!r}"
+        except BaseException as error:
+            message = f"{type(error).__name__}: {error}"
+        os.write(write, message.encode())
+        os._exit(0)
+    os.close(write)
+    reported = os.read(read, 1000).decode()
+    os.waitpid(pid, 0)
+    assert reported == f"ok {float(np.asarray(step(x, y)).ravel()[0])!r}"

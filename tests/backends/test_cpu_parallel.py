@@ -1,4 +1,4 @@
-"""Large matrix products whose row blocks run on the async runtime's threads, against the reference.
+"""Large matrix products whose row blocks run on the task runtime's threads, against the reference.
 
 A product is split over threads when its work reaches ``PARALLEL_WORK_MIN`` at a batch
 that fills one task (mc rows, or one kc slice as k);
@@ -9,6 +9,7 @@ of unit normals cancel down to ~1e-2 at times), float64 as in test_cpu.py.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -125,28 +126,49 @@ def test_a_second_process_loads_and_runs_a_parallel_step_from_disk():
     assert result.stdout.strip() == "disk"
 
 
-def forked_child_runs_serial(k: int, m: int) -> None:
-    """Run in a new process: call a threaded step, fork, call it in the child (which has no
-    pool threads), compare with the parent's result; print what the child ran."""
+def forked_child_runs_threads(k: int, m: int, busy: bool) -> None:
+    """Run in a new process: call a threaded step, fork (with another thread calling a second
+    threaded step meanwhile when ``busy``), call the step in the child, whose task runtime
+    starts its pool again, and compare with the parent's result; print what the child ran."""
     import os
+    import threading
+
+    from mlir_nn.backends import task_runtime
 
     graph = matmul_zoo(k, m, "float32")
     inputs, params = arguments(graph, 50, np.random.default_rng(5))
     want = compiled(graph).run(inputs, [p.copy() for p in params])
+    stop = threading.Event()
+    other = matmul_zoo(k + 1, m, "float32")
+    other_args = arguments(other, 300, np.random.default_rng(6))
+    compiled(other).run(*other_args)
+
+    def keep_busy() -> None:
+        while not stop.is_set():
+            compiled(other).run(*other_args)
+
+    worker = threading.Thread(target=keep_busy)
+    if busy:
+        worker.start()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         got = compiled(graph).run(inputs, [p.copy() for p in params])
         same = all(np.allclose(g, w, rtol=2e-4, atol=2e-4) for g, w in zip(got, want))
-        os.write(write, f"{compiled(graph).kernel.threaded} {same}".encode())
+        os.write(write, f"{compiled(graph).kernel.threaded} {same} {task_runtime.pool_threads_started()}".encode())
         os._exit(0)
     os.close(write)
     print(os.read(read, 100).decode())
     os.waitpid(pid, 0)
+    stop.set()
+    if busy:
+        worker.join()
 
 
-def test_a_forked_child_runs_a_build_without_threads():
-    program = f"from tests.backends.test_cpu_parallel import forked_child_runs_serial as f; f({K}, {M})"
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_forked_child_runs_the_threaded_build_on_a_new_pool(busy):
+    program = f"from tests.backends.test_cpu_parallel import forked_child_runs_threads as f; f({K}, {M}, {busy})"
+    env = dict(os.environ, MLIR_NN_NUM_THREADS="3")
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "False True"
+    assert result.stdout.strip() == "True True 2"

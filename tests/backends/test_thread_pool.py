@@ -1,4 +1,4 @@
-"""MLIR_NN_NUM_THREADS sizes the pool that runs the tasks of compiled steps."""
+"""MLIR_NN_NUM_THREADS sets the threads that run the tasks of compiled steps."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from mlir_nn.backends import thread_pool
 
 PROGRAM = """
 import os
-import numpy as np
+from mlir_nn.backends import task_runtime
 from mlir_nn.backends.cpu import compile_kernel
 from tests.backends.test_cpu_parallel import K, M, check
 from tests.codegen.zoo import matmul_zoo
@@ -20,20 +20,24 @@ from tests.codegen.zoo import matmul_zoo
 before = len(os.listdir("/proc/self/task"))
 assert compile_kernel(matmul_zoo(K, M, "float32")).threaded
 check(matmul_zoo(K, M, "float32"), 257, 0)  # the parallel products match the reference
-print(len(os.listdir("/proc/self/task")) - before)
+print(task_runtime.computing_threads(), len(os.listdir("/proc/self/task")) - before)
 """
 
 
-def _threads_started(value: str) -> int:
+def _threads(value: str) -> tuple[int, int]:
+    """(computing threads, threads started by a threaded step) in a process with ``value``."""
     env = dict(os.environ, MLIR_NN_NUM_THREADS=value)
     done = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    return int(done.stdout.split()[-1])
+    computing, started = done.stdout.split()[-2:]
+    return int(computing), int(started)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
-def test_one_thread_requested_starts_a_single_pool_thread():
-    assert _threads_started("1") == 1
+@pytest.mark.parametrize("value", ["1", "3"])
+def test_the_pool_is_one_thread_smaller_than_the_threads_asked_for(value):
+    """The caller of a step is one of the computing threads."""
+    assert _threads(value) == (int(value), int(value) - 1)
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two"])
@@ -46,4 +50,3 @@ def test_bad_thread_counts_are_refused_with_the_variable_named(monkeypatch, valu
 def test_the_default_is_the_cores_this_process_may_use(monkeypatch):
     monkeypatch.delenv(thread_pool.ENV, raising=False)
     assert thread_pool.num_threads() == thread_pool.available_cores()
-    assert thread_pool.pool_size() == thread_pool.available_cores()

@@ -83,9 +83,22 @@ def test_power_of_two_loads_and_loads_with_other_uses_are_left_alone():
             assert scalarize_lane_loads(module) == 0
 
 
-def test_the_blocked_kernels_have_no_odd_width_vector_loads_left():
+def test_the_blocked_kernels_read_odd_width_vectors_only_to_copy_them():
+    """Lane by lane, an odd-width load is a register shuffle per lane; the packing of the
+    batch's rows in whole groups copies 6-float rows, which are stored as they are."""
     graph = matmul_zoo(257, 33, "float32")
     text = CpuBackend().compile(graph).stages["llvm"]
-    odd = [w for w in (3, 5, 6, 7, 12) if f"-> vector<{w}xf32>" in text]
-    assert not [line for line in text.splitlines()
-                if "llvm.load" in line and any(f"-> vector<{w}xf32>" in line for w in odd)]
+    odd = {f"vector<{w}xf32>" for w in (3, 5, 6, 7, 12)}
+    read_by_lanes = []
+    with ir.Context() as context:
+        context.allow_unregistered_dialects = True
+        module = ir.Module.parse(text)
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            if op.name == "llvm.load" and str(op.result.type) in odd:
+                if any(use.owner.name != "llvm.store" for use in op.result.uses):
+                    read_by_lanes.append(str(op))
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit)
+    assert not read_by_lanes
