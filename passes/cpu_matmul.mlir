@@ -41,6 +41,12 @@ module attributes {transform.with_named_sequence} {
     %rows_a, %row_panels_a, %row_k_a = transform.structured.tile_using_for %pack_rows_a tile_sizes [1, {rows}, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
     transform.structured.vectorize %rows_a vector_sizes [1, {rows}, {tm_lanes}] : !transform.any_op
+    // (rows of the batch in static groups of {rows}: plain vector copies, no masks)
+    %pack_groups = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_row_groups} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %groups, %group_panels, %group_rows = transform.structured.tile_using_for %pack_groups tile_sizes [1, 1, 0, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    transform.structured.vectorize %groups : !transform.any_op
     %pack_rows_b = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_rows_b} in %root
         : (!transform.any_op) -> !transform.any_op
     %rows_b, %row_panels_b, %row_k_b = transform.structured.tile_using_for %pack_rows_b tile_sizes [1, {rows}, 0]

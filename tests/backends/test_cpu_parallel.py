@@ -19,7 +19,7 @@ import pytest
 from mlir_nn.backends.cpu import compile_kernel
 from mlir_nn.backends.cpu_target import cache_blocks
 from mlir_nn.backends.reference import evaluate
-from mlir_nn.codegen.cpu_matmul import PARALLEL_WORK_MIN
+from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, PARALLEL_WORK_MIN
 from mlir_nn.ir import Graph, make_node
 from tests.backends.test_cpu import compiled, make_step
 from tests.codegen.zoo import arguments, matmul_zoo
@@ -69,7 +69,8 @@ def test_weight_gradients_go_to_threads_and_match_at_every_batch():
     assert 181 * 197 < PARALLEL_WORK_MIN <= 181 * 197 * kc  # one kc slice of the batch carries enough work
     graph = _one_product(False, 181, 197)
     assert PARALLEL_FN in compiled(graph).stages["llvm"]
-    for batch in (1, 7, kc + 1):
+    step = PACK_ROWS_STEP  # the batch's rows are packed in groups of step, then the rest
+    for batch in (1, step - 1, step, 2 * step + 1, kc, kc + 1):
         check(graph, batch, batch)
 
 
