@@ -63,7 +63,7 @@ class Kernel:
 
     @property
     def threaded(self) -> bool:
-        """True when some of its products run on the async runtime's threads."""
+        """True when some of its products run as tasks on the task runtime's threads."""
         return PARALLEL_FN in self.stages.get("llvm", "")
 
 

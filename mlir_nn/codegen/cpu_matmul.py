@@ -89,7 +89,7 @@ def _on_threads(op: ir.Operation) -> bool:
     """Whether a blocked product's tasks go to the thread pool: its work at a batch that fills
     one task (a dynamic row count counted as mc rows, a dynamic k as one kc slice) reaches
     PARALLEL_WORK_MIN. With the batch as rows, the task count follows the batch at run time
-    (a batch of at most mc rows is one block, which the async runtime runs inline on the
+    (a batch of at most mc rows is one block, which the task runtime runs inline on the
     calling thread); with the batch as k, each task's work does."""
     mc, _, kc = cache_blocks(ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8)
     m, n, k = _sizes(op)
