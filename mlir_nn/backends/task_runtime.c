@@ -71,13 +71,15 @@ typedef struct Task {
 /* The pool: a FIFO of tasks and the threads that run them. */
 static struct {
     pthread_mutex_t mu;
-    pthread_cond_t wake;  /* a task was queued, or an object became ready */
+    pthread_cond_t work;  /* pool threads sleep here: a task was queued */
+    pthread_cond_t ready; /* waiting threads sleep here: a task was queued, or an object became ready */
     Task *head, *tail;
     atomic_long queued;   /* tasks in the queue */
-    atomic_int sleepers;  /* threads waiting on `wake` */
-    int threads;          /* computing threads: the pool's plus the one that waits */
-    int started;          /* pool threads started in this process */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, 1, 0};
+    atomic_int idle;      /* pool threads waiting on `work` */
+    atomic_int waiting;   /* waiting threads asleep on `ready` */
+    atomic_int threads;   /* computing threads: the pool's plus the one that waits */
+    atomic_int started;   /* pool threads started in this process */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, 0, 1, 0};
 
 static atomic_llong live_objects;
 
@@ -125,11 +127,12 @@ static void work_until(bool (*done)(Object *), Object *arg) {
             for (int i = 0; i < 64; i++) CPU_RELAX();
             if (now_ns() > deadline) break;
         }
+        atomic_int *sleepers = done ? &pool.waiting : &pool.idle;
         pthread_mutex_lock(&pool.mu);
-        atomic_fetch_add(&pool.sleepers, 1); /* before the last look: see notify_ready */
+        atomic_fetch_add(sleepers, 1); /* before the last look: see notify_ready */
         while (atomic_load(&pool.queued) == 0 && !(done && done(arg)))
-            pthread_cond_wait(&pool.wake, &pool.mu);
-        atomic_fetch_sub(&pool.sleepers, 1);
+            pthread_cond_wait(done ? &pool.ready : &pool.work, &pool.mu);
+        atomic_fetch_sub(sleepers, 1);
         pthread_mutex_unlock(&pool.mu);
     }
 }
@@ -146,29 +149,34 @@ static void start_locked(void) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    while (pool.started < pool.threads - 1) {
+    while (atomic_load(&pool.started) < atomic_load(&pool.threads) - 1) {
         pthread_t thread;
         if (pthread_create(&thread, &attr, pool_thread, NULL) != 0) break;
-        pool.started++;
+        atomic_fetch_add(&pool.started, 1);
     }
     pthread_attr_destroy(&attr);
 }
 
-/* Wake sleeping threads: an object became ready (its state is already stored). */
+/* Wake the waiting threads: an object became ready (its state is already stored). Pool
+ * threads wait for no object: they sleep on. */
 static void notify_ready(void) {
-    if (atomic_load(&pool.sleepers) == 0) return;
+    if (atomic_load(&pool.waiting) == 0) return;
     pthread_mutex_lock(&pool.mu);
-    pthread_cond_broadcast(&pool.wake);
+    pthread_cond_broadcast(&pool.ready);
     pthread_mutex_unlock(&pool.mu);
 }
 
 static void reset_in_child(void) {
     pthread_mutex_init(&pool.mu, NULL);
-    pthread_cond_init(&pool.wake, NULL);
-    pool.head = pool.tail = NULL; /* tasks of the parent's other threads: not this process's */
+    pthread_cond_init(&pool.work, NULL);
+    pthread_cond_init(&pool.ready, NULL);
+    /* tasks and objects of the parent's other threads: nothing in the child can finish them */
+    pool.head = pool.tail = NULL;
     atomic_store(&pool.queued, 0);
-    atomic_store(&pool.sleepers, 0);
-    pool.started = 0;
+    atomic_store(&live_objects, 0);
+    atomic_store(&pool.idle, 0);
+    atomic_store(&pool.waiting, 0);
+    atomic_store(&pool.started, 0); /* pool.threads stays: the count asked for */
 }
 
 /* ---- Objects ---- */
@@ -305,11 +313,14 @@ API void mlirAsyncRuntimeExecute(CoroHandle handle, CoroResume resume) {
     if (!task) abort();
     *task = (Task){NULL, handle, resume};
     pthread_mutex_lock(&pool.mu);
-    if (pool.started < pool.threads - 1) start_locked();
+    if (atomic_load(&pool.started) < atomic_load(&pool.threads) - 1) start_locked();
     if (pool.tail) pool.tail->next = task; else pool.head = task;
     pool.tail = task;
     atomic_fetch_add(&pool.queued, 1);
-    if (atomic_load(&pool.sleepers) > 0) pthread_cond_signal(&pool.wake);
+    /* one thread for one task: an idle pool thread, else a waiting one (with no pool thread,
+     * the waiting threads run every task) */
+    if (atomic_load(&pool.idle) > 0) pthread_cond_signal(&pool.work);
+    else if (atomic_load(&pool.waiting) > 0) pthread_cond_signal(&pool.ready);
     pthread_mutex_unlock(&pool.mu);
 }
 
@@ -326,7 +337,7 @@ API void mlirAsyncRuntimeAwaitAllInGroupAndExecute(Object *group, CoroHandle han
 }
 
 /* The parallel loops split their work into blocks for this many threads. */
-API int64_t mlirAsyncRuntimGetNumWorkerThreads(void) { return pool.threads; }
+API int64_t mlirAsyncRuntimGetNumWorkerThreads(void) { return atomic_load(&pool.threads); }
 
 /* ---- For Python ---- */
 
@@ -337,14 +348,12 @@ static void register_fork_handler(void) { pthread_atfork(NULL, NULL, reset_in_ch
 API int mlirnn_runtime_set_threads(int threads) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, register_fork_handler);
-    pthread_mutex_lock(&pool.mu);
-    pool.threads = threads > 0 ? threads : 1;
-    pthread_mutex_unlock(&pool.mu);
-    return pool.threads;
+    atomic_store(&pool.threads, threads > 0 ? threads : 1);
+    return atomic_load(&pool.threads);
 }
 
 /* Pool threads running in this process. */
-API int mlirnn_runtime_started_threads(void) { return pool.started; }
+API int mlirnn_runtime_started_threads(void) { return atomic_load(&pool.started); }
 
 /* Tokens, values and groups not yet destroyed (0 between steps: a leak test's measure). */
 API long long mlirnn_runtime_live_objects(void) { return atomic_load(&live_objects); }

@@ -130,7 +130,8 @@ def test_a_second_process_loads_and_runs_a_parallel_step_from_disk():
 def forked_child_runs_threads(k: int, m: int, busy: bool) -> None:
     """Run in a new process: call a threaded step, fork (with another thread calling a second
     threaded step meanwhile when ``busy``), call the step in the child, whose task runtime
-    starts its pool again, and compare with the parent's result; print what the child ran."""
+    starts its pool again, and compare with the parent's result; print what the child ran,
+    its pool threads and its runtime objects left."""
     import os
     import threading
 
@@ -156,7 +157,12 @@ def forked_child_runs_threads(k: int, m: int, busy: bool) -> None:
     if pid == 0:
         got = compiled(graph).run(inputs, [p.copy() for p in params])
         same = all(np.allclose(g, w, rtol=2e-4, atol=2e-4) for g, w in zip(got, want))
-        os.write(write, f"{compiled(graph).kernel.threaded} {same} {task_runtime.pool_threads_started()}".encode())
+        from tests.backends.test_task_runtime import settled_live_objects
+
+        # objects of the parent's other thread were in flight: nothing here can free them
+        threads, left = task_runtime.pool_threads_started(), settled_live_objects()
+        state = f"{compiled(graph).kernel.threaded} {same} {threads} {left}"
+        os.write(write, state.encode())
         os._exit(0)
     os.close(write)
     print(os.read(read, 100).decode())
@@ -172,4 +178,4 @@ def test_a_forked_child_runs_the_threaded_build_on_a_new_pool(busy):
     env = dict(os.environ, MLIR_NN_NUM_THREADS="3")
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "True True 2"
+    assert result.stdout.strip() == "True True 2 0"
