@@ -3,9 +3,11 @@
 Each product of the MLP 784-1024-1024-10 step at batch 512 (forward with bias and ReLU,
 input gradients with the ReLU mask, weight gradients folded into the SGD update) is
 compiled alone as a one-op graph and timed against the same product in NumPy (its BLAS,
-OpenBLAS in the wheels) and PyTorch when importable, round-robin so that machine load
-hits every contender alike, with a pause before each contender's turn: OpenBLAS's threads
-spin for a while after a call and would otherwise take a core from the next contender
+OpenBLAS in the wheels) and PyTorch when importable, and against the whole op in NumPy
+("fused np": the product and its epilogue, the same work as the compiled op),
+round-robin so that machine load hits every contender alike, with a pause before each
+contender's turn: OpenBLAS's threads spin for a while after a call and would otherwise take
+a core from the next contender
 (measured: the compiled product 1.6x slower right after a NumPy call than after a pause).
 The ceiling is the measured peak of a loop of independent vector FMAs on every thread.
 
@@ -166,7 +168,8 @@ def contenders(op: str, m: int, k: int, n: int, ta: bool, tb: bool) -> dict[str,
     a, b = by_name["a"], by_name["b"]
     a_op = a.T if ta else a
     b_op = b.T if tb else b
-    found = {"compiled cpu": lambda: executable.run(inputs, params), "numpy": lambda: a_op @ b_op}
+    found = {"compiled cpu": lambda: executable.run(inputs, params), "numpy": lambda: a_op @ b_op,
+             "numpy fused": _numpy_fused(op, a_op, b_op, by_name, n)}
     try:
         import torch
 
@@ -177,6 +180,20 @@ def contenders(op: str, m: int, k: int, n: int, ta: bool, tb: bool) -> dict[str,
     except ImportError:
         pass
     return found
+
+
+def _numpy_fused(op: str, a: np.ndarray, b: np.ndarray, by_name: dict[str, np.ndarray],
+                 n: int) -> Callable[[], object]:
+    """The compiled op's whole work in NumPy: the product and its epilogue (bias and ReLU, the
+    ReLU-grad mask, or the SGD update written into its own copy of the parameter)."""
+    if op == "linear":
+        bias = by_name["bias"]
+        return (lambda: np.maximum(a @ b + bias, 0)) if n > 10 else (lambda: a @ b + bias)
+    if op == "matmul_relu_grad":
+        z = by_name["z"]
+        return lambda: np.where(z > 0, a @ b, 0)
+    c = by_name["c"].copy()
+    return lambda: np.subtract(c, LR * (a @ b), out=c)
 
 
 def round_robin(fns: dict[str, Callable[[], object]], rounds: int, reps: int,
@@ -214,7 +231,7 @@ def main() -> None:
     unit = "GFLOP per CPU-second, 1 thread" if args.cpu_time else f"GFLOP/s, {args.threads} threads"
     print(f"load average {os.getloadavg()[0]:.2f}; FMA loop peak: {peak:.1f} ({unit})")
     print(f"{'product':26s} {'m x k x n':>16s} {'compiled':>9s} {'numpy':>9s} {'pytorch':>9s} "
-          f"{'vs numpy':>9s} {'of peak':>8s}   ({unit})")
+          f"{'vs numpy':>9s} {'fused np':>9s} {'vs fused':>9s} {'of peak':>8s}   ({unit})")
     for label, op, m, k, n, ta, tb in SHAPES:
         if args.only not in label:
             continue
@@ -222,8 +239,9 @@ def main() -> None:
         gflops = {key: 2 * m * k * n / t / 1e9 for key, t in times.items()}
         ours = gflops["compiled cpu"]
         torch_col = f"{gflops['pytorch']:9.1f}" if "pytorch" in gflops else f"{'-':>9s}"
+        fused = gflops["numpy fused"]
         print(f"{label:26s} {f'{m}x{k}x{n}':>16s} {ours:9.1f} {gflops['numpy']:9.1f} {torch_col} "
-              f"{ours / gflops['numpy']:8.2f}x {ours / peak:7.0%}")
+              f"{ours / gflops['numpy']:8.2f}x {fused:9.1f} {ours / fused:8.2f}x {ours / peak:7.0%}")
 
 
 if __name__ == "__main__":
