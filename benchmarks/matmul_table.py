@@ -45,6 +45,7 @@ SHAPES = [
 ]
 LR = 0.005
 SETTLE_S = 0.3  # pause before each contender's turn: the previous contender's threads stop spinning
+TURN_S = 0.05  # each turn lasts at least this long
 
 FMA_LOOP = """
 func.func @fma_loop(%n: index, %out: memref<8xf32>) attributes {llvm.emit_c_interface} {
@@ -198,15 +199,18 @@ def _numpy_fused(op: str, a: np.ndarray, b: np.ndarray, by_name: dict[str, np.nd
 
 def round_robin(fns: dict[str, Callable[[], object]], rounds: int, reps: int,
                 clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """Median over rounds of each contender's median over ``reps`` calls, contenders interleaved."""
+    """Median over rounds of each contender's median over a turn of at least ``reps`` calls and
+    TURN_S seconds, contenders interleaved (a turn of a few calls right after the pause timed
+    small products cold: sleeping pool threads, evicted caches)."""
     for fn in fns.values():
         fn()
     medians: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for label, fn in fns.items():
             time.sleep(SETTLE_S)
-            times = []
-            for _ in range(reps):
+            times: list[float] = []
+            start = time.perf_counter()
+            while len(times) < reps or time.perf_counter() - start < TURN_S:
                 t = clock()
                 fn()
                 times.append(clock() - t)
