@@ -12,7 +12,7 @@ gets one fewer, since the caller of a step runs tasks while it waits for them.
 from __future__ import annotations
 
 import ctypes
-import threading
+from functools import cache
 from pathlib import Path
 
 from mlir_nn.backends.c_build import CBuild
@@ -22,27 +22,20 @@ from mlir_nn.backends.thread_pool import num_threads
 BUILD = CBuild(Path(__file__).with_name("task_runtime.c"), "task-runtime", "libmlirnn_tasks.so", "task runtime",
                lambda: ["-pthread"], lambda: [])
 
-_lock = threading.Lock()
-_library: ctypes.CDLL | None = None
-
-
+@cache
 def load() -> ctypes.CDLL:
     """The runtime, built if needed and loaded once with global symbols, its threads set from
     ``MLIR_NN_NUM_THREADS``."""
-    global _library
-    with _lock:
-        if _library is None:
-            path = BUILD.path()
-            try:
-                library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-            except OSError as error:
-                raise NativeError(f"loading the task runtime {path} failed: {error}") from None
-            library.mlirnn_runtime_set_threads.argtypes = [ctypes.c_int]
-            library.mlirnn_runtime_live_objects.restype = ctypes.c_longlong
-            library.mlirAsyncRuntimGetNumWorkerThreads.restype = ctypes.c_int64
-            library.mlirnn_runtime_set_threads(num_threads())
-            _library = library
-        return _library
+    path = BUILD.path()
+    try:
+        library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError as error:
+        raise NativeError(f"loading the task runtime {path} failed: {error}") from None
+    library.mlirnn_runtime_set_threads.argtypes = [ctypes.c_int]
+    library.mlirnn_runtime_live_objects.restype = ctypes.c_longlong
+    library.mlirAsyncRuntimGetNumWorkerThreads.restype = ctypes.c_int64
+    library.mlirnn_runtime_set_threads(num_threads())
+    return library
 
 
 def computing_threads() -> int:

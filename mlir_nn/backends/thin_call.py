@@ -12,7 +12,6 @@ import importlib.machinery
 import importlib.util
 import sys
 import sysconfig
-import threading
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -42,9 +41,6 @@ BUILD = CBuild(Path(__file__).with_name("thin_call.c"), "thin-call",
                f"{MODULE}{sysconfig.get_config_var('EXT_SUFFIX')}", "call extension", _flags, _key_parts)
 
 
-_loading = threading.Lock()
-
-
 def prepare() -> None:
     """Start building the extension in the background unless it is loaded or the cache holds it."""
     if not extension.cache_info().currsize:
@@ -54,10 +50,8 @@ def prepare() -> None:
 @cache
 def extension() -> ModuleType:
     """The loaded ``_thin_call`` module, built first unless the cache holds it intact."""
-    with _loading:  # one module object even when threads ask at once
-        target = BUILD.path()
-        loader = importlib.machinery.ExtensionFileLoader(MODULE, str(target))
-        spec = importlib.util.spec_from_file_location(MODULE, target, loader=loader)
-        module = importlib.util.module_from_spec(spec)
-        loader.exec_module(module)
-        return module
+    target = BUILD.path()
+    loader = importlib.machinery.ExtensionFileLoader(MODULE, str(target))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(MODULE, target, loader=loader))
+    loader.exec_module(module)
+    return module
