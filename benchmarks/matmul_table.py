@@ -48,61 +48,64 @@ SETTLE_S = 0.3  # pause before each contender's turn: the previous contender's t
 TURN_S = 0.05  # each turn lasts at least this long
 
 FMA_LOOP = """
-func.func @fma_loop(%n: index, %out: memref<8xf32>) attributes {llvm.emit_c_interface} {
+!v = vector<{lanes}xf32>
+func.func @fma_loop(%n: index, %out: memref<{lanes}xf32>) attributes {llvm.emit_c_interface} {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
-  %x = arith.constant dense<1.0000001> : vector<8xf32>
-  %y = arith.constant dense<0.9999999> : vector<8xf32>
-  %z = arith.constant dense<0.0> : vector<8xf32>
+  %x = arith.constant dense<1.0000001> : !v
+  %y = arith.constant dense<0.9999999> : !v
+  %z = arith.constant dense<0.0> : !v
   %r:10 = scf.for %i = %c0 to %n step %c1 iter_args(%a0 = %z, %a1 = %z, %a2 = %z, %a3 = %z, %a4 = %z,
-      %a5 = %z, %a6 = %z, %a7 = %z, %a8 = %z, %a9 = %z) -> (vector<8xf32>, vector<8xf32>, vector<8xf32>,
-      vector<8xf32>, vector<8xf32>, vector<8xf32>, vector<8xf32>, vector<8xf32>, vector<8xf32>, vector<8xf32>) {
-    %b0 = vector.fma %x, %a0, %y : vector<8xf32>
-    %b1 = vector.fma %x, %a1, %y : vector<8xf32>
-    %b2 = vector.fma %x, %a2, %y : vector<8xf32>
-    %b3 = vector.fma %x, %a3, %y : vector<8xf32>
-    %b4 = vector.fma %x, %a4, %y : vector<8xf32>
-    %b5 = vector.fma %x, %a5, %y : vector<8xf32>
-    %b6 = vector.fma %x, %a6, %y : vector<8xf32>
-    %b7 = vector.fma %x, %a7, %y : vector<8xf32>
-    %b8 = vector.fma %x, %a8, %y : vector<8xf32>
-    %b9 = vector.fma %x, %a9, %y : vector<8xf32>
-    scf.yield %b0, %b1, %b2, %b3, %b4, %b5, %b6, %b7, %b8, %b9 : vector<8xf32>, vector<8xf32>, vector<8xf32>,
-      vector<8xf32>, vector<8xf32>, vector<8xf32>, vector<8xf32>, vector<8xf32>, vector<8xf32>, vector<8xf32>
+      %a5 = %z, %a6 = %z, %a7 = %z, %a8 = %z, %a9 = %z) -> (!v, !v, !v, !v, !v, !v, !v, !v, !v, !v) {
+    %b0 = vector.fma %x, %a0, %y : !v
+    %b1 = vector.fma %x, %a1, %y : !v
+    %b2 = vector.fma %x, %a2, %y : !v
+    %b3 = vector.fma %x, %a3, %y : !v
+    %b4 = vector.fma %x, %a4, %y : !v
+    %b5 = vector.fma %x, %a5, %y : !v
+    %b6 = vector.fma %x, %a6, %y : !v
+    %b7 = vector.fma %x, %a7, %y : !v
+    %b8 = vector.fma %x, %a8, %y : !v
+    %b9 = vector.fma %x, %a9, %y : !v
+    scf.yield %b0, %b1, %b2, %b3, %b4, %b5, %b6, %b7, %b8, %b9 : !v, !v, !v, !v, !v, !v, !v, !v, !v, !v
   }
-  %s0 = arith.addf %r#0, %r#1 : vector<8xf32>
-  %s1 = arith.addf %r#2, %r#3 : vector<8xf32>
-  %s2 = arith.addf %r#4, %r#5 : vector<8xf32>
-  %s3 = arith.addf %r#6, %r#7 : vector<8xf32>
-  %s4 = arith.addf %r#8, %r#9 : vector<8xf32>
-  %t0 = arith.addf %s0, %s1 : vector<8xf32>
-  %t1 = arith.addf %s2, %s3 : vector<8xf32>
-  %t2 = arith.addf %t0, %t1 : vector<8xf32>
-  %t3 = arith.addf %t2, %s4 : vector<8xf32>
-  vector.store %t3, %out[%c0] : memref<8xf32>, vector<8xf32>
+  %s0 = arith.addf %r#0, %r#1 : !v
+  %s1 = arith.addf %r#2, %r#3 : !v
+  %s2 = arith.addf %r#4, %r#5 : !v
+  %s3 = arith.addf %r#6, %r#7 : !v
+  %s4 = arith.addf %r#8, %r#9 : !v
+  %t0 = arith.addf %s0, %s1 : !v
+  %t1 = arith.addf %s2, %s3 : !v
+  %t2 = arith.addf %t0, %t1 : !v
+  %t3 = arith.addf %t2, %s4 : !v
+  vector.store %t3, %out[%c0] : memref<{lanes}xf32>, !v
   return
 }
 """
-FMA_FLOPS_PER_ITER = 10 * 8 * 2
+FMA_CHAINS = 10  # independent FMA chains per loop iteration
 
 
 def fma_peak(threads: int, iterations: int = 20_000_000, clock: Callable[[], float] = time.perf_counter) -> float:
-    """GFLOP/s of 10 independent 8-wide FMA chains per thread, all threads at once (ctypes
-    calls release the GIL); per CPU-second with ``clock=time.process_time``."""
+    """GFLOP/s of FMA_CHAINS independent FMA chains as wide as the host's vector registers per
+    thread, all threads at once (ctypes calls release the GIL); per CPU-second with
+    ``clock=time.process_time``."""
     from mlir import ir
     from mlir.execution_engine import ExecutionEngine
     from mlir.passmanager import PassManager
 
+    from mlir_nn.backends.cpu_target import vector_bytes
+
+    lanes = vector_bytes() // 4
     with ir.Context():
-        module = ir.Module.parse(FMA_LOOP)
+        module = ir.Module.parse(FMA_LOOP.replace("{lanes}", str(lanes)))
         PassManager.parse("builtin.module(convert-scf-to-cf,convert-vector-to-llvm,finalize-memref-to-llvm,"
                           "convert-arith-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,"
                           "reconcile-unrealized-casts)").run(module.operation)
         engine = ExecutionEngine(module, opt_level=2)
         packed = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup("_mlir_ciface_fma_loop"))
-    outs = [np.zeros(8, np.float32) for _ in range(threads)]
-    # packed interface: pointers to (the loop count, a pointer to the memref<8xf32> descriptor)
-    descs = [(ctypes.c_int64 * 5)(o.ctypes.data, o.ctypes.data, 0, 8, 1) for o in outs]
+    outs = [np.zeros(lanes, np.float32) for _ in range(threads)]
+    # packed interface: pointers to (the loop count, a pointer to the memref<{lanes}xf32> descriptor)
+    descs = [(ctypes.c_int64 * 5)(o.ctypes.data, o.ctypes.data, 0, lanes, 1) for o in outs]
     desc_ptrs = [ctypes.c_void_p(ctypes.addressof(d)) for d in descs]
 
     def call(count: int, thread: int) -> None:
@@ -119,7 +122,7 @@ def fma_peak(threads: int, iterations: int = 20_000_000, clock: Callable[[], flo
             w.start()
         for w in workers:
             w.join()
-        best = max(best, threads * iterations * FMA_FLOPS_PER_ITER / (clock() - start) / 1e9)
+        best = max(best, threads * iterations * FMA_CHAINS * lanes * 2 / (clock() - start) / 1e9)
     return best
 
 

@@ -63,6 +63,14 @@ module attributes {transform.with_named_sequence} {
     %tiles, %tile_panels, %tile_k = transform.structured.tile_using_for %pack_tiles tile_sizes [1, {tile}, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
     transform.structured.vectorize %tiles : !transform.any_op
+    // (panels wider than {tile}: square {tile} x {tile} tiles, which lower to shuffles in registers;
+    // a whole {tile} x 32 tile spilled, and cost 45% of a 512x1024x10 product)
+    %pack_squares = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_squares} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %squares, %square_panels, %square_k, %square_lanes = transform.structured.tile_using_for %pack_squares
+        tile_sizes [1, {tile}, {tile}]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+    transform.structured.vectorize %squares : !transform.any_op
     %fns = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
     transform.apply_patterns to %fns {
       transform.apply_patterns.vector.lower_masked_transfers
@@ -91,6 +99,19 @@ module attributes {transform.with_named_sequence} {
     %fills = transform.structured.match ops{["linalg.fill"]} attributes {mlirnn.acc_init, mlirnn.parallel} in %root
         : (!transform.any_op) -> !transform.any_op
     transform.foreach %fills, %forall : !transform.any_op, !transform.any_op {
+    ^bb0(%fill: !transform.any_op, %task: !transform.any_op):
+      %fused, %into = transform.structured.fuse_into_containing_op %fill into %task
+          : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
+    }
+    // Swapped products (C^T of a product with few columns, `mlirnn.parallel_columns`): one row
+    // panel, tasks of {swapped_panels} column panels.
+    %parallel_cols = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.packed, mlirnn.parallel_columns} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %col_chunks, %col_forall = transform.structured.tile_using_forall %parallel_cols tile_sizes [{swapped_panels}]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %col_fills = transform.structured.match ops{["linalg.fill"]} attributes {mlirnn.acc_init, mlirnn.parallel_columns} in %root
+        : (!transform.any_op) -> !transform.any_op
+    transform.foreach %col_fills, %col_forall : !transform.any_op, !transform.any_op {
     ^bb0(%fill: !transform.any_op, %task: !transform.any_op):
       %fused, %into = transform.structured.fuse_into_containing_op %fill into %task
           : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)

@@ -41,6 +41,7 @@ REDUCTION = linalg.IteratorType.reduction
 ROW_MIN = 64  # shorter rows keep the dot-product loop order
 TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims count as 1) from which packing pays
 PARALLEL_WORK_MIN = 1 << 18  # work from which a product's blocks are spread over threads (see _on_threads)
+SWAP_GAIN = 1.2  # a product is swapped when that fills this many times the share of register blocks
 PARALLEL_MAP_ROWS, PARALLEL_MAP_MIN = 32, 1 << 14  # element-wise ops on threads: rows per task, elements
 SCHEDULE = "cpu_matmul.mlir"
 # Tags the schedule matches: the blocked product, its accumulator's zero fill, packings
@@ -48,13 +49,16 @@ SCHEDULE = "cpu_matmul.mlir"
 # tiles when the packing transposes and the sizes allow, else loops), and ops with
 # enough work to spread over threads.
 PACKED, PARALLEL_ROWS = "mlirnn.packed", "mlirnn.parallel"
-PACK, PACK_TILES = "mlirnn.pack", "mlirnn.pack_tiles"
+PARALLEL_COLUMNS = "mlirnn.parallel_columns"  # a swapped product on threads: tasks of column panels only
+SWAPPED_TASK_PANELS = 4  # column panels per task of a swapped product (its one row panel is small)
+PACK, PACK_TILES, PACK_SQUARES = "mlirnn.pack", "mlirnn.pack_tiles", "mlirnn.pack_squares"
 PACK_ROWS_A, PACK_ROWS_B = "mlirnn.pack_rows_a", "mlirnn.pack_rows_b"  # row copies into A's / B's panels
 PACK_ROW_GROUPS = "mlirnn.pack_row_groups"  # row copies in static groups of PACK_ROWS_STEP rows
 PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 PARALLEL_MAP = "mlirnn.parallel_map"
 # Small products whose inner two loops have static sizes: vector code per outer iteration.
 SMALL_VECTOR = "mlirnn.small_vector"
+SMALL_VECTOR_MAX = 1 << 12  # elements of the inner loops' vector (LLVM took minutes over 4100-lane vectors)
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -99,7 +103,10 @@ def _on_threads(op: ir.Operation) -> bool:
 
 
 def _is_large(op: ir.Operation) -> bool:
-    return (not ir.ShapedType.is_dynamic_size(_sizes(op)[1]) and _static_work(op) >= TILED_WORK_MIN
+    """Whether a product is blocked: static columns, enough static work, a zero-filled
+    accumulator, and k not 1 (an outer product: the schedule's k loop would fold away)."""
+    _, n, k = _sizes(op)
+    return (not ir.ShapedType.is_dynamic_size(n) and k != 1 and _static_work(op) >= TILED_WORK_MIN
             and _is_zero_fill(op.operands[2]))
 
 
@@ -122,7 +129,8 @@ def _as_generic(op: ir.Operation) -> ir.Value:
         return arith.addf(acc, arith.mulf(x, y, fastmath=fastmath), fastmath=fastmath)
 
     sizes = _sizes(op)  # (m, n, k): indexed by matmul dim
-    if all(not ir.ShapedType.is_dynamic_size(sizes[d]) for d in order[1:]):
+    inner = [sizes[d] for d in order[1:]]
+    if not any(ir.ShapedType.is_dynamic_size(d) for d in inner) and inner[0] * inner[1] <= SMALL_VECTOR_MAX:
         product.owner.attributes[SMALL_VECTOR] = ir.UnitAttr.get()
     return product
 
@@ -214,7 +222,9 @@ def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, rows_t
     count = _ceil_div(size, tile)
     if axis == 0:  # (s, o) -> [count, tile, o] -> [count, o, tile]
         split, perm = _expand(x, [count, tile, other], [[0, 1], [2]]), [0, 2, 1]
-        tag = PACK_TILES if isinstance(other, int) and other % TRANSPOSE_TILE == 0 else PACK
+        tag = PACK
+        if isinstance(other, int) and other % TRANSPOSE_TILE == 0:
+            tag = PACK_SQUARES if tile > TRANSPOSE_TILE and tile % TRANSPOSE_TILE == 0 else PACK_TILES
         if panels is not None:
             split = _part(split, [0, 0, 0], [panels, tile, other])
     elif rows_tag is not None and isinstance(other, ir.Value) and panels is None:
@@ -315,19 +325,68 @@ def _is_zero_fill(value: ir.Value) -> bool:
     return isinstance(value_attr, ir.FloatAttr) and value_attr.value == 0.0
 
 
+def _fill(size: int, tile: int) -> float:
+    """The share of ``size`` indices in its whole ``tile``-sized panels."""
+    return size / (-(-size // tile) * tile)
+
+
+def _swapped_rows(rows: int, tm: int) -> int:
+    """Register block rows of a swapped product with ``rows`` rows: all of them when they fit."""
+    return min(rows, tm)
+
+
+def _swaps(op: ir.Operation) -> bool:
+    """Whether a blocked product runs as C^T = op(B)^T op(A)^T: when its few columns (the
+    static n) would fill a smaller share of the register blocks' columns than they fill of
+    its rows, e.g. the 10-wide output layer, 10 of 32 columns of a block but all of a 10-row
+    block. A dynamic row count (the batch) is taken as large."""
+    m, n, _ = _sizes(op)
+    tm, tn = register_block(ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8)
+    if n >= tn:
+        return False
+    rows = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, tm)
+    columns = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, tn)
+    return _fill(n, _swapped_rows(n, tm)) * columns > SWAP_GAIN * rows * _fill(n, tn)
+
+
 def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
-    """C = op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
+    """The blocked product of a large ``linalg.matmul`` (``_blocked``), as C^T transposed
+    back when its columns are few (``_swaps``)."""
+    a, b, _ = op.operands
+    ta, tb = _transposes(op)
+    parallel = threads and _on_threads(op)
+    if not _swaps(op):
+        return _blocked(a, b, ta, tb, parallel, None)
+    n = _sizes(op)[1]
+    return _transposed(_blocked(b, a, not tb, not ta, parallel, n))
+
+
+def _transposed(value: ir.Value) -> ir.Value:
+    """A 2-D tensor transposed into a fresh one."""
+    rows, cols = _dim_sizes(value)
+    out = _empty([cols, rows], ir.RankedTensorType(value.type).element_type)
+
+    @linalg.generic([value], [out], [dims_map(2, [1, 0]), dims_map(2, [0, 1])], [PARALLEL] * 2)
+    def transpose(x: ir.Value, _out: ir.Value) -> ir.Value:
+        return x
+
+    return transpose
+
+
+def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, rows: int | None) -> ir.Value:
+    """op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
     panels [nb, k, tn], a generic over (column panel, row panel, row, column, k) into a
     zero-filled [mb, tm, nb, tn] accumulator (tagged for the schedule), read back as the
-    (m, n) corner of its (mb * tm, nb * tn) view: every register block is whole."""
-    a, b, c = op.operands
-    ta, tb = _transposes(op)
-    element = ir.RankedTensorType(c.type).element_type
+    (m, n) corner of its (mb * tm, nb * tn) view: every register block is whole. ``rows``:
+    the static row count of a swapped product (``_swaps``), whose register blocks take
+    all its rows when they fit, and whose tasks split its columns only."""
+    element = ir.RankedTensorType(a.type).element_type
     tm, tn = register_block(ir.FloatType(element).width // 8)
-    parallel = threads and _on_threads(op)
+    if rows is not None:
+        tm = _swapped_rows(rows, tm)
     packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A)
     packed_b = _panels(b, 0 if tb else 1, tn, parallel, PACK_ROWS_B)
-    m, n = _dim_sizes(c)
+    m, n = _dim_sizes(a)[1 if ta else 0], _dim_sizes(b)[0 if tb else 1]
     row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
     acc = _zeros([row_panels, tm, col_panels, tn], element)
     acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
@@ -341,8 +400,9 @@ def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
 
     product.owner.attributes[PACKED] = ir.UnitAttr.get()
     if parallel:
-        product.owner.attributes[PARALLEL_ROWS] = ir.UnitAttr.get()
-        acc.owner.attributes[PARALLEL_ROWS] = ir.UnitAttr.get()
+        tag = PARALLEL_ROWS if rows is None else PARALLEL_COLUMNS
+        product.owner.attributes[tag] = ir.UnitAttr.get()
+        acc.owner.attributes[tag] = ir.UnitAttr.get()
     padded = [_times(row_panels, tm), _times(col_panels, tn)]
     kind = ir.RankedTensorType.get(_static(padded), element)
     flat = tensor.collapse_shape(kind, product, [[0, 1], [2, 3]])
@@ -388,7 +448,7 @@ def _schedule_text(itemsize: int) -> str:
     mc, nc, kc = cache_blocks(itemsize)
     sizes = {"map_rows": PARALLEL_MAP_ROWS, "tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
              "row_panels": mc // tm, "col_panels": nc // tn,
-             "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP}
+             "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))

@@ -63,6 +63,32 @@ def test_small_products_are_vector_code_and_match_the_reference(k, m, dtype):
             np.testing.assert_allclose(got, expected, **TOL[dtype], err_msg=message)
 
 
+@pytest.mark.parametrize("k, m, dtype, swapped", [
+    (4100, 1, "float32", True),  # one column, k over many kc slices; g @ w^T has k = 1 (once failed to compile)
+    (600, 10, "float32", True),  # an output layer of 10 classes; k over three kc slices
+    (257, 13, "float32", None),  # swapped with AVX-512 (13 of 32 columns), not with AVX2 (13 of 16)
+    (1400, 3, "float64", True),
+])
+def test_products_with_few_columns_run_swapped_and_match_the_reference(k, m, dtype, swapped):
+    """A product with fewer columns than a register block's runs as C^T = op(B)^T op(A)^T (its
+    rows become the block's columns) and is transposed back; every op of the zoo at every
+    batch matches the reference."""
+    graph = matmul_zoo(k, m, dtype)
+    module = emit_linalg(graph)
+    rewrite_matmuls(module)
+    _, tn = register_block(np.dtype(dtype).itemsize)
+    batch_columns = f"x?x{tn}x{'f32' if dtype == 'float32' else 'f64'}>"  # x @ w: the batch in column panels
+    if swapped is not None:
+        assert (batch_columns in str(module)) == swapped
+    executable = CpuBackend().compile(graph)
+    for batch in BATCHES:
+        inputs, params = arguments(graph, batch, np.random.default_rng(batch))
+        want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        for node, got, expected in zip(graph.outputs, executable.run(inputs, params), want):
+            message = f"{node.op} {dict(node.attrs)} batch {batch}"
+            np.testing.assert_allclose(got, expected, **TOL[dtype], err_msg=message)
+
+
 def test_sizes_cross_the_block_boundaries():
     tm, tn = register_block(4)
     _, _, kc = cache_blocks(4)
