@@ -32,6 +32,7 @@ from mlir.dialects.transform import interpreter
 
 from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.codegen.maps import dims_map, matmul_maps
+from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
 from mlir_nn.pipelines import shipped_dir
@@ -108,6 +109,12 @@ def _is_large(op: ir.Operation) -> bool:
     _, n, k = _sizes(op)
     return (not ir.ShapedType.is_dynamic_size(n) and k != 1 and _static_work(op) >= TILED_WORK_MIN
             and _is_zero_fill(op.operands[2]))
+
+
+def _is_short(op: ir.Operation) -> bool:
+    """A large product whose k is static and at most SHORT_K (``short_products``)."""
+    k = _sizes(op)[2]
+    return _is_large(op) and not ir.ShapedType.is_dynamic_size(k) and k <= SHORT_K
 
 
 def _as_generic(op: ir.Operation) -> ir.Value:
@@ -488,22 +495,29 @@ def spread_maps(module: ir.Module) -> int:
 
 
 def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
-    """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts. With ``threads``,
+    """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts (a product with a
+    short k is looped: one element-wise pass, ``short_products``). With ``threads``,
     products with enough work, and large element-wise ops, spread their blocks over threads."""
     matmuls = collect_ops(module, lambda op: op.name == "linalg.matmul")
     blocked, itemsize = 0, 4
     with module.context:
         for op in matmuls:
-            large = _is_large(op)
-            if large:
+            short, large = _is_short(op), _is_large(op)
+            if large and not short:
                 itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
             with ir.InsertionPoint(op), op.location:
-                replacement = _as_blocked(op, threads) if large else _as_generic(op)
+                if short:
+                    a, b, _ = op.operands
+                    replacement = short_product(a, b, *_transposes(op), _sizes(op)[2])
+                else:
+                    replacement = _as_blocked(op, threads) if large else _as_generic(op)
             op.result.replace_all_uses_with(replacement)
             op.erase()
-            if large:
+            if short:
+                fuse_into_epilogue(replacement)
+            elif large:
                 _epilogues_into_fresh_tensors(replacement)
-            blocked += large
+            blocked += large and not short
         if (threads and spread_maps(module)) or matmuls:
             _apply_schedule(module, itemsize)
             start_accumulators_at_zero(module)

@@ -17,6 +17,8 @@ from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, rewrite_matmuls
+from mlir_nn.codegen.short_products import SHORT_K
+from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
 from mlir_nn.pipelines import Pipeline, load_pipeline
 from tests.codegen.zoo import arguments, matmul_zoo
@@ -87,6 +89,52 @@ def test_products_with_few_columns_run_swapped_and_match_the_reference(k, m, dty
         for node, got, expected in zip(graph.outputs, executable.run(inputs, params), want):
             message = f"{node.op} {dict(node.attrs)} batch {batch}"
             np.testing.assert_allclose(got, expected, **TOL[dtype], err_msg=message)
+
+
+def _short_k_graph(k: int, width: int) -> Graph:
+    """The products of a short static k: x @ w + b with ReLU, g @ w^T with the ReLU-grad mask,
+    a bare g @ w^T, and an update c <- c - lr * p^T q in place (k the rows of p and q)."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype="float32")
+    g = make_node("input", [], name="g", shape=("N", k), dtype="float32")
+    z = make_node("input", [], name="z", shape=("N", width), dtype="float32")
+    p = make_node("input", [], name="p", shape=(k, width), dtype="float32")
+    q = make_node("input", [], name="q", shape=(k, width + 3), dtype="float32")
+    w = make_node("param", [], name="w", shape=(k, width), dtype="float32")
+    v = make_node("param", [], name="v", shape=(width, k), dtype="float32")
+    bias = make_node("param", [], name="bias", shape=(width,), dtype="float32")
+    c = make_node("param", [], name="c", shape=(width, width + 3), dtype="float32")
+    lr = make_node("param", [], name="lr", shape=(), dtype="float32")
+    one = make_node("const", [], value=1.0, dtype="float32")
+    outs = (make_node("linear", [x, w, bias], activation="relu"),
+            make_node("matmul_relu_grad", [g, v, z], transpose_b=True),
+            make_node("matmul", [g, v], transpose_b=True))
+    update = make_node("gemm", [p, q, c, lr, one], transpose_a=True, subtract=True)
+    return Graph((x, g, z, p, q), (w, v, bias, c, lr), outs, updates=(("c", update),), name="short_k")
+
+
+@pytest.mark.parametrize("k", [3, 10, SHORT_K])
+def test_products_with_a_short_k_are_one_pass_with_their_epilogue(k):
+    """A product with a short static k is one element-wise generic (k unrolled) that its
+    element-wise epilogue is merged into: no packing, no accumulator fill, no separate
+    epilogue; the update writes its parameter in place. All match the reference."""
+    graph = _short_k_graph(k, 1400)  # k * 1400 is enough work for the blocked path
+    module = emit_linalg(graph)
+    rewrite_matmuls(module, threads=False)
+    text = str(module)
+    assert "linalg.matmul" not in text and "mlirnn.packed" not in text and "linalg.fill" not in text
+    generics = collect_ops(module, lambda op: op.name == "linalg.generic")
+    assert len(generics) == 4 + 2  # the four products (epilogues merged) and the two copies of w^T and v^T rows
+    executable = CpuBackend().compile(graph)
+    for batch in (1, 7, 257):
+        inputs, params = arguments(graph, batch, np.random.default_rng(batch))
+        params[4] = np.array(0.05, np.float32)
+        want, (new_c,) = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        c = params[3]
+        got = executable.run(inputs, params)
+        assert params[3] is c
+        np.testing.assert_allclose(c, new_c, **TOL["float32"], err_msg=f"update, batch {batch}")
+        for node, value, expected in zip(graph.outputs, got, want):
+            np.testing.assert_allclose(value, expected, **TOL["float32"], err_msg=f"{node.op} batch {batch}")
 
 
 def test_sizes_cross_the_block_boundaries():
