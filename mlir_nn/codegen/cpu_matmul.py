@@ -13,7 +13,12 @@
   vectorized to broadcasts and FMAs; after it, the register blocks of the first slice
   start from zero instead of the zero fill (``zero_start``). Block sizes come from the host
   (``mlir_nn.backends.cpu_target``). Its epilogue (bias + ReLU, ReLU-grad mask, folded
-  update) reads the corner and writes a fresh tensor, or the updated parameter in place;
+  update) reads the corner and writes a fresh tensor, or the updated parameter in place.
+  A product with fewer columns than a register block's (a 10-class output layer: 10 of 32
+  columns with AVX-512) runs swapped, C^T = op(B)^T op(A)^T with all its rows in one
+  register block, and is transposed back (``_swaps``);
+* a large product with a short static k is one element-wise pass merged with its
+  epilogue (``short_products``);
 * a small product becomes a ``linalg.generic`` in the loop order whose innermost loop
   runs over contiguous memory: (k, m, n) when A is transposed and B is not (row
   updates of C), (m, k, n) when B is (k, n) (a row update, which LLVM vectorizes),
