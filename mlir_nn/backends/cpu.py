@@ -251,8 +251,10 @@ class CpuExecutable:
     in Python (``run``), which binds, and snapshots for the C function, what it validated.
     Input values are checked by the compiled step itself. One lock (the C function's)
     serializes the calls of a step: its descriptors, its workspaces and the parameters it
-    updates are shared by every thread that calls it. Outputs are computed into the
-    workspace and copied out, so their descriptors change only with the batch size.
+    updates are shared by every thread that calls it. Each call's outputs are fresh arrays,
+    allocated before the native call (a failure is a MemoryError with nothing written) and
+    handed to the caller once the step has written them: only their data pointers are
+    bound per call, their sizes and strides with the batch size.
     """
 
     def __init__(self, graph: Graph, kernel: Kernel) -> None:
@@ -297,15 +299,21 @@ class CpuExecutable:
         self._entry.after_fork()
         self._workspace_batch = None
 
-    def _bind_workspace(self, batch: int) -> None:
-        """Point the workspace and output descriptors at the workspace for ``batch``."""
+    def _bind_workspace(self, batch: int) -> list[np.ndarray]:
+        """Point the workspace descriptor at the workspace for ``batch`` and the output
+        descriptors at fresh arrays for this call's outputs, which it returns."""
         if batch != self._workspace_batch:
             self._workspace, _ = self._workspaces.get(batch)
             self._args.bind(self._workspace_slot, self._workspace.buffer)
-            for k, out in enumerate(self._workspace.outputs):
-                self._args.bind(self._output_slot + k, out)
+            self._workspace_batch = None  # until the C side knows it too
+            self._entry.bind_workspace(batch, self._workspace.buffer, self._workspace.outputs,
+                                       tuple(self._args.offsets[self._output_slot + k]
+                                             for k in range(len(self._workspace.outputs))))
             self._workspace_batch = batch
-            self._entry.bind_workspace(batch, self._workspace.buffer, tuple(self._workspace.outputs))
+        outputs = self._workspace.fresh_outputs()
+        for k, out in enumerate(outputs):
+            self._args.bind(self._output_slot + k, out)
+        return outputs
 
     @staticmethod
     def _batch_major(shape: tuple) -> bool:
@@ -362,12 +370,12 @@ class CpuExecutable:
                     self._args.bind_batch_major(i, x.ctypes.data, batch)
                 else:
                     self._args.bind(i, x)
-            self._bind_workspace(batch or 1)
+            outputs = self._bind_workspace(batch or 1)
             self._entry.call_native()
             status = self._entry.status()
             if status:
                 raise non_finite_error(self.graph, status - 1, held[status - 1])
-            return self._workspace.copy_outputs()
+            return outputs
 
 
 class CpuBackend:

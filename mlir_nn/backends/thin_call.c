@@ -1,12 +1,14 @@
 /* The thin call of a compiled CPU step: argument checks, descriptor binding, the native
- * call and the output copies in one C function (built and loaded by thin_call.py).
+ * call and fresh output arrays in one C function (built and loaded by thin_call.py).
  *
  * A ThinCall holds what the Python side set up once: where the descriptor words of the
  * step's arguments live, what each input must look like, a snapshot of the parameter
  * arrays Python validated and bound last, and the workspace of the current batch size.
  * run(inputs, params) checks plainly valid arguments against all that and calls the step;
  * anything else returns None, and the caller takes the fully checked path in Python,
- * which binds and snapshots again. A non-zero status word after the call (the compiled
+ * which binds and snapshots again. Every call writes its outputs into fresh arrays it
+ * allocates before the native call (only their data pointers are bound per call) and
+ * returns them: nothing is copied out. A non-zero status word after the call (the compiled
  * step found NaN or infinity in an input and wrote nothing) becomes the exception that
  * error(index, inputs) builds. One lock per ThinCall serializes calls; the GIL is
  * released only around the native call.
@@ -42,6 +44,13 @@ typedef struct {
 } Snapshot;
 
 typedef struct {
+    PyArray_Descr *descr; /* a strong reference */
+    int ndim;
+    npy_intp dims[MAX_RANK]; /* at the bound batch size */
+    Py_ssize_t word;         /* its descriptor's first word */
+} OutputSpec;
+
+typedef struct {
     Py_ssize_t param; /* the 0-d parameter it writes */
     PyObject *source; /* returns its current value */
 } Feed;
@@ -63,7 +72,8 @@ typedef struct {
     Py_ssize_t batch;    /* batch size of the bound workspace; -1: none */
     int32_t *status;
     PyObject *workspace; /* its buffer (owner of status) */
-    PyObject *outputs;   /* tuple of the output views in it */
+    OutputSpec *outputs; /* the outputs at the bound batch size, or NULL */
+    Py_ssize_t n_outputs;
     PyThread_type_lock lock;
 } ThinCall;
 
@@ -99,7 +109,12 @@ static void forget_workspace(ThinCall *self) {
     self->batch = -1;
     self->status = NULL;
     Py_CLEAR(self->workspace);
-    Py_CLEAR(self->outputs);
+    for (Py_ssize_t k = 0; self->outputs && k < self->n_outputs; k++) {
+        Py_CLEAR(self->outputs[k].descr);
+    }
+    PyMem_Free(self->outputs);
+    self->outputs = NULL;
+    self->n_outputs = 0;
 }
 
 /* The garbage collector's view: error is usually a bound method of the executable that holds
@@ -116,7 +131,6 @@ static int ThinCall_traverse(ThinCall *self, visitproc visit, void *arg) {
         Py_VISIT(self->params[i].array);
     }
     Py_VISIT(self->workspace);
-    Py_VISIT(self->outputs);
     return 0;
 }
 
@@ -367,10 +381,30 @@ static void call_native(ThinCall *self) {
     Py_END_ALLOW_THREADS
 }
 
-/* The outputs copied out of the workspace, or the exception for a bad status. */
-static PyObject *results(ThinCall *self, PyObject *inputs) {
+/* Fresh arrays for one call's outputs, their data pointers bound; NULL (MemoryError) if one
+ * cannot be allocated, before anything runs. */
+static PyObject *fresh_outputs(ThinCall *self) {
+    PyObject *list = PyList_New(self->n_outputs);
+    for (Py_ssize_t k = 0; list && k < self->n_outputs; k++) {
+        OutputSpec *o = &self->outputs[k];
+        Py_INCREF(o->descr); /* PyArray_Empty steals it */
+        PyObject *out = PyArray_Empty(o->ndim, o->dims, o->descr, 0);
+        if (!out) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, k, out);
+        int64_t *w = self->words + o->word;
+        w[0] = w[1] = (int64_t)(intptr_t)PyArray_DATA((PyArrayObject *)out);
+    }
+    return list;
+}
+
+/* The outputs, or the exception for a bad status. */
+static PyObject *results(ThinCall *self, PyObject *inputs, PyObject *outputs) {
     int32_t status = *self->status;
     if (status) {
+        Py_DECREF(outputs);
         PyObject *exc = PyObject_CallFunction(self->error, "iO", status - 1, inputs);
         if (exc) {
             PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
@@ -378,17 +412,7 @@ static PyObject *results(ThinCall *self, PyObject *inputs) {
         }
         return NULL;
     }
-    Py_ssize_t n = PyTuple_GET_SIZE(self->outputs);
-    PyObject *list = PyList_New(n);
-    for (Py_ssize_t k = 0; list && k < n; k++) {
-        PyObject *copy = PyArray_NewCopy((PyArrayObject *)PyTuple_GET_ITEM(self->outputs, k), NPY_CORDER);
-        if (!copy) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, k, copy);
-    }
-    return list;
+    return outputs;
 }
 
 /* The plain call: None when the arguments need the checked path. */
@@ -421,8 +445,13 @@ static PyObject *plain_call(ThinCall *self, PyObject *inputs, PyObject *params_s
             w[3] = batch;
         }
     }
-    call_native(self);
-    result = results(self, in);
+    PyObject *outputs = fresh_outputs(self);
+    if (outputs) {
+        call_native(self);
+        result = results(self, in, outputs);
+    } else {
+        result = NULL;
+    }
     unlock(self);
     Py_DECREF(in);
     Py_XDECREF(ps);
@@ -537,25 +566,69 @@ static PyObject *ThinCall_bind_params(ThinCall *self, PyObject *arrays) {
     Py_RETURN_NONE;
 }
 
-/* bind_workspace(batch, buffer, outputs) or bind_workspace(None): the workspace the step now uses. */
+/* Read outputs ((shape, dtype), ...) and words (first descriptor word of each) into a table
+ * of n entries; NULL with an exception if they do not fit. */
+static OutputSpec *output_specs(PyObject *outputs, PyObject *words, Py_ssize_t *n) {
+    *n = PyTuple_GET_SIZE(outputs);
+    if (PyTuple_GET_SIZE(words) != *n) {
+        PyErr_SetString(PyExc_ValueError, "bind_workspace: one descriptor word per output");
+        return NULL;
+    }
+    OutputSpec *table = PyMem_Calloc(*n + 1, sizeof(OutputSpec));
+    if (!table) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < *n; k++) {
+        OutputSpec *o = &table[k];
+        PyObject *shape, *dtype;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(outputs, k), "O!O", &PyTuple_Type, &shape, &dtype) ||
+            !PyArray_DescrConverter(dtype, &o->descr)) {
+            goto fail;
+        }
+        o->ndim = (int)PyTuple_GET_SIZE(shape);
+        o->word = PyLong_AsSsize_t(PyTuple_GET_ITEM(words, k));
+        if (o->ndim > MAX_RANK || (o->word == -1 && PyErr_Occurred())) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "bind_workspace: an output of too high a rank");
+            }
+            goto fail;
+        }
+        for (int d = 0; d < o->ndim; d++) {
+            o->dims[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+            if (o->dims[d] < 0) {
+                if (!PyErr_Occurred()) {
+                    PyErr_SetString(PyExc_ValueError, "bind_workspace: output sizes must be >= 0");
+                }
+                goto fail;
+            }
+        }
+    }
+    return table;
+fail:
+    for (Py_ssize_t k = 0; k < *n; k++) {
+        Py_CLEAR(table[k].descr);
+    }
+    PyMem_Free(table);
+    return NULL;
+}
+
+/* bind_workspace(batch, buffer, outputs, words) or bind_workspace(None): the workspace the
+ * step now uses, and the outputs' shapes and dtypes at that batch size ((shape, dtype), ...)
+ * with the first descriptor word of each. */
 static PyObject *ThinCall_bind_workspace(ThinCall *self, PyObject *args) {
-    PyObject *batch, *buffer = NULL, *outputs = NULL;
-    if (!PyArg_ParseTuple(args, "O|OO!", &batch, &buffer, &PyTuple_Type, &outputs)) {
+    PyObject *batch, *buffer = NULL, *outputs = NULL, *words = NULL;
+    if (!PyArg_ParseTuple(args, "O|OO!O!", &batch, &buffer, &PyTuple_Type, &outputs, &PyTuple_Type, &words)) {
         return NULL;
     }
     forget_workspace(self);
     if (batch == Py_None) {
         Py_RETURN_NONE;
     }
-    if (!buffer || !outputs || !PyArray_Check(buffer) || PyArray_NBYTES((PyArrayObject *)buffer) < 4) {
-        PyErr_SetString(PyExc_TypeError, "bind_workspace(batch, buffer, outputs): buffer must hold the status word");
+    if (!buffer || !outputs || !words || !PyArray_Check(buffer) || PyArray_NBYTES((PyArrayObject *)buffer) < 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "bind_workspace(batch, buffer, outputs, words): buffer must hold the status word");
         return NULL;
-    }
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(outputs); k++) {
-        if (!PyArray_Check(PyTuple_GET_ITEM(outputs, k))) {
-            PyErr_SetString(PyExc_TypeError, "bind_workspace: outputs must be arrays");
-            return NULL;
-        }
     }
     Py_ssize_t n = PyLong_AsSsize_t(batch);
     if (n == -1 && PyErr_Occurred()) {
@@ -565,11 +638,16 @@ static PyObject *ThinCall_bind_workspace(ThinCall *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "bind_workspace: the batch size must be positive");
         return NULL;
     }
+    Py_ssize_t count;
+    OutputSpec *specs = output_specs(outputs, words, &count);
+    if (!specs) {
+        return NULL;
+    }
     Py_INCREF(buffer);
     self->workspace = buffer;
     self->status = (int32_t *)PyArray_DATA((PyArrayObject *)buffer);
-    Py_INCREF(outputs);
-    self->outputs = outputs;
+    self->outputs = specs;
+    self->n_outputs = count;
     self->batch = n;
     Py_RETURN_NONE;
 }
@@ -621,7 +699,8 @@ static PyMethodDef ThinCall_methods[] = {
     {"run_captured", (PyCFunction)ThinCall_run_captured, METH_O, "run_captured(inputs): run with the watched tensors"},
     {"watch", (PyCFunction)ThinCall_watch, METH_VARARGS, "watch(tensors, data_name, feeds)"},
     {"bind_params", (PyCFunction)ThinCall_bind_params, METH_O, "snapshot the bound parameter arrays"},
-    {"bind_workspace", (PyCFunction)ThinCall_bind_workspace, METH_VARARGS, "bind_workspace(batch, buffer, outputs)"},
+    {"bind_workspace", (PyCFunction)ThinCall_bind_workspace, METH_VARARGS,
+     "bind_workspace(batch, buffer, outputs, words)"},
     {"call_native", (PyCFunction)ThinCall_call_native, METH_NOARGS, "the native call (lock held)"},
     {"status", (PyCFunction)ThinCall_status, METH_NOARGS, "the bound workspace's status word"},
     {"unbind", (PyCFunction)ThinCall_unbind, METH_NOARGS, "forget parameters and workspace"},

@@ -1,10 +1,11 @@
 """Workspaces of a compiled CPU step: one numpy buffer per batch size, allocated once (no MLIR import).
 
 A workspace holds the step's intermediates, laid out by its memory plan
-(``mlir_nn.backends.memory_plan``), followed by its outputs, which the caller copies
-out after each call. Allocating it here, in Python, turns an impossible batch into a
-``MemoryError`` before native code runs; keeping it makes every later step of that batch
-size one without malloc and without fresh pages to fault in.
+(``mlir_nn.backends.memory_plan``). Allocating it here, in Python, turns an impossible
+batch into a ``MemoryError`` before native code runs; keeping it makes every later step
+of that batch size one without malloc and without fresh pages to fault in. The step's
+outputs are not in it: each call writes them into fresh arrays allocated before it runs
+and hands those to the caller (no copy out of the workspace).
 """
 
 from __future__ import annotations
@@ -52,14 +53,20 @@ def round_up(n: int) -> int:
 
 @dataclass(frozen=True)
 class Workspace:
-    """An ``ALIGN``-aligned byte buffer: the plan's part, then one view per output."""
+    """An ``ALIGN``-aligned byte buffer for the plan, and the outputs' shapes at its batch size."""
 
     buffer: np.ndarray  # uint8, the plan's bytes (status word first)
-    outputs: list[np.ndarray]  # C-contiguous views after it, one per output of the step
+    outputs: tuple[tuple[tuple[int, ...], np.dtype], ...]  # (shape, dtype) of each output of the step
     status: memoryview  # the status word as one int32 (item reads ~3x faster than numpy's)
+    step_name: str
 
-    def copy_outputs(self) -> list[np.ndarray]:
-        return [out.copy() for out in self.outputs]
+    def fresh_outputs(self) -> list[np.ndarray]:
+        """Uninitialized arrays for one call's outputs (the step writes every element)."""
+        try:
+            return [np.empty(shape, dtype) for shape, dtype in self.outputs]
+        except MemoryError:
+            shapes = ", ".join(str(shape) for shape, _ in self.outputs)
+            raise MemoryError(f"{self.step_name}: its outputs {shapes} cannot be allocated") from None
 
 
 class Workspaces:
@@ -84,11 +91,7 @@ class Workspaces:
         return workspace, True
 
     def _allocate(self, batch: int) -> Workspace:
-        shapes = [resolve(shape, batch) for shape, _ in self.outputs]
-        sizes = [round_up(int(np.prod(shape, dtype=object)) * dtype.itemsize)
-                 for shape, (_, dtype) in zip(shapes, self.outputs)]
-        planned = round_up(self.plan.workspace_bytes(batch))
-        size = planned + sum(sizes)
+        size = round_up(self.plan.workspace_bytes(batch))
         try:
             raw = np.empty(size + ALIGN, np.uint8)
         except (MemoryError, ValueError):  # ValueError: larger than the address space
@@ -97,9 +100,5 @@ class Workspaces:
                               "use smaller batches") from None
         start = -raw.ctypes.data % ALIGN
         buffer = raw[start:start + size]
-        views, offset = [], planned
-        for shape, (_, dtype), nbytes in zip(shapes, self.outputs, sizes):
-            count = int(np.prod(shape, dtype=object))
-            views.append(buffer[offset:offset + count * dtype.itemsize].view(dtype).reshape(shape))
-            offset += nbytes
-        return Workspace(buffer[:planned], views, memoryview(buffer[:4]).cast("i"))
+        outputs = tuple((tuple(resolve(shape, batch)), dtype) for shape, dtype in self.outputs)
+        return Workspace(buffer, outputs, memoryview(buffer[:4]).cast("i"), self.step_name)

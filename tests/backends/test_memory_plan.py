@@ -64,15 +64,22 @@ def test_an_impossible_workspace_is_a_memory_error_naming_the_step():
         workspaces.get(2**45)
 
 
+def test_outputs_that_cannot_be_allocated_are_a_memory_error_naming_the_step():
+    workspace, _ = Workspaces(MemoryPlan((64,), 1, 0), [(("N", 2**20), np.dtype(np.float64))], "step").get(2**30)
+    with pytest.raises(MemoryError, match=r"step: its outputs \(1073741824, 1048576\) cannot be allocated"):
+        workspace.fresh_outputs()
+
+
 def test_workspaces_are_kept_per_batch_size_and_reused():
     outputs = [((), np.dtype(np.float32)), (("N", 3), np.dtype(np.float64))]
     workspaces = Workspaces(MemoryPlan((64, 128), 2, 0), outputs, "step")
     first, new = workspaces.get(3)
     assert new and first.buffer.ctypes.data % 64 == 0 and first.buffer.nbytes == HEADER + 64 + 3 * 128
-    loss, rows = first.outputs
+    assert first.outputs == (((), np.dtype(np.float32)), ((3, 3), np.dtype(np.float64)))
+    loss, rows = first.fresh_outputs()
     assert loss.shape == () and rows.shape == (3, 3) and rows.dtype == np.float64 and rows.flags.c_contiguous
-    assert loss.ctypes.data >= first.buffer.ctypes.data + first.buffer.nbytes  # outputs follow the plan's bytes
-    assert rows.ctypes.data % 64 == 0 and rows.ctypes.data >= loss.ctypes.data + 4
+    again = first.fresh_outputs()
+    assert not any(np.shares_memory(a, b) for a, b in zip(again, (loss, rows)))  # every call its own
     assert workspaces.get(3) == (first, False)
     for batch in range(4, 4 + KEEP):
         workspaces.get(batch)

@@ -168,7 +168,40 @@ def test_bad_setup_of_the_thin_call_is_an_error_not_a_crash():
     buffer = np.zeros(64, np.uint8)
     for batch in (0, -1):  # -1 would match the batch that run() reports for arguments it cannot take
         with pytest.raises(ValueError, match="batch size must be positive"):
-            executable._entry.bind_workspace(batch, buffer, ())
+            executable._entry.bind_workspace(batch, buffer, (), ())
+    f32 = np.dtype(np.float32)
+    with pytest.raises(ValueError, match="one descriptor word per output"):
+        executable._entry.bind_workspace(1, buffer, (((2,), f32),), ())
+    with pytest.raises(ValueError, match="output sizes must be >= 0"):
+        executable._entry.bind_workspace(1, buffer, (((2, -3), f32),), (0,))
+    with pytest.raises(TypeError):
+        executable._entry.bind_workspace(1, buffer, (((2,), "no such dtype"),), (0,))
+    with pytest.raises(TypeError):
+        executable._entry.bind_workspace(1, buffer, (([2], f32),), (0,))  # a shape is a tuple
     inputs, params = _plain_arguments()
     assert executable.run_plain(["not an array", *inputs[1:]], params) is None  # nothing bound now
     assert len(executable.run(inputs, params)) == 2
+
+
+def test_every_call_hands_over_fresh_outputs_that_later_calls_leave_alone():
+    """Outputs are written into arrays allocated for that call and returned as they are (no
+    copy out of the workspace): a later call, plain or checked, at the same batch size or
+    another, never writes into what an earlier one returned."""
+    graph = _update_graph()
+    executable = get_backend("cpu").compile(graph)
+    rng = np.random.default_rng(5)
+    g, s, w = np.zeros((2, 3), np.float32), np.array(0.0, np.float32), np.ones((2, 3), np.float32)
+    kept = []
+    for batch, plain in [(7, False), (7, True), (7, True), (4, False), (7, False), (7, True)]:
+        x = rng.standard_normal((batch, 3)).astype(np.float32)
+        if not plain:
+            x = np.asfortranarray(x)  # not C-contiguous: the checked path
+        got = executable.run_plain([x, g, s], [w]) if plain else None
+        assert (got is not None) == plain
+        got = got if plain else executable.run([x, g, s], [w])
+        kept.append((got[0], got[0].copy(), x.sum(axis=0)))
+    for value, snapshot, expected in kept:
+        np.testing.assert_array_equal(value, snapshot)
+        np.testing.assert_allclose(value, expected, **TOL["float32"])
+    assert len({id(value) for value, _, _ in kept}) == len(kept)
+    assert not any(np.shares_memory(a, b) for i, (a, _, _) in enumerate(kept) for b, _, _ in kept[i + 1:])
