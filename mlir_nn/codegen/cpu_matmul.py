@@ -37,7 +37,7 @@ from mlir.dialects.transform import interpreter
 
 from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.codegen.maps import dims_map, matmul_maps
-from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
+from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product, transposed
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
 from mlir_nn.pipelines import shipped_dir
@@ -370,19 +370,7 @@ def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
     if not _swaps(op):
         return _blocked(a, b, ta, tb, parallel, None)
     n = _sizes(op)[1]
-    return _transposed(_blocked(b, a, not tb, not ta, parallel, n))
-
-
-def _transposed(value: ir.Value) -> ir.Value:
-    """A 2-D tensor transposed into a fresh one."""
-    rows, cols = _dim_sizes(value)
-    out = _empty([cols, rows], ir.RankedTensorType(value.type).element_type)
-
-    @linalg.generic([value], [out], [dims_map(2, [1, 0]), dims_map(2, [0, 1])], [PARALLEL] * 2)
-    def transpose(x: ir.Value, _out: ir.Value) -> ir.Value:
-        return x
-
-    return transpose
+    return transposed(_blocked(b, a, not tb, not ta, parallel, n))
 
 
 def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, rows: int | None) -> ir.Value:

@@ -36,7 +36,7 @@ def _dim(value: ir.Value, axis: int) -> int | ir.Value:
     return kind.shape[axis]
 
 
-def _transposed(value: ir.Value) -> ir.Value:
+def transposed(value: ir.Value) -> ir.Value:
     """A 2-D tensor copied transposed into a fresh one."""
     rows, cols = _dim(value, 0), _dim(value, 1)
     element = ir.RankedTensorType(value.type).element_type
@@ -52,7 +52,7 @@ def _transposed(value: ir.Value) -> ir.Value:
 def short_product(a: ir.Value, b: ir.Value, ta: bool, tb: bool, k: int) -> ir.Value:
     """op(A) @ op(B) with static ``k`` as a generic over (m, n), k unrolled in its body."""
     if tb:  # (n, k) -> (k, n): every op(B)[kk, :] a contiguous row
-        b = _transposed(b)
+        b = transposed(b)
     element = ir.RankedTensorType(a.type).element_type
     m, n = _dim(a, 1 if ta else 0), _dim(b, 1)
     out = tensor.empty([m, n], element)
