@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlir_nn.backends.cpu import CpuBackend, compile_kernel, lower
+from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, compile_kernel, lower
 from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
@@ -27,6 +27,24 @@ TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float64": dict(rtol=1e-9, atol=1e
 BATCHES = (1, 7, 13, 33, 257)
 
 
+def _assert_matches_reference(graph: Graph, executable: CpuExecutable, batches: tuple[int, ...], dtype: str = "float32",
+                              lr_slot: int | None = None, updated_slot: int | None = None) -> None:
+    """Every output at each batch against the reference, and the updated parameter (written
+    in place: the array passed in holds the new value); ``lr_slot``: a 0-d parameter set to 0.05."""
+    for batch in batches:
+        inputs, params = arguments(graph, batch, np.random.default_rng(batch))
+        if lr_slot is not None:
+            params[lr_slot] = np.array(0.05, dtype)
+        want, updates = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        got = executable.run(inputs, params)
+        if updated_slot is not None:
+            np.testing.assert_allclose(params[updated_slot], updates[0], **TOL[dtype], err_msg=f"update, batch {batch}")
+        for node, value, expected in zip(graph.outputs, got, want):
+            assert value.shape == expected.shape and value.dtype == expected.dtype, node
+            message = f"{node.op} {dict(node.attrs)} batch {batch}"
+            np.testing.assert_allclose(value, expected, **TOL[dtype], err_msg=message)
+
+
 @pytest.mark.parametrize("k, m, dtype", [
     (257, 33, "float32"),  # k = kc + 1; 33 columns: two whole panels and a padded one
     (17, 257, "float32"),  # short k; 257 columns
@@ -39,13 +57,7 @@ def test_blocked_products_match_the_reference_at_awkward_sizes(k, m, dtype):
     text = executable.stages["llvm"]
     assert "llvm.intr.fmuladd" in text or "llvm.intr.fma" in text
     assert "memrefCopy" not in text  # strided copies became loops, not per-element runtime calls
-    for batch in BATCHES:
-        inputs, params = arguments(graph, batch, np.random.default_rng(batch))
-        want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
-        for node, got, expected in zip(graph.outputs, executable.run(inputs, params), want):
-            assert got.shape == expected.shape and got.dtype == expected.dtype, node
-            message = f"{node.op} {dict(node.attrs)} batch {batch}"
-            np.testing.assert_allclose(got, expected, **TOL[dtype], err_msg=message)
+    _assert_matches_reference(graph, executable, BATCHES, dtype)
 
 
 @pytest.mark.parametrize("k, m, dtype", [(32, 32, "float32"), (7, 13, "float32"), (1, 33, "float32"),
@@ -56,13 +68,7 @@ def test_small_products_are_vector_code_and_match_the_reference(k, m, dtype):
     module = emit_linalg(graph)
     rewrite_matmuls(module)
     assert "vector.fma" in str(module) and "vector.contract" not in str(module)  # FMAs on vector registers
-    executable = CpuBackend().compile(graph)
-    for batch in BATCHES:
-        inputs, params = arguments(graph, batch, np.random.default_rng(batch))
-        want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
-        for node, got, expected in zip(graph.outputs, executable.run(inputs, params), want):
-            message = f"{node.op} {dict(node.attrs)} batch {batch}"
-            np.testing.assert_allclose(got, expected, **TOL[dtype], err_msg=message)
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES, dtype)
 
 
 @pytest.mark.parametrize("k, m, dtype, swapped", [
@@ -82,13 +88,7 @@ def test_products_with_few_columns_run_swapped_and_match_the_reference(k, m, dty
     batch_columns = f"x?x{tn}x{'f32' if dtype == 'float32' else 'f64'}>"  # x @ w: the batch in column panels
     if swapped is not None:
         assert (batch_columns in str(module)) == swapped
-    executable = CpuBackend().compile(graph)
-    for batch in BATCHES:
-        inputs, params = arguments(graph, batch, np.random.default_rng(batch))
-        want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
-        for node, got, expected in zip(graph.outputs, executable.run(inputs, params), want):
-            message = f"{node.op} {dict(node.attrs)} batch {batch}"
-            np.testing.assert_allclose(got, expected, **TOL[dtype], err_msg=message)
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES, dtype)
 
 
 def _short_k_graph(k: int, width: int) -> Graph:
@@ -124,17 +124,7 @@ def test_products_with_a_short_k_are_one_pass_with_their_epilogue(k):
     assert "linalg.matmul" not in text and "mlirnn.packed" not in text and "linalg.fill" not in text
     generics = collect_ops(module, lambda op: op.name == "linalg.generic")
     assert len(generics) == 4 + 2  # the four products (epilogues merged) and the two copies of w^T and v^T rows
-    executable = CpuBackend().compile(graph)
-    for batch in (1, 7, 257):
-        inputs, params = arguments(graph, batch, np.random.default_rng(batch))
-        params[4] = np.array(0.05, np.float32)
-        want, (new_c,) = evaluate(graph, inputs, [p.copy() for p in params], batch)
-        c = params[3]
-        got = executable.run(inputs, params)
-        assert params[3] is c
-        np.testing.assert_allclose(c, new_c, **TOL["float32"], err_msg=f"update, batch {batch}")
-        for node, value, expected in zip(graph.outputs, got, want):
-            np.testing.assert_allclose(value, expected, **TOL["float32"], err_msg=f"{node.op} batch {batch}")
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 257), lr_slot=4, updated_slot=3)
 
 
 def test_sizes_cross_the_block_boundaries():
@@ -156,7 +146,6 @@ def test_the_serial_build_matches_the_threaded_one():
     threaded = compile_kernel(graph)
     serial = compile_kernel(graph, threads=False)
     assert threaded.threaded and not serial.threaded
-    from mlir_nn.backends.cpu import CpuExecutable
 
     for a, b in zip(CpuExecutable(graph, threaded).run(inputs, [p.copy() for p in params]),
                     CpuExecutable(graph, serial).run(inputs, [p.copy() for p in params])):
@@ -180,17 +169,7 @@ def _update_graph(k: int, m: int, also_read: bool) -> Graph:
                                              (65, 1024, True)])  # 1024 columns: the epilogue on threads
 def test_blocked_updates_write_the_parameter_in_place(k, m, also_read):
     graph = _update_graph(k, m, also_read)
-    executable = CpuBackend().compile(graph)
-    for batch in (1, 7, 257):
-        inputs, params = arguments(graph, batch, np.random.default_rng(batch))
-        params[1] = np.array(0.05, np.float32)
-        want, (new_w,) = evaluate(graph, inputs, [p.copy() for p in params], batch)
-        w = params[0]
-        got = executable.run(inputs, params)
-        assert params[0] is w
-        np.testing.assert_allclose(w, new_w, **TOL["float32"], err_msg=f"batch {batch}")
-        for value, expected in zip(got, want):
-            np.testing.assert_allclose(value, expected, **TOL["float32"], err_msg=f"batch {batch}")
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 257), lr_slot=1, updated_slot=0)
 
 
 def test_a_blocked_update_copies_no_parameter():
