@@ -146,7 +146,6 @@ def test_the_serial_build_matches_the_threaded_one():
     threaded = compile_kernel(graph)
     serial = compile_kernel(graph, threads=False)
     assert threaded.threaded and not serial.threaded
-
     for a, b in zip(CpuExecutable(graph, threaded).run(inputs, [p.copy() for p in params]),
                     CpuExecutable(graph, serial).run(inputs, [p.copy() for p in params])):
         np.testing.assert_array_equal(a, b)  # each block is summed in the same order either way
