@@ -91,27 +91,25 @@ module attributes {transform.with_named_sequence} {
     %map_rows, %map_forall = transform.structured.tile_using_forall %maps tile_sizes [{map_rows}]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
 
-    // Tasks, each zero-filling its own accumulator tile.
+    // Tasks, each zero-filling its own accumulator tile. Swapped products (C^T of a product
+    // with few columns, `mlirnn.parallel_columns`) have one row panel: tasks of {swapped_panels}
+    // column panels.
     %parallel = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.packed, mlirnn.parallel} in %root
         : (!transform.any_op) -> !transform.any_op
-    %chunks, %forall = transform.structured.tile_using_forall %parallel tile_sizes [{col_panels}, {row_panels}]
+    %chunks, %row_forall = transform.structured.tile_using_forall %parallel tile_sizes [{col_panels}, {row_panels}]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    %fills = transform.structured.match ops{["linalg.fill"]} attributes {mlirnn.acc_init, mlirnn.parallel} in %root
-        : (!transform.any_op) -> !transform.any_op
-    transform.foreach %fills, %forall : !transform.any_op, !transform.any_op {
-    ^bb0(%fill: !transform.any_op, %task: !transform.any_op):
-      %fused, %into = transform.structured.fuse_into_containing_op %fill into %task
-          : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
-    }
-    // Swapped products (C^T of a product with few columns, `mlirnn.parallel_columns`): one row
-    // panel, tasks of {swapped_panels} column panels.
     %parallel_cols = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.packed, mlirnn.parallel_columns} in %root
         : (!transform.any_op) -> !transform.any_op
     %col_chunks, %col_forall = transform.structured.tile_using_forall %parallel_cols tile_sizes [{swapped_panels}]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    // (each kind's fills and tasks in the same IR order, so that the merged lists pair up)
+    %row_fills = transform.structured.match ops{["linalg.fill"]} attributes {mlirnn.acc_init, mlirnn.parallel} in %root
+        : (!transform.any_op) -> !transform.any_op
     %col_fills = transform.structured.match ops{["linalg.fill"]} attributes {mlirnn.acc_init, mlirnn.parallel_columns} in %root
         : (!transform.any_op) -> !transform.any_op
-    transform.foreach %col_fills, %col_forall : !transform.any_op, !transform.any_op {
+    %fills = transform.merge_handles %row_fills, %col_fills : !transform.any_op
+    %forall = transform.merge_handles %row_forall, %col_forall : !transform.any_op
+    transform.foreach %fills, %forall : !transform.any_op, !transform.any_op {
     ^bb0(%fill: !transform.any_op, %task: !transform.any_op):
       %fused, %into = transform.structured.fuse_into_containing_op %fill into %task
           : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)

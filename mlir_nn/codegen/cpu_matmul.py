@@ -37,7 +37,8 @@ from mlir.dialects.transform import interpreter
 
 from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.codegen.maps import dims_map, matmul_maps
-from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product, transposed
+from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
+from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
 from mlir_nn.pipelines import shipped_dir
@@ -75,7 +76,7 @@ def _transposes(op: ir.Operation) -> tuple[bool, bool]:
     """(transpose_a, transpose_b) of a linalg.matmul from its indexing maps."""
     if "indexing_maps" not in op.attributes:
         return False, False
-    maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    maps = indexing_maps(op)
     return _operand_dims(maps[0]) == [2, 0], _operand_dims(maps[1]) == [1, 2]
 
 
@@ -116,10 +117,10 @@ def _is_large(op: ir.Operation) -> bool:
             and _is_zero_fill(op.operands[2]))
 
 
-def _is_short(op: ir.Operation) -> bool:
-    """A large product whose k is static and at most SHORT_K (``short_products``)."""
+def _has_short_k(op: ir.Operation) -> bool:
+    """k static and at most SHORT_K: a large product is then one pass (``short_products``)."""
     k = _sizes(op)[2]
-    return _is_large(op) and not ir.ShapedType.is_dynamic_size(k) and k <= SHORT_K
+    return not ir.ShapedType.is_dynamic_size(k) and k <= SHORT_K
 
 
 def _as_generic(op: ir.Operation) -> ir.Value:
@@ -145,12 +146,6 @@ def _as_generic(op: ir.Operation) -> ir.Value:
     if not any(ir.ShapedType.is_dynamic_size(d) for d in inner) and inner[0] * inner[1] <= SMALL_VECTOR_MAX:
         product.owner.attributes[SMALL_VECTOR] = ir.UnitAttr.get()
     return product
-
-
-def _dim_sizes(value: ir.Value) -> list[int | ir.Value]:
-    kind = ir.RankedTensorType(value.type)
-    return [tensor.dim(value, arith.constant(ir.IndexType.get(), i)) if kind.is_dynamic_dim(i) else d
-            for i, d in enumerate(kind.shape)]
 
 
 def _static(sizes: list[int | ir.Value]) -> list[int]:
@@ -182,7 +177,7 @@ def _slice(value: ir.Value, sizes: list[int | ir.Value]) -> ir.Value:
 def _zero_padded(value: ir.Value, axis: int, size: int | ir.Value) -> ir.Value:
     """``value`` with dim ``axis`` zero-padded to ``size``: a zero-filled tensor with the
     value copied into its corner (linalg.copy, which vectorizes, not a strided memref copy)."""
-    sizes = _dim_sizes(value)
+    sizes = dim_sizes(value)
     element = ir.RankedTensorType(value.type).element_type
     padded = list(sizes)
     padded[axis] = size
@@ -230,7 +225,7 @@ def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, rows_t
     ``into`` (only its first ``panels`` when given); tagged for the schedule (``rows_tag`` when it
     copies rows) unless ``rows_tag`` is None. Rows whose count o is the batch are copied in
     groups (``_pack_row_groups``)."""
-    size, other = _dim_sizes(x)[axis], _dim_sizes(x)[1 - axis]
+    size, other = dim_sizes(x)[axis], dim_sizes(x)[1 - axis]
     count = _ceil_div(size, tile)
     if axis == 0:  # (s, o) -> [count, tile, o] -> [count, o, tile]
         split, perm = _expand(x, [count, tile, other], [[0, 1], [2]]), [0, 2, 1]
@@ -272,8 +267,8 @@ def _pack_row_groups(x: ir.Value, tile: int, into: ir.Value, rows_tag: str, para
     rows as ``rows_tag`` copies, masked at the batch's end (masked loads and stores of
     every row cost up to 45% of a weight gradient's time)."""
     index = ir.IndexType.get()
-    rows, size = _dim_sizes(x)
-    count = _dim_sizes(into)[0]
+    rows, size = dim_sizes(x)
+    count = dim_sizes(into)[0]
     step = PACK_ROWS_STEP
     groups = arith.divui(rows, arith.constant(index, step))
     whole = _times(groups, step)
@@ -297,7 +292,7 @@ def _panels(x: ir.Value, axis: int, tile: int, parallel: bool, rows_tag: str) ->
     read in its own layout (the packing is the transpose). The whole panels are packed
     straight from ``x`` (vector copies, on threads for large products); a partial last
     panel is packed from a zero-padded copy of its few rows or columns."""
-    sizes = _dim_sizes(x)
+    sizes = dim_sizes(x)
     size, other = sizes[axis], sizes[1 - axis]
     element = ir.RankedTensorType(x.type).element_type
     count = _ceil_div(size, tile)
@@ -386,7 +381,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, rows:
         tm = _swapped_rows(rows, tm)
     packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A)
     packed_b = _panels(b, 0 if tb else 1, tn, parallel, PACK_ROWS_B)
-    m, n = _dim_sizes(a)[1 if ta else 0], _dim_sizes(b)[0 if tb else 1]
+    m, n = dim_sizes(a)[1 if ta else 0], dim_sizes(b)[0 if tb else 1]
     row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
     acc = _zeros([row_panels, tm, col_panels, tn], element)
     acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
@@ -423,24 +418,14 @@ def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
         body = op.regions[0].blocks[0]
         if list(body.arguments[use.operand_number].uses):
             continue
-        updated = _updated_input(op)
+        updated = updated_input(op)
         if updated is not None:  # read and written through the init: no copy of the parameter
             body.arguments[updated].replace_all_uses_with(body.arguments[use.operand_number])
             op.operands[use.operand_number] = op.operands[updated]
             continue
         element = ir.RankedTensorType(product.type).element_type
         with ir.InsertionPoint(op), op.location:
-            op.operands[use.operand_number] = _empty(_dim_sizes(product), element)
-
-
-def _updated_input(op: ir.Operation) -> int | None:
-    """Position of the input of ``op`` that its result is written back into (``W - lr * grad``
-    materialized into ``W``, read with the identity map), or None."""
-    targets = {use.owner.operands[1] for use in op.results[0].uses
-               if use.owner.name == "bufferization.materialize_in_destination"}
-    maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
-    return next((i for i, x in enumerate(op.operands[:len(op.operands) - 1])
-                 if x in targets and maps[i] == maps[-1]), None)
+            op.operands[use.operand_number] = _empty(dim_sizes(product), element)
 
 
 def _schedule_text(itemsize: int) -> str:
@@ -495,8 +480,10 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
     blocked, itemsize = 0, 4
     with module.context:
         for op in matmuls:
-            short, large = _is_short(op), _is_large(op)
-            if large and not short:
+            large = _is_large(op)
+            short = large and _has_short_k(op)
+            large = large and not short
+            if large:
                 itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
             with ir.InsertionPoint(op), op.location:
                 if short:
@@ -510,7 +497,7 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
                 fuse_into_epilogue(replacement)
             elif large:
                 _epilogues_into_fresh_tensors(replacement)
-            blocked += large and not short
+            blocked += large
         if (threads and spread_maps(module)) or matmuls:
             _apply_schedule(module, itemsize)
             start_accumulators_at_zero(module)

@@ -17,7 +17,8 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
-from mlir_nn.codegen.maps import dims_map, identity_map
+from mlir_nn.codegen.maps import identity_map
+from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
 
 SHORT_K = 16  # static k up to which a large product is one element-wise pass
 PARALLEL = linalg.IteratorType.parallel
@@ -29,32 +30,12 @@ def _at(n_dims: int, results: list[int | str]) -> ir.AffineMap:
     return ir.AffineMap.get(n_dims, 0, exprs)
 
 
-def _dim(value: ir.Value, axis: int) -> int | ir.Value:
-    kind = ir.RankedTensorType(value.type)
-    if kind.is_dynamic_dim(axis):
-        return tensor.dim(value, arith.constant(ir.IndexType.get(), axis))
-    return kind.shape[axis]
-
-
-def transposed(value: ir.Value) -> ir.Value:
-    """A 2-D tensor copied transposed into a fresh one."""
-    rows, cols = _dim(value, 0), _dim(value, 1)
-    element = ir.RankedTensorType(value.type).element_type
-    out = tensor.empty([cols, rows], element)
-
-    @linalg.generic([value], [out], [dims_map(2, [1, 0]), identity_map(2)], [PARALLEL] * 2)
-    def transpose(x: ir.Value, _out: ir.Value) -> ir.Value:
-        return x
-
-    return transpose
-
-
 def short_product(a: ir.Value, b: ir.Value, ta: bool, tb: bool, k: int) -> ir.Value:
     """op(A) @ op(B) with static ``k`` as a generic over (m, n), k unrolled in its body."""
     if tb:  # (n, k) -> (k, n): every op(B)[kk, :] a contiguous row
         b = transposed(b)
     element = ir.RankedTensorType(a.type).element_type
-    m, n = _dim(a, 1 if ta else 0), _dim(b, 1)
+    m, n = dim_sizes(a)[1 if ta else 0], dim_sizes(b)[1]
     out = tensor.empty([m, n], element)
     a_maps = [_at(2, [str(kk), 0] if ta else [0, str(kk)]) for kk in range(k)]
     b_maps = [_at(2, [str(kk), 1]) for kk in range(k)]
@@ -71,10 +52,6 @@ def short_product(a: ir.Value, b: ir.Value, ta: bool, tb: bool, k: int) -> ir.Va
     return product
 
 
-def _maps(op: ir.Operation) -> list[ir.AffineMap]:
-    return [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-
-
 def _epilogue_of(product: ir.Value) -> tuple[ir.Operation, int] | None:
     """(consumer, input position) when every use of ``product`` is one all-parallel generic
     that reads it once with the identity map (and may also have it as its unread init)."""
@@ -87,21 +64,13 @@ def _epilogue_of(product: ir.Value) -> tuple[ir.Operation, int] | None:
     if any("parallel" not in str(i) for i in ir.ArrayAttr(op.attributes["iterator_types"])):
         return None
     n_in = len(op.operands) - 1
-    maps, body = _maps(op), op.regions[0].blocks[0]
+    maps, body = indexing_maps(op), op.regions[0].blocks[0]
     reads = [i for i in range(n_in) if op.operands[i] == product]
     if len(reads) != 1 or maps[reads[0]] != identity_map(2) or maps[-1] != identity_map(2):
         return None
     if op.operands[n_in] == product and list(body.arguments[n_in].uses):
         return None
     return op, reads[0]
-
-
-def _updated_input(op: ir.Operation, n_in: int) -> int | None:
-    """Position of the input that ``op``'s result is materialized into (an update in place)."""
-    targets = {use.owner.operands[1] for use in op.results[0].uses
-               if use.owner.name == "bufferization.materialize_in_destination"}
-    maps = _maps(op)
-    return next((i for i in range(n_in) if op.operands[i] in targets and maps[i] == maps[-1]), None)
 
 
 def _move_body(source: ir.Block, into: ir.InsertionPoint, skip_terminator: bool) -> ir.Value | None:
@@ -125,15 +94,15 @@ def fuse_into_epilogue(product: ir.Value) -> ir.Value:
     n_in = len(consumer.operands) - 1
     kept = [i for i in range(n_in) if i != position]
     init = consumer.operands[n_in]
-    updated = _updated_input(consumer, n_in)
+    updated = updated_input(consumer)
     if updated is not None:
         init, kept = consumer.operands[updated], [i for i in kept if i != updated]
     elif init == product:
         init = producer.operands[-1]  # the product's own fresh tensor
     p_in = list(producer.operands[:-1])
     inputs = p_in + [consumer.operands[i] for i in kept]
-    c_maps = _maps(consumer)
-    maps = _maps(producer)[:-1] + [c_maps[i] for i in kept] + [c_maps[-1]]
+    c_maps = indexing_maps(consumer)
+    maps = indexing_maps(producer)[:-1] + [c_maps[i] for i in kept] + [c_maps[-1]]
     with ir.InsertionPoint(consumer), consumer.location:
         fused = linalg.GenericOp([consumer.results[0].type], inputs, [init], ir.ArrayAttr.get(
             [ir.AffineMapAttr.get(m) for m in maps]), consumer.attributes["iterator_types"])
