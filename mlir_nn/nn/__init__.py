@@ -1,5 +1,7 @@
-"""Layers and models, as PyTorch groups them (``modules``)."""
+"""Layers and models (``modules``) and their functional forms (``functional``), as PyTorch
+groups them."""
 
+from mlir_nn.nn import functional
 from mlir_nn.nn.modules import MLP, Layer, Module
 
-__all__ = ["MLP", "Layer", "Module"]
+__all__ = ["MLP", "Layer", "Module", "functional"]

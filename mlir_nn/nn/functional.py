@@ -1,0 +1,36 @@
+"""``mlir_nn.nn.functional`` (``F``): the functional forms of layers, activations and losses,
+with PyTorch's names and semantics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlir_nn.engine import Tensor
+from mlir_nn.losses import cross_entropy, mse_loss
+
+
+def _tensor(x: Any) -> Tensor:
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+def relu(x: Any) -> Tensor:
+    return _tensor(x).relu()
+
+
+def tanh(x: Any) -> Tensor:
+    return _tensor(x).tanh()
+
+
+def sigmoid(x: Any) -> Tensor:
+    return _tensor(x).sigmoid()
+
+
+def softmax(x: Any, dim: int = -1) -> Tensor:
+    return _tensor(x).softmax(axis=dim)
+
+
+def log_softmax(x: Any, dim: int = -1) -> Tensor:
+    return _tensor(x).log_softmax(axis=dim)
+
+
+__all__ = ["cross_entropy", "log_softmax", "mse_loss", "relu", "sigmoid", "softmax", "tanh"]
