@@ -71,15 +71,17 @@ class BatchNorm1d(Module):
         x = as_input(x, self._dtype)
         use_batch = self.training or not self.track_running_stats
         momentum: float | Tensor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats:
+        updated = self.training and self.track_running_stats
+        if updated:
             count = self.num_batches_tracked + 1.0
-            self.num_batches_tracked.assign(count)
             if self.momentum is None:  # a cumulative average
                 momentum = 1.0 / count
-        updated = self.training and self.track_running_stats
-        return F.batch_norm(x, self.running_mean if updated or not use_batch else None,
-                            self.running_var if updated or not use_batch else None, self.weight, self.bias,
-                            use_batch, momentum, self.eps)
+        out = F.batch_norm(x, self.running_mean if updated or not use_batch else None,
+                           self.running_var if updated or not use_batch else None, self.weight, self.bias,
+                           use_batch, momentum, self.eps)
+        if updated:
+            self.num_batches_tracked.assign(count)  # after batch_norm checked the input
+        return out
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
