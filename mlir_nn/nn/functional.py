@@ -102,9 +102,13 @@ def flatten(x: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if start > end:
         raise ShapeError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for shape {fmt_shape(shape)}")
     merged = shape[start:end + 1]
-    if BATCH in merged and len(merged) > 1:
-        raise ShapeError(f"flatten: cannot merge the traced batch dimension of {fmt_shape(shape)} with others")
-    size = merged[0] if len(merged) == 1 else int(np.prod(merged, dtype=np.int64))
+    if BATCH in merged:  # the run-time batch merges only with dimensions of size 1
+        if any(d not in (BATCH, 1) for d in merged):
+            raise ShapeError(f"flatten: cannot merge the traced batch dimension of {fmt_shape(shape)} with "
+                             "dimensions larger than 1 (trace with jit(..., dynamic_batch=False))")
+        size: int | str = BATCH
+    else:
+        size = int(np.prod(merged, dtype=np.int64))
     return x.reshape(shape[:start] + (size,) + shape[end + 1:])
 
 
