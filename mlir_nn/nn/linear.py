@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -9,7 +10,6 @@ import numpy as np
 from mlir_nn.engine import Tensor, stack
 from mlir_nn.ir import ShapeError
 from mlir_nn.ir.shapes import fmt_shape
-from mlir_nn.nn import init
 from mlir_nn.nn.module import Module, Parameter
 
 
@@ -18,6 +18,11 @@ def as_input(x: Any, dtype: str) -> Tensor:
     if isinstance(x, (list, tuple)) and x and any(isinstance(v, Tensor) for v in x):
         x = stack(list(x))
     return x.astype(dtype) if isinstance(x, Tensor) else Tensor(x, dtype=dtype)
+
+
+def uniform(shape: tuple[int, ...], bound: float) -> np.ndarray:
+    """Uniform in (-bound, bound), from NumPy's global generator (``mlir_nn.manual_seed`` seeds it)."""
+    return np.random.uniform(-bound, bound, size=shape)
 
 
 def positive(owner: str, **sizes: Any) -> None:
@@ -38,11 +43,10 @@ class Linear(Module):
         super().__init__()
         positive("Linear", in_features=in_features, out_features=out_features)
         self.in_features, self.out_features = int(in_features), int(out_features)
-        bound = init.fan_in_bound(self.in_features)
-        self.weight = Parameter(init.uniform((self.out_features, self.in_features), bound), dtype=dtype,
-                                label="weight")
+        bound = 1.0 / math.sqrt(self.in_features)  # Kaiming-uniform with a = sqrt(5), as PyTorch's
+        self.weight = Parameter(uniform((self.out_features, self.in_features), bound), dtype=dtype, label="weight")
         if bias:
-            self.bias = Parameter(init.uniform((self.out_features,), bound), dtype=dtype, label="bias")
+            self.bias = Parameter(uniform((self.out_features,), bound), dtype=dtype, label="bias")
         else:
             self.register_parameter("bias", None)
 
