@@ -687,7 +687,7 @@ register("erf", 1, _unary_infer, lambda a, at, s: _erf(a[0]), _vjp_erf,
 
 def _erf(x: np.ndarray) -> np.ndarray:
     """libm's erf per element (what the compiled code calls), in x's dtype."""
-    return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
+    return np.asarray(np.frompyfunc(math.erf, 1, 1)(x), dtype=x.dtype)  # a 0-d x gives a Python float
 
 
 def _numel_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
