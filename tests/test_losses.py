@@ -125,6 +125,24 @@ def test_cross_entropy_rejects_labels_out_of_range():
         cross_entropy(Tensor(np.ones((2, 3))), [0, 3])
 
 
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_a_compiled_step_refuses_bad_labels_and_writes_nothing(backend):
+    np.random.seed(0)
+    model = MLP(4, [5, 3])
+    step = mlir_nn.jit(train_step(model, SGD(model.parameters(), lr=0.1), cross_entropy), backend=backend)
+    x = np.ones((3, 4), np.float32)
+    step(x, np.array([0, 1, 2], np.float32))
+    before = [p.data.copy() for p in model.parameters()]
+    for bad in (3.0, -1.0, 0.5, 1e9, -0.25):
+        with pytest.raises(ValueError, match=r"one_hot: labels must be integers in \[0, 3\), got \[" + repr(bad)):
+            step(x, np.array([0, bad, 2], np.float32))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        step(x, np.array([0, np.nan, 2], np.float32))
+    for a, b in zip(before, model.parameters()):
+        np.testing.assert_array_equal(a, b.data)
+    assert np.isfinite(step(x, np.array([2, 2, 0], np.float32)))
+
+
 def max_softmax_step(w: Tensor):
     """A step whose gradient runs through max (its eq mask and tie count) and softmax."""
     opt = SGD([w], lr=0.5)

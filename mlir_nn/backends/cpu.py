@@ -9,8 +9,9 @@ and in Python otherwise; parameters are updated in their own numpy buffers.
 Native calling convention (after ``passes/cpu.pipeline``): arguments are the graph's
 inputs, then its params, then one caller-allocated buffer per output, then the workspace
 (``memref<?xi8>``: the status word, then every intermediate, see ``memory_plan``). The
-step first checks its inputs for NaN and infinity (``input_guard``) and writes nothing
-when it finds one; the status word says which input it was.
+step first checks its inputs for NaN and infinity, and class labels for integers in range
+(``input_guard``), and writes nothing when it finds a bad one; the status word says which
+input it was.
 
 Threads: the blocks of large matrix products and element-wise ops run as tasks of the
 task runtime (``mlir_nn.codegen.cpu_matmul``, ``task_runtime``). A fork copies only the
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.backends import task_runtime, thin_call
-from mlir_nn.backends.base import check_arguments, non_finite_error
+from mlir_nn.backends.base import check_arguments, input_error, label_inputs
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.cpu_target import register_block
 from mlir_nn.backends.memref_args import ArgumentBlock
@@ -132,7 +133,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline,
 
     def plan_and_guard(module: object) -> None:
         plan, workspace = plan_memory(module, batch_dims(graph))
-        guard_inputs(module, list(range(len(graph.inputs))), workspace)
+        guard_inputs(module, list(range(len(graph.inputs))), workspace, label_inputs(graph))
         plans.append(plan)
 
     hooks = {"buffer-results-to-out-params": copy_repeated_results,
@@ -291,7 +292,7 @@ class CpuExecutable:
         _EXECUTABLES.add(self)
 
     def _input_error(self, index: int, inputs: Sequence[np.ndarray]) -> ValueError:
-        return non_finite_error(self.graph, index, inputs[index])
+        return input_error(self.graph, index, inputs[index])
 
     def after_fork(self) -> None:
         """In a forked child: a new call lock (a lock another thread held stays held in the
@@ -374,7 +375,7 @@ class CpuExecutable:
             self._entry.call_native()
             status = self._entry.status()
             if status:
-                raise non_finite_error(self.graph, status - 1, held[status - 1])
+                raise input_error(self.graph, status - 1, held[status - 1])
             return outputs
 
 

@@ -613,11 +613,17 @@ def _one_hot_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType
     return TensorType((labels.shape[0], attrs["classes"]), labels.dtype)
 
 
-def _one_hot_reference(args, attrs, shape):
-    labels, classes = args[0], attrs["classes"]
-    bad = (labels != np.round(labels)) | (labels < 0) | (labels >= classes)
+def check_labels(labels: np.ndarray, classes: int) -> None:
+    """ValueError unless every label is an integer in [0, classes) (what ``one_hot`` takes)."""
+    with np.errstate(invalid="ignore"):
+        bad = ~((labels == np.floor(labels)) & (labels >= 0) & (labels < classes))
     if np.any(bad):
         raise ValueError(f"one_hot: labels must be integers in [0, {classes}), got {labels[bad][:5].tolist()}")
+
+
+def _one_hot_reference(args, attrs, shape):
+    labels, classes = args[0], attrs["classes"]
+    check_labels(labels, classes)
     return (labels[:, None] == np.arange(classes)).astype(labels.dtype)
 
 
