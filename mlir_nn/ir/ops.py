@@ -588,8 +588,10 @@ def _axis_infer(op: str, operands: int) -> Infer:
 
 def _log_softmax_reference(args, attrs, shape):
     x, axis = args[0], attrs["axis"]
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    with np.errstate(over="ignore"):  # x - max may overflow to -inf: clamped to the lowest finite value
+        shifted = x - np.max(x, axis=axis, keepdims=True)
+        result = shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    return np.maximum(result, np.finfo(result.dtype).min)
 
 
 def _log_softmax_grad_reference(args, attrs, shape):
@@ -599,7 +601,8 @@ def _log_softmax_grad_reference(args, attrs, shape):
 
 register("log_softmax", 1, _axis_infer("log_softmax", 1), _log_softmax_reference,
          lambda emit, xs, out, g, at: [emit("log_softmax_grad", out, g, axis=at["axis"])],
-         "x - max - log(sum(exp(x - max))) along axis: finite for any finite x.")
+         "x - max - log(sum(exp(x - max))) along axis, at least the dtype's lowest finite value: finite for "
+         "any finite x.")
 register("log_softmax_grad", 2, _axis_infer("log_softmax_grad", 2), _log_softmax_grad_reference, None,
          "Backward of log_softmax from its output y: g - exp(y) * sum(g, axis). Operands: (y, grad).")
 
