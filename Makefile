@@ -14,8 +14,10 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	MPLBACKEND=Agg $(PY) examples/moons.py
 
+# ruff, and import-linter's contracts on the stages' layering (pyproject.toml).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check mlir_nn tests examples benchmarks
+	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.installed lint
 	MPLBACKEND=Agg $(PY) -m pytest -q

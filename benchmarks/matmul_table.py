@@ -93,7 +93,7 @@ def fma_peak(threads: int, iterations: int = 20_000_000, clock: Callable[[], flo
     from mlir.execution_engine import ExecutionEngine
     from mlir.passmanager import PassManager
 
-    from mlir_nn.backends.cpu_target import vector_bytes
+    from mlir_nn.support.cpu_target import vector_bytes
 
     lanes = vector_bytes() // 4
     with ir.Context():

@@ -32,7 +32,7 @@ from mlir_nn.jit import trace_step  # noqa: E402
 from mlir_nn.losses import mse_loss  # noqa: E402
 from mlir_nn.nn import MLP  # noqa: E402
 from mlir_nn.optim import SGD, Adam  # noqa: E402
-from mlir_nn.residency import Ledger, stepping  # noqa: E402
+from mlir_nn.runtime.residency import Ledger, stepping  # noqa: E402
 from mlir_nn.trainer import train_step  # noqa: E402
 
 WORKLOADS = {"moons": ([2, 32, 32, 16, 1], 10, lambda ps: SGD(ps, lr=0.005, momentum=0.9)),

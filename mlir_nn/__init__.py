@@ -4,9 +4,8 @@ from typing import Any
 
 from mlir_nn.engine import Tensor, Value
 from mlir_nn.jit import jit
-from mlir_nn.residency import resident, sync
-
-__version__ = "0.1.0"
+from mlir_nn.runtime.residency import resident, sync
+from mlir_nn.support.version import __version__
 
 __all__ = ["Tensor", "Value", "__version__", "jit", "load", "resident", "save", "sync"]
 

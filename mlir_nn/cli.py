@@ -188,7 +188,7 @@ def stage_text(graph: Any, args: argparse.Namespace, timings: dict[str, float]) 
 
 def load_cli_pipeline(args: argparse.Namespace) -> Any:
     """The --pipeline file (or the target's shipped pipeline); a bad file is a UsageError."""
-    from mlir_nn.pipelines import load_pipeline
+    from mlir_nn.support.pipelines import load_pipeline
 
     try:
         return load_pipeline(args.pipeline or args.target)

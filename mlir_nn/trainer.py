@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn import residency
 from mlir_nn.engine import Tensor
 from mlir_nn.jit import JitFunction
 from mlir_nn.losses import cross_entropy, mse_loss
 from mlir_nn.nn import Module
 from mlir_nn.optim import Optimizer
+from mlir_nn.runtime import residency
 
 
 def train_step(model: Module, optimizer: Optimizer,
@@ -129,7 +129,7 @@ class Trainer:
     shows the progress bar.
 
     With ``backend="cuda"`` the parameters and optimizer state stay on the device while
-    ``train`` runs (``mlir_nn.residency``): they are uploaded by the first step and written
+    ``train`` runs (``mlir_nn.runtime.residency``): they are uploaded by the first step and written
     back into ``p.data`` when ``train`` returns or raises; validation reads them from the
     device step. Between ``train`` calls ``p.data`` is current and is what the next call
     starts from, so writing into it, ``load_state_dict`` and ``mlir_nn.load`` need nothing

@@ -61,7 +61,7 @@ def test_emit_llvm_with_stats_and_a_user_pipeline(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "llvm.func @step(" in out and "linalg." not in out
     assert "codegen" in err and "passes" in err
-    from mlir_nn.pipelines import load_pipeline
+    from mlir_nn.support.pipelines import load_pipeline
 
     mine = tmp_path / "mine.pipeline"
     mine.write_text(load_pipeline("cpu").text.replace("linalg-fuse-elementwise-ops\n", ""))

@@ -70,7 +70,7 @@ def test_pass_files_are_found_in_the_installed_layout(tmp_path):
     shutil.copytree(root / "passes", tmp_path / "mlir_nn" / "passes")
     probe = (
         "from mlir_nn.gpu import pipeline, schedule\n"
-        "from mlir_nn.pipelines import load_pipeline, shipped_dir\n"
+        "from mlir_nn.support.pipelines import load_pipeline, shipped_dir\n"
         "from mlir_nn.codegen.cpu_matmul import _schedule_text\n"
         "assert shipped_dir().parent.parent.samefile('.'), shipped_dir()\n"
         "assert pipeline.read_sections()['device']\n"

@@ -1,7 +1,7 @@
 """The Trainer's state contract on every backend, against the NumPy reference: p.data is
 current after train() (also after an interrupted one), validation sees the current
 parameters, and whatever the host holds between train() calls is what training starts
-from. On cuda the state stays on the device during train() (mlir_nn.residency), so these
+from. On cuda the state stays on the device during train() (mlir_nn.runtime.residency), so these
 check its copies back and forth; on the host backends the same contract holds trivially."""
 
 import random

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mlir_nn.backends.base import Backend, Executable, check_arguments
+from mlir_nn.backends.base import Backend, Executable
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {}
 
@@ -46,4 +46,4 @@ def _cuda() -> Backend:
 
 register_backend("cuda", _cuda)
 
-__all__ = ["Backend", "Executable", "check_arguments", "get_backend", "register_backend"]
+__all__ = ["Backend", "Executable", "get_backend", "register_backend"]

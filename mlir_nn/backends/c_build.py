@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from mlir_nn.backends.compile_cache import STAGING_PREFIX, cache_dir, sweep_stale
-from mlir_nn.backends.native import NativeError
+from mlir_nn.backends.errors import NativeError
+from mlir_nn.support.disk_cache import STAGING_PREFIX, cache_dir, sweep_stale
 
 
 def _sha256(path: Path) -> str:

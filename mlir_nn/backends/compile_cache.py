@@ -16,23 +16,15 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlir_nn.support.disk_cache import STAGING_PREFIX, cache_dir, remove, sweep_stale
+
 LIBRARY = "step.so"
 META = "meta.json"
 FORMAT = 2
-TMP_PREFIX = ".tmp-"
-STAGING_PREFIX = ".staging-"
-STALE_SECONDS = 3600.0  # older leftovers of writers are from killed processes
-
-
-def cache_dir() -> Path:
-    override = os.environ.get("MLIR_NN_CACHE_DIR")
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "mlir-nn"
-
 
 def cache_key(fingerprint: str, pipeline_text: str, target: str, version: str, opt_level: int) -> str:
     parts = [f"format={FORMAT}", fingerprint, pipeline_text, target, version, f"O{opt_level}"]
@@ -45,30 +37,6 @@ def _sha256(path: Path) -> str:
 
 def _text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def remove(path: Path) -> None:
-    """Delete whatever is at ``path`` (file, link or folder); missing is fine."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def sweep_stale(folder: Path, max_age: float = STALE_SECONDS) -> None:
-    """Remove staging folders and temporary files in ``folder`` older than ``max_age`` seconds
-    (younger ones may belong to a compile running in another process)."""
-    now = time.time()
-    try:
-        leftovers = [p for p in folder.iterdir() if p.name.startswith((TMP_PREFIX, STAGING_PREFIX))]
-    except OSError:
-        return
-    for path in leftovers:
-        try:
-            if now - path.lstat().st_mtime > max_age:
-                remove(path)
-        except OSError:
-            continue
 
 
 @dataclass

@@ -36,14 +36,16 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.backends import task_runtime, thin_call
-from mlir_nn.backends.base import check_arguments, input_error, label_inputs
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
-from mlir_nn.backends.cpu_target import register_block
+from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.memref_args import ArgumentBlock
-from mlir_nn.backends.native import OPT_LEVEL, NativeError, NativeFunction, jit, link_shared_object, load_shared_object
+from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, jit, link_shared_object, load_shared_object
 from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph
-from mlir_nn.pipelines import Pipeline, load_pipeline, shipped_dir
+from mlir_nn.ir.arguments import check_arguments, input_error, label_inputs
+from mlir_nn.support.cpu_target import register_block
+from mlir_nn.support.pipelines import Pipeline, load_pipeline, shipped_dir
+from mlir_nn.support.version import __version__
 
 TARGET = "cpu"
 # what CpuExecutable.plain_entry returns: called with a step's arguments as given (anything
@@ -69,17 +71,12 @@ class Kernel:
 
 
 _MEMORY: dict[str, Kernel] = {}
-_BACKEND_SOURCES = ("cpu.py", "cpu_target.py", "lowering.py", "native.py", "memory_plan.py", "input_guard.py")
+_BACKEND_SOURCES = ("backends/cpu.py", "support/cpu_target.py", "backends/lowering.py", "backends/native.py",
+                    "backends/memory_plan.py", "backends/input_guard.py")
 PLAN_PASS = "buffer-deallocation-pipeline"  # the memory plan and the input check run right before it
 SCHEDULE = "cpu_matmul.mlir"  # the transform schedule mlir_nn.codegen.cpu_matmul applies
 PARALLEL_FN = "parallel_compute_fn"  # a parallel loop body outlined by the async-parallel-for pass
 THREAD_PASS = "async-parallel-for"
-
-
-def _version() -> str:
-    from mlir_nn import __version__
-
-    return __version__
 
 
 @cache
@@ -88,7 +85,7 @@ def codegen_digest() -> str:
     sources of the code generator and of this backend, the matmul schedule, and the host's
     register block. Part of the cache key, so no entry survives a code-generator change."""
     package = Path(__file__).resolve().parent.parent
-    sources = sorted((package / "codegen").glob("*.py")) + [package / "backends" / n for n in _BACKEND_SOURCES]
+    sources = sorted((package / "codegen").glob("*.py")) + [package / n for n in _BACKEND_SOURCES]
     digest = hashlib.sha256()
     for path in sources:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
@@ -155,7 +152,7 @@ def batch_dims(graph: Graph) -> set[tuple[int, int]]:
 
 def _key(graph: Graph, pipeline: Pipeline, threads: bool) -> str:
     target = TARGET if threads else f"{TARGET}-serial"
-    return cache_key(graph.fingerprint(), pipeline.text, target, f"{_version()}+{codegen_digest()}", OPT_LEVEL)
+    return cache_key(graph.fingerprint(), pipeline.text, target, f"{__version__}+{codegen_digest()}", OPT_LEVEL)
 
 
 def cached_kernel(graph: Graph, pipeline: Pipeline | None = None, threads: bool = True) -> Kernel | None:
@@ -220,7 +217,7 @@ def _store(key: str, engine: object, name: str, stages: dict[str, str], plan: Me
         with tempfile.TemporaryDirectory() as tmp:
             library = Path(tmp) / "step.so"
             link_shared_object(engine, library)
-            write_entry(key, library, {"symbol": name, "target": TARGET, "version": _version(),
+            write_entry(key, library, {"symbol": name, "target": TARGET, "version": __version__,
                                                   "memory_plan": plan.to_json()}, stages)
     except (NativeError, OSError) as error:
         warnings.warn(f"mlir-nn: could not write the compile cache entry: {error}", RuntimeWarning, stacklevel=3)

@@ -4,7 +4,7 @@ Compiling needs MLIR (and ptxas for cubins), not a GPU; running needs a GPU and
 cuda-bindings, not MLIR. ``build_artifact`` is the first half, ``mlir_nn.runtime.cuda``
 the second; ``CudaBackend`` joins them for ``jit(fn, backend="cuda")`` and ``Trainer``,
 through the artifact disk cache (``cuda_cache``), and its ``CudaExecutable`` keeps the
-parameters on the device as ``mlir_nn.residency`` directs.
+parameters on the device as ``mlir_nn.runtime.residency`` directs.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from mlir_nn import residency
 from mlir_nn.ir import Graph
+from mlir_nn.runtime import residency
 from mlir_nn.runtime.artifact import Artifact, signature_of
 
 
@@ -39,7 +39,7 @@ def compile_graph(graph: Graph, archs: tuple[str, ...], cubin: bool = True) -> A
 
 def artifact_of(graph: Graph, program: Any, arch: str) -> Artifact:
     """Package one arch of a compiled program with the graph's signature."""
-    from mlir_nn import __version__
+    from mlir_nn.support.version import __version__
 
     info = {"schedules": program.schedules, "kernels": program.kernel_count,
             "compile_seconds": {k: round(v, 4) for k, v in program.timings.items()}}
@@ -55,7 +55,7 @@ def build_artifact(graph: Graph, arch: str) -> Artifact:
 class CudaExecutable:
     """A compiled step on the GPU, with the compiler's stage texts.
 
-    ``run`` follows ``mlir_nn.residency``: outside a resident block it uploads every
+    ``run`` follows ``mlir_nn.runtime.residency``: outside a resident block it uploads every
     parameter and writes the results back (``p.data`` always current); inside one it
     copies only what the ledger says is stale and leaves its results on the device.
     It is also the ledger's holder of its device copies (``fetch``).

@@ -20,9 +20,9 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-from mlir_nn.backends.compile_cache import TMP_PREFIX, cache_dir, sweep_stale
 from mlir_nn.ir import Graph
 from mlir_nn.runtime.artifact import Artifact, ArtifactError, signature_of
+from mlir_nn.support.disk_cache import TMP_PREFIX, cache_dir, sweep_stale
 
 FORMAT = 1
 
@@ -31,7 +31,7 @@ FORMAT = 1
 def compiler_digest() -> str:
     """sha256 of every source that decides a CUDA artifact's content (the backend's glue in
     ``backends/cuda.py`` only packages it; a change to what it packages bumps FORMAT)."""
-    from mlir_nn.pipelines import shipped_dir
+    from mlir_nn.support.pipelines import shipped_dir
 
     package = Path(__file__).resolve().parents[1]
     sources = sorted([*(package / "gpu").rglob("*.py"), *(package / "codegen").rglob("*.py"),
@@ -49,7 +49,7 @@ def entry_path(graph: Graph, arch: str) -> Path:
 
 def _path(fingerprint: str, arch: str) -> Path:
     """The entry of the graph with this fingerprint for ``arch``."""
-    from mlir_nn import __version__
+    from mlir_nn.support.version import __version__
 
     key = "\0".join([f"format={FORMAT}", fingerprint, arch, __version__, compiler_digest()])
     return cache_dir() / "cuda" / (hashlib.sha256(key.encode()).hexdigest() + ".mlirnn")

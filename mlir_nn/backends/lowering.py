@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from mlir import ir
 from mlir.passmanager import PassManager
 
-from mlir_nn.pipelines import Pipeline
+from mlir_nn.support.pipelines import Pipeline
 
 
 class LoweringError(RuntimeError):

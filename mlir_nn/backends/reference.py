@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlir_nn.backends.base import check_arguments
 from mlir_nn.ir import Graph, Node, op_def
+from mlir_nn.ir.arguments import check_arguments
 from mlir_nn.ir.shapes import resolve
 
 

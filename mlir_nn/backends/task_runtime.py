@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from mlir_nn.backends.c_build import CBuild
-from mlir_nn.backends.native import NativeError
+from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.thread_pool import num_threads
 
 BUILD = CBuild(Path(__file__).with_name("task_runtime.c"), "task-runtime", "libmlirnn_tasks.so", "task runtime",

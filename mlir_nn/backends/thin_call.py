@@ -19,7 +19,7 @@ from types import ModuleType
 import numpy as np
 
 from mlir_nn.backends.c_build import CBuild
-from mlir_nn.backends.native import NativeError
+from mlir_nn.backends.errors import NativeError
 
 MODULE = "_thin_call"
 

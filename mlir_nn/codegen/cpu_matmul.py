@@ -12,7 +12,7 @@
   threads (2-D: column and row panels), kc-deep slices of k, and tm x tn register blocks
   vectorized to broadcasts and FMAs; after it, the register blocks of the first slice
   start from zero instead of the zero fill (``zero_start``). Block sizes come from the host
-  (``mlir_nn.backends.cpu_target``). Its epilogue (bias + ReLU, ReLU-grad mask, folded
+  (``mlir_nn.support.cpu_target``). Its epilogue (bias + ReLU, ReLU-grad mask, folded
   update) reads the corner and writes a fresh tensor, or the updated parameter in place.
   A product with fewer columns than a register block's (a 10-class output layer: 10 of 32
   columns with AVX-512) runs swapped, C^T = op(B)^T op(A)^T with all its rows in one
@@ -35,13 +35,13 @@ from mlir import ir
 from mlir.dialects import arith, bufferization, linalg, tensor
 from mlir.dialects.transform import interpreter
 
-from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.codegen.maps import dims_map, matmul_maps
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
-from mlir_nn.pipelines import shipped_dir
+from mlir_nn.support.cpu_target import cache_blocks, register_block
+from mlir_nn.support.pipelines import shipped_dir
 
 PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from mlir_nn.ir.ops import COLLECTIVE_REFERENCES
+
 DEFAULT_TIMEOUT = 60.0  # seconds a collective may wait for the other ranks
 COMPILE_TIMEOUT = 900.0  # seconds ranks may wait for each other to finish compiling a step
 ABORT_GRACE_SECONDS = 0.5
@@ -206,3 +208,6 @@ def allgather(value: Any) -> list[Any]:
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     _wait(comm.Iallgatherv(payload, [gathered, sizes, offsets, _mpi().BYTE]), "allgather")
     return [pickle.loads(gathered[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
+
+
+COLLECTIVE_REFERENCES["allreduce_mean"] = lambda x: allreduce_mean([x])[0]

@@ -19,8 +19,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlir_nn.backends.compile_cache import TMP_PREFIX, cache_dir, remove, sweep_stale
 from mlir_nn.ir import Graph, VerifyError, verify
+from mlir_nn.support.disk_cache import TMP_PREFIX, cache_dir, remove, sweep_stale
 
 if TYPE_CHECKING:
     from mlir_nn.egraph.report import Report

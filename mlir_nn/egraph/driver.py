@@ -107,7 +107,7 @@ def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[
     from several threads and in forked processes (see ``mlir_nn.egraph.isolation``)."""
     options = {"rulesets": rulesets, "limits": limits, "cost_model": cost_model}
     if isolation.must_use_fresh_process():
-        return isolation.in_fresh_process("optimize_here", graph, batch_estimate, **options)
+        return isolation.in_fresh_process(optimize_here, graph, batch_estimate, **options)
     return isolation.on_this_thread(lambda: optimize_here(graph, batch_estimate, **options))
 
 

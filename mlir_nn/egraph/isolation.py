@@ -71,8 +71,9 @@ def on_this_thread(work: Callable[[], Any]) -> Any:
         return result
 
 
-def in_fresh_process(function: str, *args: Any, **kwargs: Any) -> Any:
-    """``mlir_nn.egraph.driver.<function>(*args, **kwargs)`` run by a new interpreter."""
+def in_fresh_process(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` run by a new interpreter; ``function`` is a module-level
+    function, which the interpreter imports by name (pickle's reference to it)."""
     payload = pickle.dumps((function, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     done = subprocess.run([sys.executable, "-m", "mlir_nn.egraph.isolation"], input=payload,
                           capture_output=True, check=False)
@@ -83,10 +84,8 @@ def in_fresh_process(function: str, *args: Any, **kwargs: Any) -> Any:
 
 
 def _serve() -> None:
-    from mlir_nn.egraph import driver
-
     function, args, kwargs = pickle.loads(sys.stdin.buffer.read())
-    result = getattr(driver, function)(*args, **kwargs)
+    result = function(*args, **kwargs)
     sys.stdout.buffer.write(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
 
 

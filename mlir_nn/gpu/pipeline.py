@@ -7,7 +7,7 @@ from pathlib import Path
 from mlir.ir import Module
 from mlir.passmanager import PassManager
 
-from mlir_nn.pipelines import shipped_dir
+from mlir_nn.support.pipelines import shipped_dir
 
 PIPELINE_FILE = shipped_dir() / "cuda.pipeline"
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from mlir.ir import ArrayAttr, Block, IntegerAttr, IntegerType, Module, Operation, StringAttr, Value
 
-from mlir_nn.pipelines import shipped_dir
+from mlir_nn.support.pipelines import shipped_dir
 
 TAG = "mlirnn.op"
 LAUNCH_TAG = "mlirnn.launch"

@@ -8,6 +8,7 @@ from typing import Any
 
 from mlir_nn.ir.node import Node, freeze_attrs
 from mlir_nn.ir.ops import TensorType, op_def
+from mlir_nn.ir.printer import print_graph
 
 
 def make_node(op: str, inputs: tuple[Node, ...] | list[Node], **attrs: Any) -> Node:
@@ -85,11 +86,7 @@ class Graph:
 
     def fingerprint(self) -> str:
         """Stable hex digest of the graph's text: equal across processes and runs."""
-        from mlir_nn.ir.printer import print_graph
-
         return hashlib.sha256(print_graph(self).encode()).hexdigest()
 
     def __str__(self) -> str:
-        from mlir_nn.ir.printer import print_graph
-
         return print_graph(self)

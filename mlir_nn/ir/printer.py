@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from mlir_nn.ir.graph import Graph
+from typing import TYPE_CHECKING
+
 from mlir_nn.ir.node import Node
+
+if TYPE_CHECKING:
+    from mlir_nn.ir.graph import Graph
 
 SHORT_DTYPE = {"float32": "f32", "float64": "f64"}
 

@@ -13,7 +13,7 @@ Three ways to call it:
   the device and are updated there), and ``download_params(params)`` whenever the host
   arrays should see them;
 * per slot: ``upload_param``/``download_param`` with ``bind`` and ``execute``, which is
-  how ``mlir_nn.backends.cuda`` keeps parameters resident as ``mlir_nn.residency``
+  how ``mlir_nn.backends.cuda`` keeps parameters resident as ``mlir_nn.runtime.residency``
   directs. ``param_copies`` counts the parameter copies either way.
 
 Arguments are checked (``check``) before anything reaches the device, and ``bind``
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn.backends.base import check_arguments
 from mlir_nn.ir import Graph, make_node
+from mlir_nn.ir.arguments import check_arguments
 from mlir_nn.runtime.artifact import Artifact
 from mlir_nn.runtime.driver import CudaUnavailable, Device
 from mlir_nn.runtime.plan import ITEMSIZE, BoundPlan, Copy, Launch, PlanError, View, bind, check_launch_abi

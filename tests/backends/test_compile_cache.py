@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from mlir_nn.backends.compile_cache import STALE_SECONDS, cache_dir, read_entry, sweep_stale
+from mlir_nn.backends.compile_cache import read_entry
 from mlir_nn.backends.cpu import clear_memory_cache, compile_kernel
+from mlir_nn.support.disk_cache import STALE_SECONDS, cache_dir, sweep_stale
 from tests.backends.test_cpu import _check_tiny, _tiny_graph
 
 

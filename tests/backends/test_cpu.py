@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlir_nn.backends import get_backend
-from mlir_nn.backends.compile_cache import cache_dir
 from mlir_nn.backends.cpu import CpuBackend, clear_memory_cache, compile_kernel
 from mlir_nn.backends.lowering import LoweringError
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.ir import DTypeError, Graph, ShapeError, make_node
-from mlir_nn.pipelines import load_pipeline, parse_pipeline
+from mlir_nn.support.disk_cache import cache_dir
+from mlir_nn.support.pipelines import load_pipeline, parse_pipeline
 from tests.codegen.zoo import arguments, elementwise_zoo, matmul_zoo
 
 TOL = {"float32": dict(rtol=2e-4, atol=2e-5), "float64": dict(rtol=1e-9, atol=1e-11)}

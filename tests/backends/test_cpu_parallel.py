@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from mlir_nn.backends.cpu import compile_kernel
-from mlir_nn.backends.cpu_target import cache_blocks
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, PARALLEL_WORK_MIN
 from mlir_nn.ir import Graph, make_node
+from mlir_nn.support.cpu_target import cache_blocks
 from tests.backends.test_cpu import compiled, make_step
 from tests.codegen.zoo import arguments, matmul_zoo
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mlir_nn.backends import get_backend, thin_call
-from mlir_nn.backends.native import NativeError
+from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.ir import DTypeError, Graph, make_node
 from tests.backends.test_cpu import TOL

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, compile_kernel, lower
-from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, rewrite_matmuls
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
-from mlir_nn.pipelines import Pipeline, load_pipeline
+from mlir_nn.support.cpu_target import cache_blocks, register_block
+from mlir_nn.support.pipelines import Pipeline, load_pipeline
 from tests.codegen.zoo import arguments, matmul_zoo
 
 TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float64": dict(rtol=1e-9, atol=1e-11)}

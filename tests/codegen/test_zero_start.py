@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from mlir_nn.backends.cpu import CpuBackend
-from mlir_nn.backends.cpu_target import cache_blocks
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
 from mlir_nn.codegen.zero_start import ACC_INIT
+from mlir_nn.support.cpu_target import cache_blocks
 from tests.codegen.zoo import arguments, matmul_zoo
 
 TOL = dict(rtol=2e-4, atol=2e-4)

@@ -1,4 +1,4 @@
-"""Parameters and optimizer state resident on the GPU (mlir_nn.residency): how many copies
+"""Parameters and optimizer state resident on the GPU (mlir_nn.runtime.residency): how many copies
 a step makes, and that the values agree with the NumPy reference. Needs a GPU; the
 contract tests shared with the host backends are in tests/test_trainer_resident.py."""
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import mlir_nn
-from mlir_nn import residency
 from mlir_nn.ir import ShapeError
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD, Adam
+from mlir_nn.runtime import residency
 from mlir_nn.trainer import Trainer, train_step
 from tests.gpu.device import needs_gpu
 

@@ -42,7 +42,7 @@ def shipped_dir() -> Path:
     packaged = resources.files("mlir_nn") / "passes"
     if packaged.is_dir():
         return Path(str(packaged))
-    return Path(__file__).resolve().parent.parent / "passes"
+    return Path(__file__).resolve().parents[2] / "passes"
 
 
 def available() -> list[str]:

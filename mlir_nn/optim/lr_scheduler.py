@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mlir_nn.optim import Optimizer
+    from mlir_nn.optim.optimizers import Optimizer
 
 
 class LRScheduler:

@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn import residency
 from mlir_nn.engine import Tensor, current_trace
-from mlir_nn.feeds import FedTensor
-from mlir_nn.guards import TrackedDict, structure_changed
 from mlir_nn.ir import ShapeError
+from mlir_nn.jit.feeds import FedTensor
+from mlir_nn.jit.guards import TrackedDict, structure_changed
+from mlir_nn.runtime import residency
 
 
 def real(owner: str, name: str, value: Any) -> float:
@@ -100,7 +100,7 @@ class Optimizer:
             structure_changed()
 
     def structure_tracked(self) -> bool:
-        """True when every change of ``structure_key()`` is reported to ``mlir_nn.guards`` (the
+        """True when every change of ``structure_key()`` is reported to ``mlir_nn.jit.guards`` (the
         optimizers defined here; a subclass with its own key or terms says False)."""
         cls = type(self)
         return (cls.structure_key is Optimizer.structure_key and cls._terms in _TRACKED_TERMS
@@ -259,7 +259,3 @@ class Adam(Optimizer):
 
 
 _TRACKED_TERMS = (Optimizer._terms, SGD._terms, Adam._terms)  # terms that read zero-ness of hyperparameters
-
-from mlir_nn.lr_scheduler import CosineAnnealingLR, ExponentialLR, LambdaLR, LRScheduler, StepLR  # noqa: E402
-
-__all__ = ["SGD", "Adam", "CosineAnnealingLR", "ExponentialLR", "LRScheduler", "LambdaLR", "Optimizer", "StepLR"]

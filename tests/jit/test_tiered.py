@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from mlir_nn import jit
+from mlir_nn.jit.tiered import ENV, tiered_default
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
-from mlir_nn.tiered import ENV, tiered_default
 from mlir_nn.trainer import train_step
 
 SIZES = [3, 6, 5, 1]  # a step no other test compiles, so its first compile is a cold one

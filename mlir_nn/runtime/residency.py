@@ -24,7 +24,7 @@ into ``p.data`` and forgets all device copies, so the next step uploads whatever
 writes as current on the host. Outside a resident block there is nothing to do.
 
 Hyperparameters (0-d arrays a step only reads, fed from Python before every call, see
-``mlir_nn.feeds``) are compared by value before each resident step and uploaded when they
+``mlir_nn.jit.feeds``) are compared by value before each resident step and uploaded when they
 changed, so ``opt.lr = x`` takes effect on the next call as everywhere else.
 
 The ``Ledger`` is the bookkeeping, plain Python with no device calls: for every host array

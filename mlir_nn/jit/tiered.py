@@ -2,7 +2,7 @@
 
 A cold compile (egglog, the MLIR passes, LLVM) takes seconds, and the MLIR and LLVM
 bindings hold the GIL, so a thread cannot hide it. Instead ``jit`` starts a fresh Python
-process (``python -m mlir_nn.tiered``, never a fork: a forked egglog or LLVM is not safe)
+process (``python -m mlir_nn.jit.tiered``, never a fork: a forked egglog or LLVM is not safe)
 that optimizes and compiles the traced graph into the disk caches, and runs the first
 calls on the NumPy reference interpreter meanwhile. Once the process has exited, the next
 call loads the optimized graph and the native code from the caches and switches to it.
@@ -59,13 +59,13 @@ class BackgroundCompile:
     running when this process exits is stopped (no orphans; its cache writes are atomic)."""
 
     def __init__(self, graph: Graph, batch_estimate: int | None, optimize: bool) -> None:
-        package_root = str(Path(__file__).resolve().parent.parent)
+        package_root = str(Path(__file__).resolve().parents[2])
         paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         self._owner = os.getpid()  # a forked child neither waits for nor stops its parent's compile
         try:
             self._process: subprocess.Popen | None = subprocess.Popen(
-                [sys.executable, "-m", "mlir_nn.tiered"], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "mlir_nn.jit.tiered"], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         except OSError:  # no process: done() is true at once and the caller compiles in this one
             self._process = None

@@ -9,7 +9,7 @@ its parameter tensors; ``Optimizer``: class, parameters, state tensors, which op
 terms are on) by that key too. Rebinding a referenced name, replacing a parameter
 (``layer.W = Tensor(...)``), adding or removing layers, replacing the optimizer or
 clearing its state therefore makes ``holds()`` false, and ``mlir_nn.jit`` re-traces.
-Hyperparameter values are not structure: they are fed on every call (``mlir_nn.feeds``).
+Hyperparameter values are not structure: they are fed on every call (``mlir_nn.jit.feeds``).
 
 Comparing structure keys walks every parameter, so it is done only after a structural
 change may have happened: modules and optimizers call ``structure_changed()`` when an

@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn import residency
 from mlir_nn.engine import Tensor, stack
-from mlir_nn.guards import TrackedList, structure_changed
 from mlir_nn.ir import ShapeError
 from mlir_nn.ir.shapes import fmt_shape
+from mlir_nn.jit.guards import TrackedList, structure_changed
+from mlir_nn.runtime import residency
 
 INITS = ("kaiming_uniform", "tinynn")
 
@@ -31,7 +31,7 @@ class Module:
         return tuple(map(id, self.parameters()))
 
     def structure_tracked(self) -> bool:
-        """True when every change of ``structure_key()`` is reported to ``mlir_nn.guards``: the
+        """True when every change of ``structure_key()`` is reported to ``mlir_nn.jit.guards``: the
         key is read from attributes (set through ``__setattr__``) and tracked lists.
         Modules that compute ``parameters()`` some other way say False (the default)."""
         return False

@@ -5,7 +5,7 @@ import pytest
 
 from mlir_nn import jit
 from mlir_nn.engine import Tensor
-from mlir_nn.feeds import FedTensor
+from mlir_nn.jit.feeds import FedTensor
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD, Adam
 from mlir_nn.trainer import train_step

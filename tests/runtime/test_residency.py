@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import mlir_nn
-from mlir_nn import residency
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
-from mlir_nn.residency import Ledger, Transfer
+from mlir_nn.runtime import residency
+from mlir_nn.runtime.residency import Ledger, Transfer
 from mlir_nn.trainer import Trainer
 
 TRAIN, FORWARD = "train step", "forward step"  # holder identities; the ledger never calls them

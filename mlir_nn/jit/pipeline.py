@@ -1,0 +1,70 @@
+"""The compile pipeline of a traced step, its stages in order:
+
+    traced Graph ── optimize ──▶ optimized Graph        egglog, through its disk cache
+                 ── split ─────▶ halves at collectives  mlir_nn.distributed (steps without
+                                                        collectives stay whole)
+                 ── lower ─────▶ native code            the backend: MLIR passes, LLVM or CUDA
+                 ── load ──────▶ Executable             run with numpy arrays
+
+``StepPipeline.build`` runs them once, in that order. Tiers are this pipeline's policy
+for when the result is needed: a cpu step whose compiled form is not in the disk caches
+yet starts on the reference interpreter while a separate process builds it
+(``mlir_nn.jit.tiered``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlir_nn.backends import Executable
+from mlir_nn.distributed.split import compile_step, has_collectives
+from mlir_nn.ir import Graph
+from mlir_nn.jit.tiered import from_caches
+
+
+@dataclass(frozen=True)
+class Built:
+    """What the pipeline made of a traced step: the graph the backend runs, the optimizer's
+    report (None when optimizing was off) and the loaded executable."""
+
+    optimized: Graph
+    report: Any
+    executable: Executable
+
+
+@dataclass(frozen=True)
+class StepPipeline:
+    """The stages for one backend; ``optimize=False`` skips the e-graph optimizer and
+    ``tiered`` allows the interpreter tier while a cold cpu step compiles."""
+
+    backend: str
+    optimize: bool = True
+    tiered: bool = False
+
+    def optimized(self, graph: Graph, batch_estimate: int | None) -> tuple[Graph, Any]:
+        """Stage 1: the e-graph optimizer's graph and report (the traced graph when off)."""
+        if not self.optimize:
+            return graph, None
+        from mlir_nn.egraph.cache import optimize_cached  # egglog loads only when a step needs it
+
+        return optimize_cached(graph, batch_estimate)
+
+    def lower(self, optimized: Graph, traced: Graph) -> Executable:
+        """Stages 2-4: split at collectives, compile for the backend and load."""
+        return compile_step(self.backend, optimized, traced=traced)
+
+    def build(self, graph: Graph, batch_estimate: int | None) -> Built:
+        """Every stage, in order (each through its cache)."""
+        optimized, report = self.optimized(graph, batch_estimate)
+        return Built(optimized, report, self.lower(optimized, graph))
+
+    def tiers(self, graph: Graph) -> bool:
+        """True when ``graph`` may start on the interpreter tier: a cpu step without
+        collectives (a split step compiles at once)."""
+        return self.tiered and self.backend == "cpu" and not has_collectives(graph)
+
+    def cached(self, graph: Graph, batch_estimate: int | None) -> Built | None:
+        """The built step when both disk caches hold it, without loading egglog or MLIR."""
+        found = from_caches(graph, batch_estimate, self.optimize)
+        return None if found is None else Built(*found)

@@ -1,0 +1,99 @@
+"""One traced signature of a step function and the code that runs it."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mlir_nn.backends import Executable, get_backend
+from mlir_nn.engine import Tensor
+from mlir_nn.ir import Graph
+from mlir_nn.jit.feeds import FedTensor
+from mlir_nn.jit.pipeline import Built, StepPipeline
+from mlir_nn.jit.tiered import BackgroundCompile
+
+if TYPE_CHECKING:
+    from mlir_nn.backends.cpu import PlainCall
+
+DATA_ATTRIBUTE = "_data"  # where a Tensor keeps its array (what Tensor.data returns)
+
+
+class CompiledStep:
+    """One traced and compiled signature of a step; ``stages`` holds each stage's text.
+
+    ``graph`` is the traced step; ``optimized_graph`` is what the backend runs (the
+    e-graph optimizer's result, or the traced graph when optimizing is off or failed;
+    ``optimize_report`` says which and why).
+    """
+
+    def __init__(self, graph: Graph, captured: list[Tensor], single: bool, pipeline: StepPipeline,
+                 batch_estimate: int | None = None) -> None:
+        self.graph = graph
+        self.captured = captured
+        self.single = single
+        self.pipeline = pipeline
+        self.feeds = [t for t in captured if isinstance(t, FedTensor)]
+        self._batch_estimate = batch_estimate
+        self._background: BackgroundCompile | None = None
+        self._switch = threading.Lock()
+        tiers = pipeline.tiers(graph)
+        built = pipeline.cached(graph, batch_estimate) if tiers else None
+        if built is not None:
+            self._use(built)
+        elif tiers:  # see mlir_nn.jit.tiered
+            self._background = BackgroundCompile(graph, batch_estimate, pipeline.optimize)
+            self.optimized_graph, self.optimize_report = graph, None
+            self.executable: Executable = get_backend("numpy").compile(graph)
+            self.stages: dict[str, str] = {"tensor": str(graph)}
+            self.run_plain: PlainCall | None = None
+        else:
+            self._use(pipeline.build(graph, batch_estimate))
+
+    @property
+    def backend(self) -> str:
+        return self.pipeline.backend
+
+    def _use(self, built: Built) -> None:
+        self.optimized_graph, self.optimize_report, self.executable = built.optimized, built.report, built.executable
+        self.stages = {"tensor": str(self.graph), "optimized": str(built.optimized)}
+        self.stages.update(getattr(built.executable, "stages", {}))
+        plain_entry = getattr(built.executable, "plain_entry", None)
+        feeds = [(i, t.source) for i, t in enumerate(self.captured) if isinstance(t, FedTensor)]
+        self.run_plain = None if plain_entry is None else plain_entry(self.captured, DATA_ATTRIBUTE, feeds)
+
+    @property
+    def tier(self) -> str:
+        """The backend that runs the next call: ``"numpy"`` while a tiered compile is pending."""
+        return "numpy" if self._background is not None else self.backend
+
+    def finish_compile(self, wait: bool = True) -> None:
+        """Switch a tiered step to compiled code: when its compile process is done, or (``wait``)
+        after waiting for it. A failed background compile is redone here, raising its error."""
+        with self._switch:
+            background = self._background
+            if background is None or not (wait or background.done()):
+                return
+            background.wait()
+            self._use(self.pipeline.build(self.graph, self._batch_estimate))
+            self._background = None
+
+    def as_text(self, stage: str = "tensor") -> str:
+        self.finish_compile()
+        try:
+            return self.stages[stage]
+        except KeyError:
+            raise ValueError(f"stage {stage!r} not available; have {', '.join(self.stages)}") from None
+
+    def _param_arrays(self) -> list[np.ndarray]:
+        """The captured tensors' arrays, hyperparameter feeds refreshed from their sources first."""
+        for t in self.feeds:
+            t.refresh()
+        return [t.data for t in self.captured]
+
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The outputs for these input arrays (parameters updated in place)."""
+        if self._background is not None:
+            self.finish_compile(wait=False)
+        return self.executable.run(arrays, self._param_arrays())
