@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn.engine import Tensor, stack
+from mlir_nn.engine import Tensor, stack, state_array
 from mlir_nn.ir import ShapeError
 from mlir_nn.ir.shapes import fmt_shape
 from mlir_nn.jit.guards import TrackedList, structure_changed
@@ -68,17 +68,9 @@ class Module:
         if strict and (missing or unexpected):
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}, unexpected keys "
                            f"{unexpected}")
-        checked = {}
-        for name, p in named.items():
-            if name not in state:
-                continue
-            value = np.asarray(state[name])
-            if value.shape != p.shape:
-                raise ShapeError(f"{type(self).__name__}.load_state_dict: {name} has shape {fmt_shape(value.shape)}, "
-                                 f"expected {fmt_shape(p.shape)}")
-            if value.dtype.kind not in "biuf" or not np.all(np.isfinite(value)):
-                raise ValueError(f"{type(self).__name__}.load_state_dict: {name} must hold finite numbers")
-            checked[name] = value
+        checked = {name: state_array(state[name], f"{type(self).__name__}.load_state_dict: {name}", p.dtype,
+                                     p.shape)
+                   for name, p in named.items() if name in state}
         for name, value in checked.items():
             named[name].data[...] = value
         residency.written([named[name].data for name in checked])  # device copies are stale now
