@@ -44,6 +44,7 @@ from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph
 from mlir_nn.ir.arguments import check_arguments, input_error, label_inputs
 from mlir_nn.support.cpu_target import register_block
+from mlir_nn.support.interrupts import interrupts_deferred
 from mlir_nn.support.pipelines import Pipeline, load_pipeline, shipped_dir
 from mlir_nn.support.version import __version__
 
@@ -106,15 +107,16 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline,
     Large products use threads when ``threads`` is set and the pipeline has the async
     passes. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
     argument and an input check guards the body (``memory_plan``, ``input_guard``)."""
-    from mlir_nn.backends.input_guard import guard_inputs
-    from mlir_nn.backends.lowering import run_pipeline
-    from mlir_nn.backends.memory_plan import plan_memory
-    from mlir_nn.codegen import emit_linalg, symbol_name
-    from mlir_nn.codegen.copies import strided_copies_as_loops
-    from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
-    from mlir_nn.codegen.fp_env import flush_subnormals
-    from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
-    from mlir_nn.codegen.lane_loads import scalarize_lane_loads
+    with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
+        from mlir_nn.backends.input_guard import guard_inputs
+        from mlir_nn.backends.lowering import run_pipeline
+        from mlir_nn.backends.memory_plan import plan_memory
+        from mlir_nn.codegen import emit_linalg, symbol_name
+        from mlir_nn.codegen.copies import strided_copies_as_loops
+        from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
+        from mlir_nn.codegen.fp_env import flush_subnormals
+        from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
+        from mlir_nn.codegen.lane_loads import scalarize_lane_loads
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -188,8 +190,9 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         kernel = cached_kernel(graph, pipeline, threads)
         if kernel is not None:
             return kernel
-    from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
-    from mlir_nn.codegen import symbol_name
+    with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
+        from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
+        from mlir_nn.codegen import symbol_name
 
     name = symbol_name(graph)
     thin_call.prepare()  # their compilers run while this one does
