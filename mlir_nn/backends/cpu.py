@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import time
 import warnings
@@ -40,10 +41,12 @@ from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.memref_args import ArgumentBlock
 from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, jit, link_shared_object, load_shared_object
+from mlir_nn.backends.thread_pool import num_threads
 from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph
 from mlir_nn.ir.arguments import check_arguments, input_error, label_inputs
 from mlir_nn.support.cpu_target import register_block
+from mlir_nn.support.disk_cache import writable
 from mlir_nn.support.interrupts import interrupts_deferred
 from mlir_nn.support.pipelines import Pipeline, load_pipeline, shipped_dir
 from mlir_nn.support.version import __version__
@@ -99,6 +102,18 @@ def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[objec
     """Emit linalg, make updates in place and run ``pipeline``: (LLVM module, stages, timings)."""
     module, stages, timings, _ = lower_with_plan(graph, pipeline, threads)
     return module, stages, timings
+
+
+def check_environment(compiling: bool = True) -> None:
+    """What a cpu step needs, checked at its first call rather than calls later, when its
+    tasks first run or its background compile is found to have failed: a valid
+    ``MLIR_NN_NUM_THREADS`` and (``compiling``) a writable cache folder and a C compiler."""
+    num_threads()
+    if compiling:
+        writable()
+        if shutil.which("cc") is None and shutil.which("gcc") is None:
+            raise NativeError("no C compiler (cc or gcc) on PATH: the cpu backend links each compiled step with it "
+                              "(use backend='numpy' to run without one)")
 
 
 def lower_with_plan(graph: Graph, pipeline: Pipeline,

@@ -103,3 +103,20 @@ def test_when_no_compile_process_can_start_the_first_call_compiles_in_this_one(m
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")
     step(*next(_batches(1)))
     assert step._last.tier == "cpu"
+
+
+@pytest.mark.parametrize("setting,error,match", [
+    ({"MLIR_NN_NUM_THREADS": "abc"}, ValueError, "MLIR_NN_NUM_THREADS='abc': expected a positive integer"),
+    ({"PATH": ""}, Exception, r"no C compiler \(cc or gcc\) on PATH"),
+    ({"MLIR_NN_CACHE_DIR": "{tmp}/file"}, NotADirectoryError, "cannot create its cache folder"),
+])
+def test_what_would_fail_a_later_call_fails_the_first(setting, error, match, tmp_path, monkeypatch):
+    """Settings and toolchain are checked before a tiered step's first call runs on the interpreter."""
+    (tmp_path / "file").write_text("in the way")
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path / "cache"))  # nothing cached: the step must compile
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value.format(tmp=tmp_path))
+    step, _ = _step("cpu", tiered=True)
+    x, y = next(_batches(1))
+    with pytest.raises(error, match=match):
+        step(x, y)
