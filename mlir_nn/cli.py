@@ -86,9 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "optimizer), linalg (MLIR on tensors), llvm (MLIR LLVM dialect after the CPU pass "
                         "pipeline); for CUDA: gpu (kernels after outlining), ptx, cubin (one file per kernel "
                         "module into the -o directory)")
-    c.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
-                   help="code to generate (default cpu); with cuda and no --emit, -o FILE gets the .mlirnn artifact")
-    c.add_argument("--arch", default="sm_90", help="CUDA arch for --target cuda (default sm_90; also sm_80)")
+    c.add_argument("--target", choices=("cpu", "cuda"), default=None,
+                   help="code to generate (default cpu, or cuda for --emit gpu, ptx or cubin); with cuda and no "
+                        "--emit, -o FILE gets the .mlirnn artifact")
+    c.add_argument("--arch", default="sm_90", help="CUDA arch for --target cuda: sm_80, sm_86, sm_89 or sm_90 "
+                                                   "(default sm_90)")
     c.add_argument("--simt-check", action="store_true",
                    help="with --target cuda: run every kernel at --batch on the SIMT interpreter (CPU) against the "
                         "NumPy reference; prints 'simt: N kernels, R races, max rel err E', exit 1 on a problem")
@@ -124,8 +126,10 @@ def check_sizes(args: argparse.Namespace) -> None:
 
 def check_output(args: argparse.Namespace, cubin: bool) -> None:
     """Refuse an -o that cannot be written before any work is done."""
-    if not args.output:
+    if args.output is None:
         return
+    if not args.output:
+        raise UsageError("argument -o/--output: empty file name (leave -o out to write to stdout)")
     path = Path(args.output)
     if cubin:
         if path.exists() and not path.is_dir():
@@ -198,6 +202,29 @@ def load_cli_pipeline(args: argparse.Namespace) -> Any:
         raise
 
 
+def check_target(args: argparse.Namespace, emit: str | None) -> bool:
+    """Whether CUDA code is asked for; options that would be ignored for that target are errors."""
+    cuda = args.target == "cuda" or (args.target is None and emit in CUDA_STAGES)
+    if args.target == "cpu" and emit in CUDA_STAGES:
+        raise UsageError(f"argument --emit: {emit} is a CUDA stage; use --target cuda (or --emit "
+                         f"{', '.join(STAGES)} for the cpu)")
+    if cuda and emit in ("linalg", "llvm"):
+        raise UsageError(f"argument --emit: {emit} is a CPU stage; with --target cuda use gpu, ptx or cubin "
+                         "(tensor and optimized are the same for both targets)")
+    if cuda and args.pipeline:
+        raise UsageError("argument --pipeline: the CPU pass pipeline is not used with --target cuda")
+    if not cuda and args.simt_check:
+        raise UsageError("argument --simt-check: checks CUDA kernels; needs --target cuda")
+    if cuda and emit in ("tensor", "optimized"):
+        return False  # the graph stages come before any target's code
+    if cuda:
+        from mlir_nn.gpu import ARCH_FEATURES
+
+        if args.arch not in ARCH_FEATURES:
+            raise UsageError(f"argument --arch: unknown arch {args.arch}; expected one of {', '.join(ARCH_FEATURES)}")
+    return cuda
+
+
 def check_environment(emit: str | None) -> None:
     """MLIR_NN_OPT_LEVEL is read when the CPU backend loads: check it before any work."""
     if emit == "llvm":
@@ -229,7 +256,7 @@ def print_stats(args: argparse.Namespace, graph: Any, report: Any, timings: dict
 def cmd_compile(args: argparse.Namespace) -> int:
     from mlir_nn.jit import trace_step
 
-    cuda = args.target == "cuda" or args.emit in CUDA_STAGES
+    cuda = check_target(args, args.emit)
     emit = args.emit or ("tensor" if not cuda else None)
     check_output(args, cubin=emit == "cubin")
     check_sizes(args)
