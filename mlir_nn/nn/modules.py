@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn.engine import Tensor, stack, state_array
-from mlir_nn.ir import ShapeError
+from mlir_nn.engine import Tensor, current_trace, stack, state_array
+from mlir_nn.ir import DTypeError, ShapeError
 from mlir_nn.ir.shapes import fmt_shape
 from mlir_nn.jit.guards import TrackedList, structure_changed
 from mlir_nn.runtime import residency
@@ -95,6 +95,10 @@ def _as_input(x: Any, dtype: str) -> Tensor:
     """The layer's input as a tensor of ``dtype``; a list of Values is stacked with autograd."""
     if isinstance(x, (list, tuple)) and x and any(isinstance(v, Tensor) for v in x):
         x = stack(list(x))
+    if isinstance(x, Tensor) and x.dtype != dtype and current_trace() is not None:
+        raise DTypeError(f"Layer: the input is {x.dtype}, the layer's weights are {dtype}; a compiled step "
+                         f"computes in one dtype: pass {dtype} data (X.astype(np.{dtype})) or build the model "
+                         f"with dtype=np.{x.dtype}")
     return x.astype(dtype) if isinstance(x, Tensor) else Tensor(x, dtype=dtype)
 
 

@@ -191,3 +191,14 @@ def test_load_state_dict_checks_values_in_the_parameters_dtype(value, match):
         model.load_state_dict(state)
     for p, b in zip(model.parameters(), before):
         np.testing.assert_array_equal(p.data, b)
+
+
+def test_float64_data_into_a_float32_model_names_the_layer_not_astype():
+    from mlir_nn import jit
+    from mlir_nn.ir import DTypeError
+
+    model = MLP(2, [3, 1])
+    step = jit(lambda x: model(x).sum(), backend="numpy")
+    with pytest.raises(DTypeError, match=r"Layer: the input is float64, the layer's weights are float32; .*"
+                                         r"X.astype\(np.float32\)"):
+        step(np.ones((4, 2)))
