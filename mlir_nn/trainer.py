@@ -237,8 +237,11 @@ class Trainer:
             Task(val[1], task.outputs)  # the same checks as y
         if self.distributed:
             from mlir_nn.distributed import rank
-            from mlir_nn.distributed.sharding import sync_random_state
+            from mlir_nn.distributed.sharding import check_plan, sync_random_state
 
+            check_plan(samples=len(X), X=X, y=y, n_epochs=n_epochs, batch_size=batch_size,
+                       early_stopping=early_stopping, patience=patience,
+                       X_val=None if val is None else val[0], y_val=None if val is None else val[1])
             sync_random_state()
             verbose = verbose and rank() == 0
         best, stale = float("inf"), 0
