@@ -16,6 +16,7 @@ import numpy as np
 STAGES = ("tensor", "optimized", "linalg", "llvm")
 CUDA_STAGES = ("gpu", "ptx", "cubin")
 SEED_MAX = 2**32 - 1  # numpy's legacy seeding takes [0, 2**32)
+TRACE_ROWS = 8  # rows of the example batch traced (the batch is dynamic; --batch is the size estimate)
 
 
 class UsageError(Exception):
@@ -145,8 +146,9 @@ def check_output(args: argparse.Namespace, cubin: bool) -> None:
         raise UsageError(f"argument -o/--output: cannot write into {parent}")
 
 
-def build_step(args: argparse.Namespace) -> tuple[Callable[..., Any], np.ndarray, np.ndarray]:
-    """The MLP training step described by the options, with example inputs."""
+def build_step(args: argparse.Namespace, rows: int | None = None) -> tuple[Callable[..., Any], np.ndarray, np.ndarray]:
+    """The MLP training step described by the options, with example inputs of ``rows`` rows
+    (default ``--batch``; tracing needs only their shapes past the batch)."""
     from mlir_nn.nn import MLP
     from mlir_nn.optim import SGD, Adam
     from mlir_nn.trainer import train_step
@@ -159,8 +161,9 @@ def build_step(args: argparse.Namespace) -> tuple[Callable[..., Any], np.ndarray
         opt = Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
     step = train_step(model, opt)
-    x = np.random.randn(args.batch, args.mlp[0]).astype(args.dtype)
-    y = np.random.randn(args.batch, args.mlp[-1]).astype(args.dtype)
+    rows = args.batch if rows is None else rows
+    x = np.random.randn(rows, args.mlp[0]).astype(args.dtype)
+    y = np.random.randn(rows, args.mlp[-1]).astype(args.dtype)
     return step, x, y
 
 
@@ -191,11 +194,11 @@ def stage_text(graph: Any, args: argparse.Namespace, timings: dict[str, float]) 
 
 
 def load_cli_pipeline(args: argparse.Namespace) -> Any:
-    """The --pipeline file (or the target's shipped pipeline); a bad file is a UsageError."""
+    """The --pipeline file (or the shipped cpu pipeline); a bad file is a UsageError."""
     from mlir_nn.support.pipelines import load_pipeline
 
     try:
-        return load_pipeline(args.pipeline or args.target)
+        return load_pipeline(args.pipeline or "cpu")
     except (OSError, ValueError) as error:
         if args.pipeline:
             raise UsageError(f"argument --pipeline: {error}") from None
@@ -264,7 +267,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.pipeline and not cuda:
         load_cli_pipeline(args)
     try:
-        step, x, y = build_step(args)
+        step, x, y = build_step(args, rows=min(args.batch, TRACE_ROWS))
     except MemoryError:
         raise UsageError(f"arguments --mlp/--batch: not enough memory for an MLP {args.mlp} at batch {args.batch}") \
             from None

@@ -58,6 +58,7 @@ def test_emit_linalg_is_valid_mlir_for_mlir_opt(tmp_path, capsys):
 
 def test_emit_llvm_with_stats_and_a_user_pipeline(tmp_path, capsys):
     assert main(["compile", "--mlp", "2,4,1", "--emit", "llvm", "--stats", "--target", "cpu"]) == 0
+    assert main(["compile", "--mlp", "2,4,1", "--emit", "llvm", "--stats"]) == 0  # cpu by default
     out, err = capsys.readouterr()
     assert "llvm.func @step(" in out and "linalg." not in out
     assert "codegen" in err and "passes" in err
@@ -141,3 +142,13 @@ def test_graph_stages_print_the_same_for_either_target(capsys):
         assert main(["compile", "--mlp", "2,3,1", "--target", target, "--emit", "tensor"]) == 0
     first, second = capsys.readouterr().out.split("graph @step")[1:]
     assert first == second
+
+
+def test_a_huge_batch_is_an_estimate_not_an_allocation():
+    """--batch 10**9 traces with a few example rows: it runs within 3 GB of address space."""
+    limit = "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+    result = subprocess.run([sys.executable, "-c", limit + "from mlir_nn.cli import main; raise SystemExit(main())",
+                             "compile", "--mlp", "2,3,1", "--batch", "1000000000", "--no-egraph"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "graph @step(%x: f32[N, 2]" in result.stdout
