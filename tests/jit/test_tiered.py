@@ -120,3 +120,29 @@ def test_what_would_fail_a_later_call_fails_the_first(setting, error, match, tmp
     x, y = next(_batches(1))
     with pytest.raises(error, match=match):
         step(x, y)
+
+
+def test_background_compiles_run_a_bounded_number_at_once(monkeypatch):
+    """Many new steps at once queue their compiles: MAX_RUNNING processes, the rest start as
+    those end (or when a step must wait for its own)."""
+    from mlir_nn.jit import tiered
+    from mlir_nn.jit.trace import trace_step
+
+    monkeypatch.setattr(tiered, "MAX_RUNNING", 2)
+    graphs = []
+    for width in range(1, 6):
+        model = MLP(2, [width, 1])
+        graphs.append(trace_step(train_step(model, SGD(model.parameters(), lr=0.1)),
+                                 [np.ones((3, 2), np.float32), np.ones((3, 1), np.float32)], ["x", "y"])[0])
+    compiles = [tiered.BackgroundCompile(g, 3, False) for g in graphs]
+    try:
+        assert [c.started for c in compiles] == [True, True, False, False, False]
+        assert not compiles[2].done()  # still queued: its step stays on the interpreter
+        compiles[0].cancel()
+        assert not compiles[3].done() and [c.started for c in compiles] == [True, True, True, False, False]
+        compiles[4].wait(timeout=300)  # a step that must wait starts its compile at once
+        assert compiles[4].done() and not compiles[3].started
+    finally:
+        for c in compiles:
+            c.cancel()
+    assert all(c.done() for c in compiles)
