@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mlir_nn import jit
+from mlir_nn.backends.errors import NativeError
 from mlir_nn.jit.tiered import ENV, tiered_default
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
@@ -107,7 +108,7 @@ def test_when_no_compile_process_can_start_the_first_call_compiles_in_this_one(m
 
 @pytest.mark.parametrize("setting,error,match", [
     ({"MLIR_NN_NUM_THREADS": "abc"}, ValueError, "MLIR_NN_NUM_THREADS='abc': expected a positive integer"),
-    ({"PATH": ""}, Exception, r"no C compiler \(cc or gcc\) on PATH"),
+    ({"PATH": ""}, NativeError, r"no C compiler \(cc or gcc\) on PATH"),
     ({"MLIR_NN_CACHE_DIR": "{tmp}/file"}, NotADirectoryError, "cannot create its cache folder"),
 ])
 def test_what_would_fail_a_later_call_fails_the_first(setting, error, match, tmp_path, monkeypatch):
