@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn.engine import Tensor, stack
-from mlir_nn.ir import ShapeError
+from mlir_nn.engine import Tensor, current_trace, stack
+from mlir_nn.ir import DTypeError, ShapeError
 from mlir_nn.ir.shapes import fmt_shape
 from mlir_nn.nn import functional as F
 from mlir_nn.nn.module import Module, Parameter
@@ -18,6 +18,10 @@ def as_input(x: Any, dtype: str) -> Tensor:
     """A layer's input as a tensor of ``dtype``; a list of Values is stacked with autograd."""
     if isinstance(x, (list, tuple)) and x and any(isinstance(v, Tensor) for v in x):
         x = stack(list(x))
+    if isinstance(x, Tensor) and x.dtype != dtype and current_trace() is not None:
+        raise DTypeError(f"Layer: the input is {x.dtype}, the layer's weights are {dtype}; a compiled step "
+                         f"computes in one dtype: pass {dtype} data (X.astype(np.{dtype})) or build the model "
+                         f"with dtype=np.{x.dtype}")
     return x.astype(dtype) if isinstance(x, Tensor) else Tensor(x, dtype=dtype)
 
 
