@@ -155,7 +155,7 @@ def test_load_state_dict_validates_everything_before_writing():
     bad["0.bias"] = np.full(5, 9.0)
     with pytest.raises(ShapeError, match=r"2.weight has shape \(5, 2\), expected \(2, 5\)"):
         ours.load_state_dict(bad)
-    with pytest.raises(ValueError, match="0.bias must hold finite numbers"):
+    with pytest.raises(ValueError, match="0.bias must hold finite float64 numbers"):
         ours.load_state_dict({**before, "0.bias": np.full(5, np.nan)})
     with pytest.raises(KeyError, match=r"missing keys \['2.weight'\], unexpected keys \['x'\]"):
         ours.load_state_dict({"0.weight": before["0.weight"], "0.bias": before["0.bias"], "x": 1})
