@@ -14,6 +14,7 @@ from mlir.dialects import arith, linalg, math, tensor
 
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.maps import broadcast_map, dims_map, identity_map, permutation_map, reduction_map
+from mlir_nn.codegen.sequence import SEQUENCE_LOWERINGS
 from mlir_nn.codegen.tensor_types import tensor_type
 from mlir_nn.ir import Node
 from mlir_nn.ir.ops import sum_to_axes
@@ -324,3 +325,7 @@ LOWERINGS: dict[str, Rule] = {
     "gemm": _gemm,
     "matmul_relu_grad": _matmul_relu_grad,
 }
+
+
+# ---------------------------------------------------------------------------- sequence models (issue 23)
+LOWERINGS.update(SEQUENCE_LOWERINGS)
