@@ -660,6 +660,8 @@ def getitem(x: Tensor, key: Any) -> Tensor:
                     _static_axis("__getitem__", x.shape, axis)
                 start.append(0), step.append(1), size.append(BATCH), out_shape.append(BATCH)
                 continue
+            if item.step is not None and item.step < 1:
+                raise ValueError(f"__getitem__: slice step must be positive (as PyTorch's), got {item.step}")
             begin, end, stride = item.indices(int(dim))
             count = len(range(begin, end, stride))
             if count == 0:

@@ -14,7 +14,6 @@ from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
-from mlir_nn.codegen.maps import identity_map
 from mlir_nn.ir import Node
 
 Rule = Callable[[FunctionBuilder, Node, list[Operand]], ir.Value]
@@ -24,12 +23,6 @@ def _dim(d: int) -> ir.AffineExpr:
     return ir.AffineDimExpr.get(d)
 
 
-def _strided(d: int, start: int, step: int) -> ir.AffineExpr:
-    """start + step * d."""
-    scaled = ir.AffineMulExpr.get(_dim(d), ir.AffineConstantExpr.get(step)) if step != 1 else _dim(d)
-    return ir.AffineAddExpr.get(scaled, ir.AffineConstantExpr.get(start)) if start else scaled
-
-
 def _sizes(b: FunctionBuilder, shape: tuple) -> tuple[list[ir.Value], list[int]]:
     """Dynamic size operands and static sizes (the batch symbol dynamic) of a slice op."""
     sizes = b.sizes(shape)
@@ -37,44 +30,19 @@ def _sizes(b: FunctionBuilder, shape: tuple) -> tuple[list[ir.Value], list[int]]
             [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes])
 
 
-def _forward_box(node: Node, box: tuple) -> tuple[list[int], list[int], list[bool]]:
-    """The strided box of a slice with every stride positive: (start, stride, axes read backwards)."""
-    start, step = node.attr("start"), node.attr("step")
-    first = [a + s * (int(n) - 1) if s < 0 else a for a, s, n in zip(start, step, box)]
-    return first, [abs(s) for s in step], [s < 0 for s in step]
-
-
-def _reversed(b: FunctionBuilder, value: ir.Value, shape: tuple, axes: list[bool]) -> ir.Value:
-    """``value`` with the flagged axes read backwards (a copy; itself when none are)."""
-    if not any(axes):
-        return value
-    rank = len(shape)
-    exprs = [_strided(d, int(n) - 1, -1) if flip else _dim(d) for d, (n, flip) in enumerate(zip(shape, axes))]
-
-    @linalg.generic([value], [b.empty(shape)], [ir.AffineMap.get(rank, 0, exprs), identity_map(rank)],
-                    [PARALLEL] * rank)
-    def result(v: ir.Value, _out: ir.Value) -> ir.Value:
-        return v
-
-    return result
-
-
 def _slice(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     x = b.tensor_of(xs[0], node.inputs[0].shape)
-    start, stride, flip = _forward_box(node, node.shape)
     dynamic, static = _sizes(b, node.shape)
     kind = ir.RankedTensorType.get(static, b.element)
-    box = tensor.extract_slice(kind, x, [], dynamic, [], start, static, stride)
-    return _reversed(b, box, node.shape, flip)
+    return tensor.extract_slice(kind, x, [], dynamic, [], node.attr("start"), static, node.attr("step"))
 
 
 def _slice_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     """Zeros with the gradient inserted at the strided box."""
     shape = node.inputs[0].shape
-    start, stride, flip = _forward_box(node, shape)
-    g = _reversed(b, b.tensor_of(xs[0], shape), shape, flip)
     dynamic, static = _sizes(b, shape)
-    return tensor.insert_slice(g, b.filled(node.shape, 0.0), [], dynamic, [], start, static, stride)
+    return tensor.insert_slice(b.tensor_of(xs[0], shape), b.filled(node.shape, 0.0), [], dynamic, [],
+                               node.attr("start"), static, node.attr("step"))
 
 
 def _position(b: FunctionBuilder, loop: int) -> ir.Value:

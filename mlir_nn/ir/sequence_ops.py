@@ -36,6 +36,8 @@ def slice_extent(start: int, step: int, size: int, dim: int | str) -> None:
         if (start, step, size) != (0, 1, BATCH):
             raise ShapeError("slice: the batch dimension of a traced step can only be taken whole (:)")
         return
+    if step < 1:
+        raise ShapeError(f"slice: step must be positive (as PyTorch's), got {step}")
     last = start + step * (int(size) - 1)
     if size == BATCH or int(size) < 1 or not (0 <= start < int(dim) and 0 <= last < int(dim)):
         raise ShapeError(f"slice: {size} elements from {start} by step {step} do not fit an axis of size {dim}")
@@ -53,11 +55,7 @@ def _slice_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 
 def _slices(attrs: dict[str, Any], shape: tuple[int, ...]) -> tuple[slice, ...]:
-    out = []
-    for b, s, n in zip(attrs["start"], attrs["step"], shape):
-        stop = b + s * n
-        out.append(slice(b, None if stop < 0 else stop, s))
-    return tuple(out)
+    return tuple(slice(b, b + s * n, s) for b, s, n in zip(attrs["start"], attrs["step"], shape))
 
 
 def _slice_grad_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
