@@ -23,7 +23,7 @@ from mlir_nn.runtime.residency import resident, sync
 from mlir_nn.support.version import __version__
 
 __all__ = ["Tensor", "Value", "__version__", "arange", "bmm", "cat", "chunk", "gather", "index_select", "jit", "load",
-           "matmul", "resident", "save", "split", "stack", "sync", "tril", "triu", "where"]
+           "manual_seed", "matmul", "resident", "save", "split", "stack", "sync", "tril", "triu", "where"]
 
 
 def __getattr__(name: str) -> Any:
@@ -32,4 +32,8 @@ def __getattr__(name: str) -> Any:
         from mlir_nn import checkpoint
 
         return getattr(checkpoint, name)
+    if name == "manual_seed":  # dropout's generator and NumPy's (mlir_nn.nn.generator)
+        from mlir_nn.nn.generator import manual_seed
+
+        return manual_seed
     raise AttributeError(f"module 'mlir_nn' has no attribute {name!r}")

@@ -12,6 +12,7 @@ from typing import Any
 from mlir import ir
 from mlir.dialects import arith, linalg, math, tensor
 
+from mlir_nn.codegen import philox
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.maps import broadcast_map, dims_map, identity_map, permutation_map, reduction_map
 from mlir_nn.codegen.sequence import SEQUENCE_LOWERINGS
@@ -325,6 +326,21 @@ LOWERINGS: dict[str, Rule] = {
     "gemm": _gemm,
     "matmul_relu_grad": _matmul_relu_grad,
 }
+
+
+# ---------------------------------------------------------------------------- nn layers (issue 21a)
+
+
+def _numel(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    dims = [node.inputs[0].shape[a] for a in node.attr("axes")]
+    return b.elementwise((), [], [], lambda: b.count(dims))
+
+
+LOWERINGS.update({
+    "erf": _ewise(math.erf),
+    "numel": _numel,
+    "dropout": philox.dropout,
+})
 
 
 # ---------------------------------------------------------------------------- sequence models (issue 23)
