@@ -6,7 +6,8 @@ Variants, measured round-robin (one short burst each per round, so load changes 
 reported as medians and as ratios to PyTorch eager:
 
 * ``cpu``: the compiled CPU step (``mlir_nn.jit``, static shapes);
-* ``torch``: PyTorch CPU eager (float32, same weights and data);
+* ``torch``: PyTorch CPU eager (float32, same weights and data), on every core this process
+  may use, and ``torch-1-thread`` on one (its threads spin and collapse when the cores are shared);
 * ``torch.compile``: the same model through ``torch.compile``, where it compiles here.
 
     python benchmarks/gpt_step.py [--config small|medium] [--batch 32] [--rounds 7] [--json FILE]
@@ -124,16 +125,17 @@ def torch_variants(config: dict, state: dict, x: np.ndarray, y: np.ndarray) -> d
         import torch
     except ImportError:
         return {}
-    torch.set_num_threads(os.cpu_count() or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     variants = {}
-    for name in ("torch", "torch.compile"):
+    for name, threads in (("torch", cores), ("torch-1-thread", 1), ("torch.compile", cores)):
         model = torch_gpt(VOCAB, BLOCK, **config)
         model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         loss_of = torch.compile(model.loss) if name == "torch.compile" else model.loss
 
-        def step(opt=opt, loss_of=loss_of) -> object:
+        def step(opt=opt, loss_of=loss_of, threads=threads) -> object:
+            torch.set_num_threads(threads)
             opt.zero_grad()
             loss = loss_of(xt, yt)
             loss.backward()
