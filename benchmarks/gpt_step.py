@@ -10,7 +10,8 @@ reported as medians and as ratios to PyTorch eager:
   may use, and ``torch-1-thread`` on one (its threads spin and collapse when the cores are shared);
 * ``torch.compile``: the same model through ``torch.compile``, where it compiles here.
 
-    python benchmarks/gpt_step.py [--config small|medium] [--batch 32] [--rounds 7] [--json FILE]
+    python benchmarks/gpt_step.py [--config small|medium] [--batch 32] [--rounds 7] [--no-torch-compile]
+                                  [--json FILE]
 
 ``small`` is the example's default (2 layers, 4 heads, width 64, context 64); ``medium`` has
 4 layers and width 128.
@@ -33,7 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CONFIGS = {"small": dict(n_layer=2, n_head=4, n_embd=64), "medium": dict(n_layer=4, n_head=4, n_embd=128)}
+CONFIGS = {"small": dict(n_layer=2, n_head=4, n_embd=64), "medium": dict(n_layer=4, n_head=4, n_embd=128),
+           "tiny": dict(n_layer=1, n_head=2, n_embd=16)}  # tiny: the smoke test's
 VOCAB, BLOCK = 96, 64
 
 
@@ -120,7 +122,8 @@ def mlir_nn_variant(config: dict, x: np.ndarray, y: np.ndarray) -> tuple[Callabl
     return lambda: compiled(x, y), model.state_dict()
 
 
-def torch_variants(config: dict, state: dict, x: np.ndarray, y: np.ndarray) -> dict[str, Callable[[], object]]:
+def torch_variants(config: dict, state: dict, x: np.ndarray, y: np.ndarray,
+                   compiled: bool) -> dict[str, Callable[[], object]]:
     try:
         import torch
     except ImportError:
@@ -128,7 +131,8 @@ def torch_variants(config: dict, state: dict, x: np.ndarray, y: np.ndarray) -> d
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     variants = {}
-    for name, threads in (("torch", cores), ("torch-1-thread", 1), ("torch.compile", cores)):
+    runs = [("torch", cores), ("torch-1-thread", 1)] + ([("torch.compile", cores)] if compiled else [])
+    for name, threads in runs:
         model = torch_gpt(VOCAB, BLOCK, **config)
         model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -168,12 +172,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--burst", type=int, default=3)
+    parser.add_argument("--no-torch-compile", action="store_true", help="leave torch.compile out")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     config = CONFIGS[args.config]
     x, y = batch_data(args.batch)
     ours, state = mlir_nn_variant(config, x, y)
-    variants = {"cpu": ours, **torch_variants(config, state, x, y)}
+    variants = {"cpu": ours, **torch_variants(config, state, x, y, not args.no_torch_compile)}
     medians = measure(variants, args.rounds, args.burst)
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
     cpu = platform.processor() or platform.machine()
