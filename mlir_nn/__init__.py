@@ -2,12 +2,28 @@
 
 from typing import Any
 
-from mlir_nn.engine import Tensor, Value
+from mlir_nn.engine import (
+    Tensor,
+    Value,
+    arange,
+    bmm,
+    cat,
+    chunk,
+    gather,
+    index_select,
+    matmul,
+    split,
+    stack,
+    tril,
+    triu,
+    where,
+)
 from mlir_nn.jit import jit
 from mlir_nn.runtime.residency import resident, sync
 from mlir_nn.support.version import __version__
 
-__all__ = ["Tensor", "Value", "__version__", "jit", "load", "manual_seed", "resident", "save", "sync"]
+__all__ = ["Tensor", "Value", "__version__", "arange", "bmm", "cat", "chunk", "gather", "index_select", "jit", "load",
+           "manual_seed", "matmul", "resident", "save", "split", "stack", "sync", "tril", "triu", "where"]
 
 
 def __getattr__(name: str) -> Any:

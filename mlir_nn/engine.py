@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.ir import DTypeError, Node, ShapeError, TensorType, make_node, op_def
-from mlir_nn.ir.shapes import BATCH, dtype_name, fmt_shape, normalize_axes
+from mlir_nn.ir.shapes import BATCH, broadcast_shapes, dtype_name, fmt_shape, normalize_axes
 
 LEAF = "leaf"
 
@@ -296,7 +296,11 @@ class Tensor:
         return apply("mean", self, axes=normalize_axes("mean", axis, self.ndim), keepdims=keepdims)
 
     def transpose(self, *perm: int) -> Tensor:
+        """Two axes ``transpose(i, j)`` swap them (PyTorch); a whole permutation (one tuple, or
+        as many axes as the rank) permutes (NumPy); no axes reverse them."""
         perm_t = tuple(perm[0]) if len(perm) == 1 and isinstance(perm[0], (tuple, list)) else perm
+        if len(perm) == 2 and self.ndim != 2:
+            return swapaxes(self, perm[0], perm[1])
         return apply("transpose", self, perm=perm_t or tuple(reversed(range(self.ndim))))
 
     @property
@@ -351,6 +355,101 @@ class Tensor:
         else:
             self.data[...] = value.data
 
+    # ------------------------------------------------------------------ indexing and shapes (issue 23)
+
+    def __getitem__(self, key: Any) -> Tensor:
+        return getitem(self, key)
+
+    def __lt__(self, other: Any) -> Tensor:
+        return apply("lt", self, other)
+
+    def __le__(self, other: Any) -> Tensor:
+        return apply("le", self, other)
+
+    def __gt__(self, other: Any) -> Tensor:
+        return apply("gt", self, other)
+
+    def __ge__(self, other: Any) -> Tensor:
+        return apply("ge", self, other)
+
+    def lt(self, other: Any) -> Tensor:
+        return apply("lt", self, other)
+
+    def le(self, other: Any) -> Tensor:
+        return apply("le", self, other)
+
+    def gt(self, other: Any) -> Tensor:
+        return apply("gt", self, other)
+
+    def ge(self, other: Any) -> Tensor:
+        return apply("ge", self, other)
+
+    def eq(self, other: Any) -> Tensor:
+        """1.0 where equal, else 0.0 (``==`` keeps Python's identity meaning for tensors)."""
+        return apply("eq", self, other)
+
+    def ne(self, other: Any) -> Tensor:
+        return apply("ne", self, other)
+
+    def size(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[normalize_axes("size", dim, self.ndim)[0]]
+
+    def view(self, *shape: Any) -> Tensor:
+        return self.reshape(*shape)
+
+    def contiguous(self) -> Tensor:
+        return self
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        if self.ndim == 0:
+            return self.reshape(1)
+        first, last = (normalize_axes("flatten", d, self.ndim)[0] for d in (start_dim, end_dim))
+        return self.reshape(*self.shape[:first], -1, *self.shape[last + 1:])
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        axis = normalize_axes("unsqueeze", dim, self.ndim + 1)[0]
+        return apply("reshape", self, shape=self.shape[:axis] + (1,) + self.shape[axis:])
+
+    def squeeze(self, dim: int | tuple[int, ...] | None = None) -> Tensor:
+        axes = normalize_axes("squeeze", dim, self.ndim)
+        return apply("reshape", self, shape=tuple(d for i, d in enumerate(self.shape) if i not in axes or d != 1))
+
+    def permute(self, *dims: Any) -> Tensor:
+        perm = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        if len(perm) != self.ndim:
+            raise ShapeError(f"permute: {perm} does not name each of the {self.ndim} axes of {fmt_shape(self.shape)}")
+        return apply("transpose", self, perm=tuple(normalize_axes("permute", p, self.ndim)[0] for p in perm))
+
+    def expand(self, *sizes: Any) -> Tensor:
+        target = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        lead = len(target) - self.ndim
+        if lead < 0:
+            raise ShapeError(f"expand: {target} has fewer axes than {fmt_shape(self.shape)}")
+        shape = tuple(self.shape[i - lead] if d == -1 and i >= lead else d for i, d in enumerate(target))
+        return self if shape == self.shape else apply("broadcast_to", self, shape=shape)
+
+    def index_select(self, dim: int, index: Any) -> Tensor:
+        return index_select(self, dim, index)
+
+    def gather(self, dim: int, index: Any) -> Tensor:
+        return gather(self, dim, index)
+
+    def masked_fill(self, mask: Any, value: float) -> Tensor:
+        """``value`` where ``mask`` is nonzero (True), else this tensor."""
+        return apply("where", _mask_like(mask, self, "masked_fill"), float(value), self)
+
+    def tril(self, diagonal: int = 0) -> Tensor:
+        return tril(self, diagonal)
+
+    def triu(self, diagonal: int = 0) -> Tensor:
+        return triu(self, diagonal)
+
+    def split(self, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+        return split(self, split_size_or_sections, dim)
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+        return chunk(self, chunks, dim)
+
     # ------------------------------------------------------------------ autodiff
 
     def backward(self, gradient: Any = None) -> None:
@@ -404,10 +503,13 @@ class Tensor:
 Value = Tensor
 
 
-def stack(tensors: list[Any]) -> Tensor:
-    """Tensors (or numbers) of one shape stacked along a new first axis, with autograd."""
+def stack(tensors: list[Any], dim: int = 0) -> Tensor:
+    """Tensors (or numbers) of one shape stacked along a new axis ``dim``, with autograd."""
     if not tensors:
         raise ShapeError("stack: got an empty list; expected at least one tensor")
+    if dim != 0:
+        parts = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
+        return cat([t.unsqueeze(dim) for t in parts], dim)
     dtypes = [t.dtype for t in tensors if isinstance(t, Tensor)]
     dtype = np.result_type(*dtypes).name if dtypes else "float64"
     return apply("stack", *[t.astype(dtype) if isinstance(t, Tensor) else t for t in tensors])
@@ -489,7 +591,8 @@ def apply(op: str, *operands: Any, **attrs: Any) -> Tensor:
 
 
 def matmul(a: Any, b: Any) -> Tensor:
-    """Matrix product; 1-D operands are treated as a row / column vector like numpy."""
+    """Matrix product with NumPy's and PyTorch's rules: 1-D operands are a row / column vector,
+    more than two axes are batches of matrices that broadcast against each other."""
     if not isinstance(a, Tensor):
         a = Tensor(a, dtype=b.dtype)
     if not isinstance(b, Tensor):
@@ -504,4 +607,237 @@ def matmul(a: Any, b: Any) -> Tensor:
         return row.reshape(()) if b.ndim == 1 else row.reshape(row.shape[1])
     if b.ndim == 1 and a.ndim == 2:
         return matmul(a, b.reshape(b.shape[0], 1)).reshape(a.shape[0])
+    if a.ndim > 2 or b.ndim > 2:
+        return batched_matmul(a, b)
     return apply("matmul", a, b)
+
+
+# ---------------------------------------------------------------------------- indexing and shapes (issue 23)
+# Index tensors are float tensors of the indexed tensor's dtype (see mlir_nn.ir.sequence_ops);
+# concrete ones (arrays, lists, eager tensors) are converted here.
+
+
+def _static_axis(op: str, shape: tuple, axis: int) -> int:
+    if shape[axis] == BATCH:
+        raise ShapeError(f"{op}: axis {axis} of {fmt_shape(shape)} is the batch dimension of a traced step; "
+                         "it can only be taken whole")
+    return int(shape[axis])
+
+
+def _index_like(index: Any, x: Tensor, op: str) -> Tensor:
+    """An index operand as a tensor of ``x``'s dtype (indices carry no gradient)."""
+    if isinstance(index, Tensor):
+        if index.dtype == x.dtype:
+            return index
+        if index._data is None:
+            raise DTypeError(f"{op}: a traced index tensor is {index.dtype}, the indexed tensor {x.dtype}; "
+                             "expected one dtype")
+        index = index.data
+    array = numeric_array(index, f"{op}: index")
+    if array.dtype.kind == "b":
+        raise TypeError(f"{op}: boolean masks cannot index (the result's shape would depend on the data); "
+                        "use masked_fill or where")
+    return Tensor(array, dtype=x.dtype)
+
+
+def _mask_like(mask: Any, x: Tensor, op: str) -> Tensor:
+    """A condition as a tensor of ``x``'s dtype: 1.0 where true (nonzero), else 0.0."""
+    if isinstance(mask, Tensor) and (mask.dtype == x.dtype or mask._data is None):
+        return mask
+    return Tensor(numeric_array(mask, f"{op}: mask") != 0, dtype=x.dtype)
+
+
+def getitem(x: Tensor, key: Any) -> Tensor:
+    """``x[key]`` with ints, slices (any step), None, ``...`` and one integer array or tensor."""
+    items = list(key) if isinstance(key, tuple) else [key]
+    ellipses = [i for i, item in enumerate(items) if item is Ellipsis]
+    consumed = sum(1 for item in items if item is not None and item is not Ellipsis)
+    if len(ellipses) > 1 or consumed > x.ndim:
+        raise IndexError(f"__getitem__: {key!r} does not index a tensor of shape {fmt_shape(x.shape)} "
+                         "(at most one '...' and one index per axis)")
+    fill = [slice(None)] * (x.ndim - consumed)
+    items = items[:ellipses[0]] + fill + items[ellipses[0] + 1:] if ellipses else items + fill
+    start: list[int] = []
+    step: list[int] = []
+    size: list[Any] = []
+    out_shape: list[Any] = []
+    advanced: list[tuple[int, Any]] = []
+    for item in items:
+        if item is None:
+            out_shape.append(1)
+            continue
+        axis = len(start)
+        dim = x.shape[axis]
+        if isinstance(item, slice):
+            if dim == BATCH:
+                if item.start not in (None, 0) or item.stop is not None or item.step not in (None, 1):
+                    _static_axis("__getitem__", x.shape, axis)
+                start.append(0), step.append(1), size.append(BATCH), out_shape.append(BATCH)
+                continue
+            if item.step is not None and item.step < 1:
+                raise ValueError(f"__getitem__: slice step must be positive (as PyTorch's), got {item.step}")
+            begin, end, stride = item.indices(int(dim))
+            count = len(range(begin, end, stride))
+            if count == 0:
+                raise IndexError(f"__getitem__: slice {item} of axis {axis} (size {dim}) is empty; "
+                                 "empty tensors are not supported")
+            start.append(begin), step.append(stride), size.append(count), out_shape.append(count)
+        elif isinstance(item, numbers.Integral) and not isinstance(item, bool):
+            d = _static_axis("__getitem__", x.shape, axis)
+            if not -d <= item < d:
+                raise IndexError(f"__getitem__: index {item} is out of range for axis {axis} of size {d} "
+                                 f"in {fmt_shape(x.shape)}")
+            start.append(int(item) % d), step.append(1), size.append(1)
+        else:
+            if advanced:
+                raise IndexError("__getitem__: one integer-array index per expression is supported; "
+                                 "index the axes one after another")
+            d = _static_axis("__getitem__", x.shape, axis)
+            advanced.append((len(out_shape), item))
+            start.append(0), step.append(1), size.append(d), out_shape.append(d)
+    y = x
+    if any((b, s, n) != (0, 1, d) for b, s, n, d in zip(start, step, size, x.shape)):
+        y = apply("slice", y, start=tuple(start), step=tuple(step), shape=tuple(size))
+    if tuple(out_shape) != tuple(y.shape):
+        y = apply("reshape", y, shape=tuple(out_shape))
+    if advanced:
+        position, index = advanced[0]
+        y = apply("take", y, _index_like(index, y, "__getitem__"), axis=position)
+    return y
+
+
+def index_select(x: Tensor, dim: int, index: Any) -> Tensor:
+    """Rows of ``x`` along ``dim`` picked by a 1-D index (torch.index_select)."""
+    axis = normalize_axes("index_select", dim, x.ndim)[0]
+    _static_axis("index_select", x.shape, axis)
+    idx = _index_like(index, x, "index_select")
+    if idx.ndim != 1:
+        raise ShapeError(f"index_select: index must be 1-D, got {fmt_shape(idx.shape)}")
+    return apply("take", x, idx, axis=axis)
+
+
+def gather(x: Tensor, dim: int, index: Any) -> Tensor:
+    """torch.gather: ``out[..., i, ...] = x[..., index[..., i, ...], ...]`` along ``dim``."""
+    axis = normalize_axes("gather", dim, x.ndim)[0]
+    return apply("gather", x, _index_like(index, x, "gather"), axis=axis)
+
+
+def where(condition: Any, a: Any, b: Any) -> Tensor:
+    """``a`` where ``condition`` is true (nonzero), else ``b``, with broadcasting."""
+    ref = next((t for t in (a, b, condition) if isinstance(t, Tensor)), None)
+    ref = ref if ref is not None else Tensor(0.0)
+    return apply("where", _mask_like(condition, ref, "where"), a, b)
+
+
+def _triangle(x: Tensor, keep: np.ndarray) -> Tensor:
+    return apply("where", Tensor(keep, dtype=x.dtype), x, 0.0)
+
+
+def tril(x: Tensor, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two axes (on and below ``diagonal``), zeros above."""
+    rows, cols = (_static_axis("tril", x.shape, a) for a in (x.ndim - 2, x.ndim - 1))
+    return _triangle(x, np.tril(np.ones((rows, cols), bool), diagonal))
+
+
+def triu(x: Tensor, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two axes (on and above ``diagonal``), zeros below."""
+    rows, cols = (_static_axis("triu", x.shape, a) for a in (x.ndim - 2, x.ndim - 1))
+    return _triangle(x, np.triu(np.ones((rows, cols), bool), diagonal))
+
+
+def arange(start: float, end: float | None = None, step: float = 1, dtype: Any = None) -> Tensor:
+    """``[start, end)`` by ``step`` as a constant tensor (float64 unless ``dtype``)."""
+    values = np.arange(start, end, step) if end is not None else np.arange(start)
+    return Tensor(values, dtype=dtype or "float64")
+
+
+def swapaxes(x: Tensor, i: int, j: int) -> Tensor:
+    """``x`` with axes ``i`` and ``j`` exchanged (torch.transpose)."""
+    a, b = (normalize_axes("transpose", d, x.ndim)[0] for d in (i, j))
+    perm = list(range(x.ndim))
+    perm[a], perm[b] = b, a
+    return x if a == b else apply("transpose", x, perm=tuple(perm))
+
+
+def _slice_along(x: Tensor, axis: int, begin: int, count: int) -> Tensor:
+    start = tuple(begin if i == axis else 0 for i in range(x.ndim))
+    shape = tuple(count if i == axis else d for i, d in enumerate(x.shape))
+    return x if shape == x.shape else apply("slice", x, start=start, step=(1,) * x.ndim, shape=shape)
+
+
+def split(x: Tensor, split_size_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    """Pieces along ``dim``: of one size (the last may be shorter) or of the listed sizes."""
+    axis = normalize_axes("split", dim, x.ndim)[0]
+    total = _static_axis("split", x.shape, axis)
+    if isinstance(split_size_or_sections, numbers.Integral):
+        every = int(split_size_or_sections)
+        if every < 1:
+            raise ValueError(f"split: split size must be positive, got {every}")
+        sizes = [min(every, total - b) for b in range(0, total, every)]
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if sum(sizes) != total or min(sizes) < 1:
+            raise ShapeError(f"split: sections {sizes} must be positive and add up to {total} (axis {axis} of "
+                             f"{fmt_shape(x.shape)})")
+    offsets = np.cumsum([0] + sizes[:-1])
+    return tuple(_slice_along(x, axis, int(b), n) for b, n in zip(offsets, sizes))
+
+
+def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """``chunks`` pieces along ``dim`` as torch.chunk (each ceil(size / chunks) long but the last)."""
+    axis = normalize_axes("chunk", dim, x.ndim)[0]
+    total = _static_axis("chunk", x.shape, axis)
+    if chunks < 1:
+        raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+    return split(x, -(-total // chunks), axis)
+
+
+def cat(tensors: list[Any], dim: int = 0) -> Tensor:
+    """Tensors joined along ``dim`` (each placed in zeros of the result's shape, then summed)."""
+    parts = [t if isinstance(t, Tensor) else Tensor(t) for t in tensors]
+    if not parts:
+        raise ShapeError("cat: got an empty list; expected at least one tensor")
+    first = parts[0]
+    axis = normalize_axes("cat", dim, first.ndim)[0]
+    for t in parts[1:]:
+        if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis):
+            raise ShapeError(f"cat: shapes {fmt_shape(first.shape)} and {fmt_shape(t.shape)} differ off axis {axis}")
+    if len(parts) == 1:
+        return first
+    dtypes = {t.dtype for t in parts}
+    if len(dtypes) > 1 and current_trace() is None:
+        parts = [t.astype("float64") for t in parts]
+    sizes = [_static_axis("cat", t.shape, axis) for t in parts]
+    full = tuple(sum(sizes) if i == axis else d for i, d in enumerate(first.shape))
+    out: Tensor | None = None
+    for t, begin in zip(parts, np.cumsum([0] + sizes[:-1])):
+        start = tuple(int(begin) if i == axis else 0 for i in range(first.ndim))
+        placed = apply("slice_grad", t, start=start, step=(1,) * first.ndim, shape=full)
+        out = placed if out is None else apply("add", out, placed)
+    return out  # type: ignore[return-value]
+
+
+def batched_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` where an operand has more than two axes: batch axes broadcast (PyTorch's rules)."""
+    rows, cols = a.ndim == 1, b.ndim == 1
+    a = a.reshape(1, a.shape[0]) if rows else a
+    b = b.reshape(b.shape[0], 1) if cols else b
+    (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
+    if k != k2:
+        raise ShapeError(f"matmul: inner dimensions differ: {fmt_shape(a.shape)} @ {fmt_shape(b.shape)}; "
+                         f"expected lhs columns ({k}) == rhs rows ({k2})")
+    if b.ndim == 2 and BATCH not in a.shape:
+        out = apply("matmul", a.reshape(-1, k), b).reshape(*a.shape[:-1], n)  # one 2-D product
+    else:
+        batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
+        out = apply("bmm", a.expand(*batch, m, k), b.expand(*batch, k2, n))
+    if rows:
+        out = out.squeeze(out.ndim - 2)
+    return out.squeeze(out.ndim - 1) if cols else out
+
+
+def bmm(a: Tensor, b: Tensor) -> Tensor:
+    """torch.bmm: (B, m, k) @ (B, k, n)."""
+    if a.ndim != 3 or b.ndim != 3:
+        raise ShapeError(f"bmm: expected 3-D operands, got {fmt_shape(a.shape)} @ {fmt_shape(b.shape)}")
+    return apply("bmm", a, b)

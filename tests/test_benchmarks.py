@@ -44,6 +44,13 @@ def test_classification_step(tmp_path):
     assert json.loads((tmp_path / "c.json").read_text())
 
 
+def test_gpt_step(tmp_path):
+    out = run("gpt_step.py", "--config", "tiny", "--batch", "2", "--rounds", "1", "--burst", "1",
+              "--no-torch-compile", "--json", str(tmp_path / "gpt.json"))
+    assert "cpu" in json.loads((tmp_path / "gpt.json").read_text())["median_s"]
+    assert "x torch eager" in out
+
+
 def test_matmul_table():
     assert "dW L2" in run("matmul_table.py", "--quick", "--only", "dW L2")
 

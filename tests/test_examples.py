@@ -44,3 +44,17 @@ def test_data_parallel_moons_example_runs_on_two_ranks(tmp_path):
     assert "largest parameter difference between ranks: 0\n" in result.stdout
     for name in ("training_progress_dp.png", "decision_boundary_dp.png"):
         assert (tmp_path / "output" / name).stat().st_size > 1000
+
+
+def test_char_gpt_example_learns_below_the_unigram_entropy(tmp_path):
+    """examples/char_gpt.py for a short run: the validation loss falls well below the corpus's
+    unigram entropy, the loss plot is written and text is sampled."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "char_gpt.py"), "100"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    entropy = float(re.search(r"Unigram entropy of the corpus: ([0-9.]+)", result.stdout).group(1))
+    val = float(re.search(r"Validation loss: ([0-9.]+)", result.stdout).group(1))
+    assert val < entropy - 0.5
+    assert "Sample:\nThe " in result.stdout
+    assert (tmp_path / "output" / "char_gpt_loss.png").stat().st_size > 1000

@@ -16,6 +16,7 @@ from mlir.dialects import arith, linalg, math, tensor
 from mlir_nn.codegen import philox
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.maps import broadcast_map, dims_map, identity_map, permutation_map, reduction_map
+from mlir_nn.codegen.sequence import SEQUENCE_LOWERINGS
 from mlir_nn.codegen.tensor_types import tensor_type
 from mlir_nn.ir import Node
 from mlir_nn.ir.ops import sum_to_axes
@@ -345,3 +346,7 @@ LOWERINGS.update({
     "numel": _numel,
     "dropout": philox.dropout,
 })
+
+
+# ---------------------------------------------------------------------------- sequence models (issue 23)
+LOWERINGS.update(SEQUENCE_LOWERINGS)

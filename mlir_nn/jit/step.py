@@ -10,6 +10,7 @@ import numpy as np
 from mlir_nn.backends import Executable, get_backend
 from mlir_nn.engine import Tensor
 from mlir_nn.ir import Graph
+from mlir_nn.ir.sequence_ops import check_indices
 from mlir_nn.jit.feeds import FedTensor
 from mlir_nn.jit.pipeline import Built, StepPipeline
 from mlir_nn.jit.tiered import BackgroundCompile
@@ -35,6 +36,7 @@ class CompiledStep:
         self.single = single
         self.pipeline = pipeline
         self.feeds = [t for t in captured if isinstance(t, FedTensor)]
+        self.index_inputs = index_inputs(graph)
         self._batch_estimate = batch_estimate
         self._background: BackgroundCompile | None = None
         self._switch = threading.Lock()
@@ -62,7 +64,8 @@ class CompiledStep:
         self.stages.update(getattr(built.executable, "stages", {}))
         plain_entry = getattr(built.executable, "plain_entry", None)
         feeds = [(i, t.source) for i, t in enumerate(self.captured) if isinstance(t, FedTensor)]
-        self.run_plain = None if plain_entry is None else plain_entry(self.captured, DATA_ATTRIBUTE, feeds)
+        plain = plain_entry is not None and not self.index_inputs  # index inputs are checked in run
+        self.run_plain = plain_entry(self.captured, DATA_ATTRIBUTE, feeds) if plain else None
 
     @property
     def tier(self) -> str:
@@ -97,4 +100,17 @@ class CompiledStep:
         """The outputs for these input arrays (parameters updated in place)."""
         if self._background is not None:
             self.finish_compile(wait=False)
+        for position, op, size in self.index_inputs:
+            check_indices(f"{op} (step argument {self.graph.inputs[position].attr('name')})", arrays[position], size)
         return self.executable.run(arrays, self._param_arrays())
+
+
+def index_inputs(graph: Graph) -> list[tuple[int, str, int]]:
+    """(argument position, op, axis size) for each step argument that indexes a gather: checked
+    before every call, so an out-of-range index is an error naming the op, never a silent zero."""
+    positions = {node: i for i, node in enumerate(graph.inputs)}
+    found = []
+    for node in graph.nodes:
+        if node.op in ("take", "gather") and node.inputs[1] in positions:
+            found.append((positions[node.inputs[1]], node.op, int(node.inputs[0].shape[node.attr("axis")])))
+    return found

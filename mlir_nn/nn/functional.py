@@ -192,3 +192,40 @@ _SQRT1_2 = math.sqrt(0.5)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 __all__ += ["batch_norm", "dropout", "erf", "flatten", "gelu", "layer_norm", "leaky_relu", "linear", "silu"]
+
+
+# ---------------------------------------------------------------------------- sequence models (issue 23)
+
+
+def embedding(input: Any, weight: Tensor) -> Tensor:
+    """Rows of ``weight`` (num_embeddings, dim) picked by the integer tensor ``input``: shape
+    ``input.shape + (dim,)``; the gradient adds up into the picked rows (dense, as PyTorch's default)."""
+    if weight.ndim != 2:
+        raise ShapeError(f"embedding: weight must be 2-D (num_embeddings, dim), got {fmt_shape(weight.shape)}")
+    return weight[input if isinstance(input, Tensor) else np.asarray(input)]
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: float | None = None) -> Tensor:
+    """softmax(q @ k^T * scale + mask) @ v over the last two axes, as PyTorch's: ``is_causal``
+    hides keys after each query; a boolean ``attn_mask`` keeps where True, a float one is added."""
+    length, source = query.shape[-2], key.shape[-2]
+    scores = (query @ key.transpose(-2, -1)) * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)
+    if is_causal:
+        if attn_mask is not None:
+            raise ValueError("scaled_dot_product_attention: pass either attn_mask or is_causal, not both")
+        attn_mask = np.tril(np.ones((length, source), bool))
+    if attn_mask is not None:
+        mask = attn_mask.data if isinstance(attn_mask, Tensor) and attn_mask._data is not None else attn_mask
+        if isinstance(mask, np.ndarray) and mask.dtype == bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    weights = scores.softmax(-1)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p)
+    return weights @ value
+
+
+__all__ += ["embedding", "scaled_dot_product_attention"]

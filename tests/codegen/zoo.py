@@ -83,3 +83,25 @@ def arguments(graph: Graph, batch: int, rng: np.random.Generator) -> tuple[list[
         return np.abs(value) + 0.5 if node.attr("name") == "y" else value
 
     return [draw(i) for i in graph.inputs], [draw(p) for p in graph.params]
+
+
+def sequence_zoo(dtype: str) -> Graph:
+    """The sequence-model ops (issue 23): slices, gathers and their scatter-adds, where,
+    comparisons and batched products, on an (N, 4, 6) input and a (5, 6) table."""
+    x = _leaf("input", "x", ("N", 4, 6), dtype)
+    table = _leaf("param", "table", (5, 6), dtype)
+    rows = _leaf("param", "rows", (3, 2), dtype)  # integers in [0, 5)
+    picks = _leaf("param", "picks", ("N", 4, 6), dtype)  # integers in [0, 4)
+    n = make_node
+    box = n("slice", [x], start=(0, 1, 0), step=(1, 2, 3), shape=("N", 2, 2))
+    swapped = n("transpose", [x], perm=(0, 2, 1))
+    outs = [
+        box, n("slice_grad", [box], start=(0, 1, 0), step=(1, 2, 3), shape=("N", 4, 6)),
+        n("take", [table, rows], axis=0), n("take_grad", [n("take", [table, rows], axis=0), rows], axis=0, size=5),
+        n("take", [x, n("slice", [rows], start=(0, 0), step=(1, 1), shape=(1, 2))], axis=1),
+        n("gather", [x, picks], axis=1), n("gather_grad", [x, picks], axis=1, size=4),
+        n("where", [n("gt", [x, const(0.0, dtype)]), x, const(-1.0, dtype)]),
+        n("lt", [x, picks]), n("le", [x, picks]), n("ge", [x, picks]), n("ne", [x, picks]),
+        n("bmm", [x, swapped]),
+    ]
+    return Graph((x,), (table, rows, picks), tuple(outs), name="sequence_zoo")
