@@ -15,6 +15,7 @@ from mlir.dialects import arith, linalg, math, tensor
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.maps import broadcast_map, dims_map, identity_map, permutation_map, reduction_map
 from mlir_nn.codegen.tensor_types import tensor_type
+from mlir_nn.codegen.windows import WINDOW_LOWERINGS
 from mlir_nn.ir import Node
 from mlir_nn.ir.ops import sum_to_axes
 from mlir_nn.ir.shapes import Shape
@@ -323,4 +324,6 @@ LOWERINGS: dict[str, Rule] = {
     "linear": _linear,
     "gemm": _gemm,
     "matmul_relu_grad": _matmul_relu_grad,
+    # ------------------------------------------------------------ window ops (issue 22)
+    **WINDOW_LOWERINGS,
 }

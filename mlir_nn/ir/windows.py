@@ -421,8 +421,9 @@ def _pad_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
                 raise ShapeError(f"pad: the batch axis of {fmt_shape(x.shape)} cannot be padded, got {(lo, hi)}")
             shape.append(d)
             continue
-        if d + lo + hi < 0 or lo < -d or hi < -d:
-            raise ShapeError(f"pad: pads {pads} crop more than the size of {fmt_shape(x.shape)}")
+        if d + min(lo, 0) + min(hi, 0) < 1:
+            raise ShapeError(f"pad: pads {pads} crop all of an axis of {fmt_shape(x.shape)}; "
+                             "expected at least one element left")
         shape.append(d + lo + hi)
     return TensorType(tuple(shape), x.dtype)
 

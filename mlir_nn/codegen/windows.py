@@ -1,0 +1,331 @@
+"""Lowerings of the window ops (``mlir_nn.ir.windows``): convolutions, pooling, pad.
+
+Every window op is one ``linalg.generic`` whose input maps read ``o * stride + k * dilation``
+from an operand padded in advance (``tensor.insert_slice`` into a filled tensor). Kernel
+loops that no operand indexes directly get their extent from an unused ``(kh, kw)``
+window operand, as linalg's own pooling ops do. Gradients that scatter (a transposed
+convolution, the pooling gradients) gather instead: the output gradient is spread out by
+the stride and padded by the window span, so that every input position reads a plain
+window of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from mlir import ir
+from mlir.dialects import arith, linalg, tensor
+
+from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
+from mlir_nn.codegen.maps import identity_map
+from mlir_nn.codegen.tensor_types import tensor_type
+from mlir_nn.ir import Node
+from mlir_nn.ir.shapes import BATCH, Shape
+from mlir_nn.ir.windows import Axis, axes_of
+
+Rule = Callable[[FunctionBuilder, Node, list[Operand]], ir.Value]
+
+
+def _d(i: int) -> ir.AffineExpr:
+    return ir.AffineDimExpr.get(i)
+
+
+def _map(n_dims: int, exprs: Sequence[ir.AffineExpr | int]) -> ir.AffineMap:
+    return ir.AffineMap.get(n_dims, 0, [ir.AffineConstantExpr.get(e) if isinstance(e, int) else e for e in exprs])
+
+
+def _static_and_dynamic(sizes: Sequence[int | ir.Value]) -> tuple[list[int], list[ir.Value]]:
+    dynamic = ir.ShapedType.get_dynamic_size()
+    values = [s for s in sizes if isinstance(s, ir.Value)]
+    return [dynamic if isinstance(s, ir.Value) else int(s) for s in sizes], values
+
+
+def place(b: FunctionBuilder, x: ir.Value, x_shape: Shape, out_shape: Shape, offsets: Sequence[int],
+          strides: Sequence[int], fill: float) -> ir.Value:
+    """A tensor of ``out_shape`` filled with ``fill`` holding ``x`` at ``offsets``, spread by ``strides``."""
+    static, dynamic = _static_and_dynamic(b.sizes(x_shape))
+    return tensor.insert_slice(x, b.filled(out_shape, fill), [], dynamic, [], list(offsets), static, list(strides))
+
+
+def crop(b: FunctionBuilder, x: ir.Value, out_shape: Shape, offsets: Sequence[int]) -> ir.Value:
+    static, dynamic = _static_and_dynamic(b.sizes(out_shape))
+    result = tensor_type(out_shape, b.dtype)
+    return tensor.extract_slice(result, x, [], dynamic, [], list(offsets), static, [1] * len(out_shape))
+
+
+def reshape(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
+    """``x`` with the same elements in ``shape`` (a view after bufferization)."""
+    index = ir.IndexType.get()
+    sizes = [s if isinstance(s, ir.Value) else b.index(s) for s in b.sizes(shape)]
+    target = tensor.from_elements(ir.RankedTensorType.get([len(sizes)], index), sizes)
+    return tensor.reshape(tensor_type(shape, b.dtype), x, target)
+
+
+def _padded(b: FunctionBuilder, x: ir.Value, shape: Shape, ys: Axis, xs: Axis, fill: float) -> ir.Value:
+    """The NCHW input padded to every extent its windows read."""
+    out = tuple(shape[:2]) + (ys.padded, xs.padded)
+    if out == tuple(shape):
+        return x
+    return place(b, x, shape, out, (0, 0, ys.lo, xs.lo), (1, 1, 1, 1), fill)
+
+
+def _window(b: FunctionBuilder, ys: Axis, xs: Axis) -> ir.Value:
+    return b.empty((ys.kernel, xs.kernel))
+
+
+def _index(b: FunctionBuilder, dim: int) -> ir.Value:
+    return linalg.IndexOp(dim).result
+
+
+def _as_float(b: FunctionBuilder, i: ir.Value) -> ir.Value:
+    return arith.sitofp(b.element, arith.index_cast(ir.IntegerType.get_signless(64), i))
+
+
+def _affine_index(b: FunctionBuilder, terms: Sequence[tuple[int, int]], constant: int) -> ir.Value:
+    """sum(index(dim) * factor) + constant, as an index Value inside a linalg body."""
+    total = b.index(constant)
+    for dim, factor in terms:
+        total = arith.addi(total, arith.muli(_index(b, dim), b.index(factor)))
+    return total
+
+
+def _windowed(a: Axis, out_dim: int, k_dim: int, offset: int = 0) -> ir.AffineExpr:
+    return _d(out_dim) * a.stride + _d(k_dim) * a.dilation + offset
+
+
+# ---------------------------------------------------------------------------- convolutions
+
+
+def _conv_parts(node: Node, in_hw: tuple[int, int], kernel: tuple[int, int]) -> tuple[Axis, Axis, int]:
+    ys, xs = axes_of(node.op, in_hw, kernel, node.attr_dict)
+    return ys, xs, int(node.attr("groups"))
+
+
+def _grouped(b: FunctionBuilder, x: ir.Value, shape: Shape, groups: int) -> tuple[ir.Value, Shape]:
+    """(N, C, ...) as (N, G, C/G, ...)."""
+    grouped = (shape[0], groups, int(shape[1]) // groups) + tuple(shape[2:])
+    return reshape(b, x, grouped), grouped
+
+
+def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    x_node, w_node = node.inputs
+    o, cg, kh, kw = (int(d) for d in w_node.shape)
+    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    x, _ = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
+    w = reshape(b, xs_[1], (groups, o // groups, cg, kh, kw))
+    out_shape = (node.shape[0], groups, o // groups, ys.out, xs.out)
+    # loops: n g o oh ow | c kh kw
+    n, g, oc, oh, ow, c, k, m = range(8)
+    maps = [_map(8, [_d(n), _d(g), _d(c), _windowed(ys, oh, k), _windowed(xs, ow, m)]),
+            _map(8, [_d(g), _d(oc), _d(c), _d(k), _d(m)])]
+    out = b.reduce(out_shape, [x, w], maps, _map(8, [_d(i) for i in (n, g, oc, oh, ow)]),
+                   [PARALLEL] * 5 + [REDUCTION] * 3, arith.mulf)
+    return reshape(b, out, node.shape)
+
+
+def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    g_node, w_node = node.inputs
+    o, cg, kh, kw = (int(d) for d in w_node.shape)
+    ys, xs, groups = _conv_parts(node, tuple(node.shape[2:]), (kh, kw))
+    spread = _spread_shape(g_node.shape, ys, xs)
+    gz = place(b, xs_[0], g_node.shape, spread, (0, 0, ys.span - 1, xs.span - 1), (1, 1, ys.stride, xs.stride), 0.0)
+    gz, _ = _grouped(b, gz, spread, groups)
+    w = reshape(b, xs_[1], (groups, o // groups, cg, kh, kw))
+    out_shape = (node.shape[0], groups, cg) + tuple(node.shape[2:])
+    # loops: n g c i j | o k m ; the weight read flipped
+    n, g, c, i, j, oc, k, m = range(8)
+    maps = [_map(8, [_d(n), _d(g), _d(oc), _d(i) + _d(k) * ys.dilation + ys.lo, _d(j) + _d(m) * xs.dilation + xs.lo]),
+            _map(8, [_d(g), _d(oc), _d(c), (kh - 1) - _d(k), (kw - 1) - _d(m)]),
+            _map(8, [_d(k), _d(m)])]
+    out = b.reduce(out_shape, [gz, w, _window(b, ys, xs)], maps, _map(8, [_d(q) for q in (n, g, c, i, j)]),
+                   [PARALLEL] * 5 + [REDUCTION] * 3, lambda gv, wv, _: arith.mulf(gv, wv))
+    return reshape(b, out, node.shape)
+
+
+def _spread_shape(g_shape: Shape, ys: Axis, xs: Axis) -> Shape:
+    """Extent of an output gradient spread by the stride and padded by the span on both sides,
+    large enough for every input position's window (``i + lo + k * dilation``)."""
+
+    def extent(a: Axis) -> int:
+        return max(a.size + a.lo + a.span - 1, (a.out - 1) * a.stride + 2 * a.span - 1)
+
+    return tuple(g_shape[:2]) + (extent(ys), extent(xs))
+
+
+def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    x_node, g_node = node.inputs
+    o, cg, kh, kw = (int(d) for d in node.shape)
+    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    x, _ = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
+    gy, _ = _grouped(b, xs_[1], g_node.shape, groups)
+    out_shape = (groups, o // groups, cg, kh, kw)
+    # loops: g o c k m | n oh ow
+    g, oc, c, k, m, n, oh, ow = range(8)
+    maps = [_map(8, [_d(n), _d(g), _d(oc), _d(oh), _d(ow)]),
+            _map(8, [_d(n), _d(g), _d(c), _windowed(ys, oh, k), _windowed(xs, ow, m)])]
+    out = b.reduce(out_shape, [gy, x], maps, _map(8, [_d(q) for q in range(5)]),
+                   [PARALLEL] * 5 + [REDUCTION] * 3, arith.mulf)
+    return reshape(b, out, node.shape)
+
+
+# ---------------------------------------------------------------------------- pooling
+
+
+def _pool_axes(node: Node, in_hw: Sequence) -> tuple[Axis, Axis]:
+    kernel = tuple(int(v) for v in node.attr("kernel"))
+    return axes_of(node.op, tuple(int(v) for v in in_hw), kernel, node.attr_dict)
+
+
+_POOL_LOOPS = [PARALLEL] * 4 + [REDUCTION] * 2  # n c oh ow | kh kw
+
+
+def _pool_out() -> ir.AffineMap:
+    return _map(6, [_d(i) for i in range(4)])
+
+
+def _pool_maps(ys: Axis, xs: Axis, offset: tuple[int, int] = (0, 0)) -> tuple[ir.AffineMap, ir.AffineMap]:
+    """(windowed read of a padded image, the window operand) over loops n c oh ow kh kw."""
+    return (_map(6, [_d(0), _d(1), _windowed(ys, 2, 4, offset[0]), _windowed(xs, 3, 5, offset[1])]),
+            _map(6, [_d(4), _d(5)]))
+
+
+def _max_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    x_node = node.inputs[0]
+    ys, xs = _pool_axes(node, x_node.shape[2:])
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, float("-inf"))
+    reads, window = _pool_maps(ys, xs)
+    return b.reduce(node.shape, [x, _window(b, ys, xs)], [reads, window], _pool_out(),
+                    _POOL_LOOPS, lambda v, _: v,
+                    init=float("-inf"), combine=arith.maximumf)
+
+
+def _max_pool2d_index(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """Smallest row-major input position in each window holding the window's maximum."""
+    x_node = node.inputs[0]
+    ys, xs = _pool_axes(node, x_node.shape[2:])
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, float("-inf"))
+    reads, window = _pool_maps(ys, xs)
+    out = _pool_out()
+
+    def position(v: ir.Value, best: ir.Value, _w: ir.Value) -> ir.Value:
+        row = ((2, ys.stride * xs.size), (4, ys.dilation * xs.size), (3, xs.stride), (5, xs.dilation))
+        pos = _as_float(b, _affine_index(b, row, -ys.lo * xs.size - xs.lo))
+        return arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, v, best), pos, b.scalar(float("inf")))
+
+    return b.reduce(node.shape, [x, xs_[1], _window(b, ys, xs)], [reads, out, window], out, _POOL_LOOPS, position,
+                    init=float("inf"), combine=arith.minimumf)
+
+
+def _gather_windows(b: FunctionBuilder, node: Node, parts: list[tuple[ir.Value, float]], ys: Axis, xs: Axis,
+                    fn: Callable[..., ir.Value]) -> ir.Value:
+    """Pooling gradient: spread each (output-shaped operand, fill) and sum ``fn`` over the windows
+    that cover each input position (loops n c i j | k m)."""
+    g_shape = node.inputs[0].shape
+    spread = _spread_shape(g_shape, ys, xs)
+    spread_parts = [place(b, v, g_shape, spread, (0, 0, ys.span - 1, xs.span - 1), (1, 1, ys.stride, xs.stride), fill)
+                    for v, fill in parts]
+    read = _map(6, [_d(0), _d(1), _d(2) + _d(4) * ys.dilation + ys.lo, _d(3) + _d(5) * xs.dilation + xs.lo])
+    maps = [read] * len(parts) + [_map(6, [_d(4), _d(5)])]
+    return b.reduce(node.shape, spread_parts + [_window(b, ys, xs)], maps, _pool_out(),
+                    _POOL_LOOPS, fn)
+
+
+def _max_pool2d_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    ys, xs = _pool_axes(node, node.attr("input_hw"))
+
+    def routed(g: ir.Value, index: ir.Value, _w: ir.Value) -> ir.Value:
+        here = _as_float(b, _affine_index(b, ((2, xs.size), (3, 1)), 0))
+        return arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, index, here), g, b.scalar(0.0))
+
+    return _gather_windows(b, node, [(xs_[0], 0.0), (xs_[1], -1.0)], ys, xs, routed)
+
+
+def _divisor(b: FunctionBuilder, a: Axis, dim: int, count_include_pad: bool) -> ir.Value:
+    """PyTorch's window length along one axis at output index ``dim`` (an index Value)."""
+    start = _affine_index(b, ((dim, a.stride),), -a.lo)
+    end = arith.minsi(arith.addi(start, b.index(a.kernel)), b.index(a.size + a.hi))
+    if not count_include_pad:
+        start = arith.maxsi(start, b.index(0))
+        end = arith.minsi(end, b.index(a.size))
+    return arith.subi(end, start)
+
+
+def _scaled_by_divisor(b: FunctionBuilder, v: ir.Value, shape: Shape, ys: Axis, xs: Axis, cip: bool) -> ir.Value:
+    """``v / divisor`` per output position of an average pool (NCHW, loops n c oh ow)."""
+
+    @linalg.generic([v], [b.empty(shape)], [identity_map(4)] * 2, [PARALLEL] * 4)
+    def result(value: ir.Value, _out: ir.Value) -> ir.Value:
+        size = arith.muli(_divisor(b, ys, 2, cip), _divisor(b, xs, 3, cip))
+        return arith.divf(value, _as_float(b, size))
+
+    return result
+
+
+def _avg_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    x_node = node.inputs[0]
+    ys, xs = _pool_axes(node, x_node.shape[2:])
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    reads, window = _pool_maps(ys, xs)
+    total = b.reduce(node.shape, [x, _window(b, ys, xs)], [reads, window], _pool_out(),
+                     _POOL_LOOPS, lambda v, _: v)
+    return _scaled_by_divisor(b, total, node.shape, ys, xs, bool(node.attr("count_include_pad")))
+
+
+def _avg_pool2d_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    ys, xs = _pool_axes(node, node.attr("input_hw"))
+    share = _scaled_by_divisor(b, xs_[0], node.inputs[0].shape, ys, xs, bool(node.attr("count_include_pad")))
+    return _gather_windows(b, node, [(share, 0.0)], ys, xs, lambda g, _w: g)
+
+
+def _adaptive(b: FunctionBuilder, node: Node, xs_: list[Operand], forward: bool) -> ir.Value:
+    """out[n, c, i, j] = sum_hw x * a(i, h) * a(j, w) (forward) or its transpose (gradient), where
+    a(i, h) is 1 / window length when h lies in PyTorch's adaptive window i, else 0."""
+    src = node.inputs[0]
+    small = node.shape[2:] if forward else src.shape[2:]
+    big = src.shape[2:] if forward else node.shape[2:]
+    # loops: n c p q | r s, where (p, q) index the output and (r, s) the reduced operand
+    small_dims, big_dims = ((2, 3), (4, 5)) if forward else ((4, 5), (2, 3))
+
+    def weight(axis_: int) -> ir.Value:
+        i, h = _index(b, small_dims[axis_]), _index(b, big_dims[axis_])
+        size, out = int(big[axis_]), int(small[axis_])
+        start = arith.divui(arith.muli(i, b.index(size)), b.index(out))
+        end = arith.divui(arith.addi(arith.muli(i, b.index(size)), b.index(size + out - 1)), b.index(out))
+        inside = arith.andi(arith.cmpi(arith.CmpIPredicate.uge, h, start), arith.cmpi(arith.CmpIPredicate.ult, h, end))
+        return arith.select(inside, arith.divf(b.scalar(1.0), _as_float(b, arith.subi(end, start))), b.scalar(0.0))
+
+    read = _map(6, [_d(0), _d(1), _d(4), _d(5)])
+    return b.reduce(node.shape, [xs_[0]], [read], _pool_out(), [PARALLEL] * 4 + [REDUCTION] * 2,
+                    lambda v: arith.mulf(v, arith.mulf(weight(0), weight(1))))
+
+
+# ---------------------------------------------------------------------------- pad
+
+
+def _pad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    src = node.inputs[0].shape
+    pads = [(int(lo), int(hi)) for lo, hi in node.attr("pads")]
+    x = b.tensor_of(xs_[0], src)
+    inner = tuple(d if d == BATCH else d + min(lo, 0) + min(hi, 0) for d, (lo, hi) in zip(src, pads))
+    if inner != tuple(src):
+        x = crop(b, x, inner, [max(-lo, 0) for lo, _ in pads])
+    if inner == tuple(node.shape):
+        return x
+    return place(b, x, inner, node.shape, [max(lo, 0) for lo, _ in pads], [1] * len(src), float(node.attr("value")))
+
+
+WINDOW_LOWERINGS: dict[str, Rule] = {
+    "conv2d": _conv2d,
+    "conv2d_input_grad": _conv2d_input_grad,
+    "conv2d_weight_grad": _conv2d_weight_grad,
+    "max_pool2d": _max_pool2d,
+    "max_pool2d_index": _max_pool2d_index,
+    "max_pool2d_grad": _max_pool2d_grad,
+    "avg_pool2d": _avg_pool2d,
+    "avg_pool2d_grad": _avg_pool2d_grad,
+    "adaptive_avg_pool2d": lambda b, n, xs: _adaptive(b, n, xs, forward=True),
+    "adaptive_avg_pool2d_grad": lambda b, n, xs: _adaptive(b, n, xs, forward=False),
+    "pad": _pad,
+}
