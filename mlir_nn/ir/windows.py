@@ -402,7 +402,7 @@ register("adaptive_avg_pool2d", 1, _adaptive_infer,
          "Mean over PyTorch's adaptive windows of NCHW x down to output_size (oh, ow).")
 register("adaptive_avg_pool2d_grad", 1, _adaptive_grad_infer,
          lambda a, at, s: _adaptive_grad_reference(a[0], _pair(at, "input_hw")),
-         lambda emit, xs, out, g, at: [emit("adaptive_avg_pool2d", g, output_size=tuple(out.shape[2:]))],
+         lambda emit, xs, out, g, at: [emit("adaptive_avg_pool2d", g, output_size=tuple(xs[0].shape[2:]))],
          "Backward of adaptive_avg_pool2d: each output's grad shared over its window; input_hw.")
 
 
