@@ -34,31 +34,51 @@ def _map(n_dims: int, exprs: Sequence[ir.AffineExpr | int]) -> ir.AffineMap:
     return ir.AffineMap.get(n_dims, 0, [ir.AffineConstantExpr.get(e) if isinstance(e, int) else e for e in exprs])
 
 
-def _static_and_dynamic(sizes: Sequence[int | ir.Value]) -> tuple[list[int], list[ir.Value]]:
-    dynamic = ir.ShapedType.get_dynamic_size()
-    values = [s for s in sizes if isinstance(s, ir.Value)]
-    return [dynamic if isinstance(s, ir.Value) else int(s) for s in sizes], values
-
-
 def place(b: FunctionBuilder, x: ir.Value, x_shape: Shape, out_shape: Shape, offsets: Sequence[int],
           strides: Sequence[int], fill: float) -> ir.Value:
-    """A tensor of ``out_shape`` filled with ``fill`` holding ``x`` at ``offsets``, spread by ``strides``."""
-    static, dynamic = _static_and_dynamic(b.sizes(x_shape))
-    return tensor.insert_slice(x, b.filled(out_shape, fill), [], dynamic, [], list(offsets), static, list(strides))
+    """out[i] = x[(i - offset) / stride] where that is a whole index inside ``x``, else ``fill``.
+
+    A gather (one linalg.generic reading ``x`` by tensor.extract): it pads (positive offsets),
+    crops (negative ones) and spreads by a stride in one op that every target lowers.
+    """
+    rank = len(out_shape)
+
+    @linalg.generic([], [b.empty(out_shape)], [identity_map(rank)], [PARALLEL] * rank)
+    def result(_out: ir.Value) -> ir.Value:
+        at, inside = [], None
+        for d, (size, offset, stride) in enumerate(zip(x_shape, offsets, strides)):
+            i = _index(b, d)
+            if (offset, stride) == (0, 1) and (size == BATCH or size == out_shape[d]):
+                at.append(i)
+                continue
+            rel = arith.subi(i, b.index(offset))
+            fits = [arith.cmpi(arith.CmpIPredicate.sge, rel, b.index(0)),
+                    arith.cmpi(arith.CmpIPredicate.slt, rel, b.index((int(size) - 1) * stride + 1))]
+            if stride > 1:
+                fits.append(arith.cmpi(arith.CmpIPredicate.eq, arith.remsi(rel, b.index(stride)), b.index(0)))
+            for f in fits:
+                inside = f if inside is None else arith.andi(inside, f)
+            source = arith.divsi(rel, b.index(stride)) if stride > 1 else rel
+            at.append(arith.select(inside, source, b.index(0)))  # a safe index where the fill is taken
+        value = tensor.extract(x, at)
+        return value if inside is None else arith.select(inside, value, b.scalar(fill))
+
+    return result
 
 
-def crop(b: FunctionBuilder, x: ir.Value, out_shape: Shape, offsets: Sequence[int]) -> ir.Value:
-    static, dynamic = _static_and_dynamic(b.sizes(out_shape))
-    result = tensor_type(out_shape, b.dtype)
-    return tensor.extract_slice(result, x, [], dynamic, [], list(offsets), static, [1] * len(out_shape))
+def reshape(b: FunctionBuilder, x: ir.Value, src: Shape, shape: Shape, groups: list[list[int]]) -> ir.Value:
+    """``x`` in ``shape`` by splitting (expand) or merging (collapse) axes as ``groups`` says: a view."""
+    kind = tensor_type(shape, b.dtype)
+    if len(shape) < len(src):
+        return tensor.collapse_shape(kind, x, groups)
+    sizes = b.sizes(shape)
+    dynamic = ir.ShapedType.get_dynamic_size()
+    return tensor.expand_shape(kind, x, groups, [s for s in sizes if isinstance(s, ir.Value)],
+                               [dynamic if isinstance(s, ir.Value) else int(s) for s in sizes])
 
 
-def reshape(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
-    """``x`` with the same elements in ``shape`` (a view after bufferization)."""
-    index = ir.IndexType.get()
-    sizes = [s if isinstance(s, ir.Value) else b.index(s) for s in b.sizes(shape)]
-    target = tensor.from_elements(ir.RankedTensorType.get([len(sizes)], index), sizes)
-    return tensor.reshape(tensor_type(shape, b.dtype), x, target)
+_SPLIT_1 = [[0], [1, 2], [3], [4]]  # (N, C, H, W) <-> (N, G, C/G, H, W)
+_SPLIT_0 = [[0, 1], [2], [3], [4]]  # (O, ...) <-> (G, O/G, ...)
 
 
 def _padded(b: FunctionBuilder, x: ir.Value, shape: Shape, ys: Axis, xs: Axis, fill: float) -> ir.Value:
@@ -101,10 +121,15 @@ def _conv_parts(node: Node, in_hw: tuple[int, int], kernel: tuple[int, int]) -> 
     return ys, xs, int(node.attr("groups"))
 
 
-def _grouped(b: FunctionBuilder, x: ir.Value, shape: Shape, groups: int) -> tuple[ir.Value, Shape]:
+def _grouped(b: FunctionBuilder, x: ir.Value, shape: Shape, groups: int) -> ir.Value:
     """(N, C, ...) as (N, G, C/G, ...)."""
     grouped = (shape[0], groups, int(shape[1]) // groups) + tuple(shape[2:])
-    return reshape(b, x, grouped), grouped
+    return reshape(b, x, shape, grouped, _SPLIT_1)
+
+
+def _weight_groups(b: FunctionBuilder, w: ir.Value, shape: Shape, groups: int) -> ir.Value:
+    """(O, C/G, KH, KW) as (G, O/G, C/G, KH, KW)."""
+    return reshape(b, w, shape, (groups, int(shape[0]) // groups) + tuple(shape[1:]), _SPLIT_0)
 
 
 def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
@@ -112,8 +137,8 @@ def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     o, cg, kh, kw = (int(d) for d in w_node.shape)
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
-    x, _ = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
-    w = reshape(b, xs_[1], (groups, o // groups, cg, kh, kw))
+    x = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
+    w = _weight_groups(b, xs_[1], w_node.shape, groups)
     out_shape = (node.shape[0], groups, o // groups, ys.out, xs.out)
     # loops: n g o oh ow | c kh kw
     n, g, oc, oh, ow, c, k, m = range(8)
@@ -121,7 +146,7 @@ def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
             _map(8, [_d(g), _d(oc), _d(c), _d(k), _d(m)])]
     out = b.reduce(out_shape, [x, w], maps, _map(8, [_d(i) for i in (n, g, oc, oh, ow)]),
                    [PARALLEL] * 5 + [REDUCTION] * 3, arith.mulf)
-    return reshape(b, out, node.shape)
+    return reshape(b, out, out_shape, node.shape, _SPLIT_1)
 
 
 def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
@@ -130,17 +155,31 @@ def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir
     ys, xs, groups = _conv_parts(node, tuple(node.shape[2:]), (kh, kw))
     spread = _spread_shape(g_node.shape, ys, xs)
     gz = place(b, xs_[0], g_node.shape, spread, (0, 0, ys.span - 1, xs.span - 1), (1, 1, ys.stride, xs.stride), 0.0)
-    gz, _ = _grouped(b, gz, spread, groups)
-    w = reshape(b, xs_[1], (groups, o // groups, cg, kh, kw))
+    gz = _grouped(b, gz, spread, groups)
+    w = _weight_groups(b, _flipped(b, xs_[1], w_node.shape), w_node.shape, groups)
     out_shape = (node.shape[0], groups, cg) + tuple(node.shape[2:])
-    # loops: n g c i j | o k m ; the weight read flipped
+    # loops: n g c i j | o k m
     n, g, c, i, j, oc, k, m = range(8)
     maps = [_map(8, [_d(n), _d(g), _d(oc), _d(i) + _d(k) * ys.dilation + ys.lo, _d(j) + _d(m) * xs.dilation + xs.lo]),
-            _map(8, [_d(g), _d(oc), _d(c), (kh - 1) - _d(k), (kw - 1) - _d(m)]),
+            _map(8, [_d(g), _d(oc), _d(c), _d(k), _d(m)]),
             _map(8, [_d(k), _d(m)])]
     out = b.reduce(out_shape, [gz, w, _window(b, ys, xs)], maps, _map(8, [_d(q) for q in (n, g, c, i, j)]),
                    [PARALLEL] * 5 + [REDUCTION] * 3, lambda gv, wv, _: arith.mulf(gv, wv))
-    return reshape(b, out, node.shape)
+    return reshape(b, out, out_shape, node.shape, _SPLIT_1)
+
+
+def _flipped(b: FunctionBuilder, w: ir.Value, shape: Shape) -> ir.Value:
+    """The weight with both kernel axes reversed, read element by element (a map with a negative
+    coefficient would do the same, but tiling rejects those)."""
+    kh, kw = int(shape[2]), int(shape[3])
+
+    @linalg.generic([], [b.empty(shape)], [identity_map(4)], [PARALLEL] * 4)
+    def result(_out: ir.Value) -> ir.Value:
+        at = [_index(b, 0), _index(b, 1), arith.subi(b.index(kh - 1), _index(b, 2)),
+              arith.subi(b.index(kw - 1), _index(b, 3))]
+        return tensor.extract(w, at)
+
+    return result
 
 
 def _spread_shape(g_shape: Shape, ys: Axis, xs: Axis) -> Shape:
@@ -158,8 +197,8 @@ def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> i
     o, cg, kh, kw = (int(d) for d in node.shape)
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
-    x, _ = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
-    gy, _ = _grouped(b, xs_[1], g_node.shape, groups)
+    x = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
+    gy = _grouped(b, xs_[1], g_node.shape, groups)
     out_shape = (groups, o // groups, cg, kh, kw)
     # loops: g o c k m | n oh ow
     g, oc, c, k, m, n, oh, ow = range(8)
@@ -167,7 +206,7 @@ def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> i
             _map(8, [_d(n), _d(g), _d(c), _windowed(ys, oh, k), _windowed(xs, ow, m)])]
     out = b.reduce(out_shape, [gy, x], maps, _map(8, [_d(q) for q in range(5)]),
                    [PARALLEL] * 5 + [REDUCTION] * 3, arith.mulf)
-    return reshape(b, out, node.shape)
+    return reshape(b, out, out_shape, node.shape, _SPLIT_0)
 
 
 # ---------------------------------------------------------------------------- pooling
@@ -307,13 +346,8 @@ def _adaptive(b: FunctionBuilder, node: Node, xs_: list[Operand], forward: bool)
 def _pad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     src = node.inputs[0].shape
     pads = [(int(lo), int(hi)) for lo, hi in node.attr("pads")]
-    x = b.tensor_of(xs_[0], src)
-    inner = tuple(d if d == BATCH else d + min(lo, 0) + min(hi, 0) for d, (lo, hi) in zip(src, pads))
-    if inner != tuple(src):
-        x = crop(b, x, inner, [max(-lo, 0) for lo, _ in pads])
-    if inner == tuple(node.shape):
-        return x
-    return place(b, x, inner, node.shape, [max(lo, 0) for lo, _ in pads], [1] * len(src), float(node.attr("value")))
+    return place(b, b.tensor_of(xs_[0], src), src, node.shape, [lo for lo, _ in pads], [1] * len(src),
+                 float(node.attr("value")))
 
 
 WINDOW_LOWERINGS: dict[str, Rule] = {
