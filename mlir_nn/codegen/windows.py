@@ -11,16 +11,17 @@ window of it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
-from mlir_nn.codegen.maps import identity_map
+from mlir_nn.codegen.maps import dims_map, identity_map, matmul_maps
 from mlir_nn.codegen.tensor_types import tensor_type
 from mlir_nn.ir import Node
-from mlir_nn.ir.shapes import BATCH, Shape
+from mlir_nn.ir.shapes import BATCH, Dim, Shape
 from mlir_nn.ir.windows import Axis, axes_of
 
 Rule = Callable[[FunctionBuilder, Node, list[Operand]], ir.Value]
@@ -132,7 +133,7 @@ def _weight_groups(b: FunctionBuilder, w: ir.Value, shape: Shape, groups: int) -
     return reshape(b, w, shape, (groups, int(shape[0]) // groups) + tuple(shape[1:]), _SPLIT_0)
 
 
-def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+def _conv2d_direct(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     x_node, w_node = node.inputs
     o, cg, kh, kw = (int(d) for d in w_node.shape)
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
@@ -149,7 +150,7 @@ def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     return reshape(b, out, out_shape, node.shape, _SPLIT_1)
 
 
-def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+def _conv2d_input_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     g_node, w_node = node.inputs
     o, cg, kh, kw = (int(d) for d in w_node.shape)
     ys, xs, groups = _conv_parts(node, tuple(node.shape[2:]), (kh, kw))
@@ -168,15 +169,18 @@ def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir
     return reshape(b, out, out_shape, node.shape, _SPLIT_1)
 
 
-def _flipped(b: FunctionBuilder, w: ir.Value, shape: Shape) -> ir.Value:
+def _flipped(b: FunctionBuilder, w: ir.Value, shape: Shape, layout: Shape | None = None) -> ir.Value:
     """The weight with both kernel axes reversed, read element by element (a map with a negative
-    coefficient would do the same, but tiling rejects those)."""
+    coefficient would do the same, but tiling rejects those); ``layout`` (O, KH, KW, C) also
+    moves the input channels last."""
     kh, kw = int(shape[2]), int(shape[3])
+    out = tuple(shape) if layout is None else layout
+    o, c, k, m = (0, 1, 2, 3) if layout is None else (0, 3, 1, 2)  # loop of each weight axis
 
-    @linalg.generic([], [b.empty(shape)], [identity_map(4)], [PARALLEL] * 4)
+    @linalg.generic([], [b.empty(out)], [identity_map(4)], [PARALLEL] * 4)
     def result(_out: ir.Value) -> ir.Value:
-        at = [_index(b, 0), _index(b, 1), arith.subi(b.index(kh - 1), _index(b, 2)),
-              arith.subi(b.index(kw - 1), _index(b, 3))]
+        at = [_index(b, o), _index(b, c), arith.subi(b.index(kh - 1), _index(b, k)),
+              arith.subi(b.index(kw - 1), _index(b, m))]
         return tensor.extract(w, at)
 
     return result
@@ -192,7 +196,7 @@ def _spread_shape(g_shape: Shape, ys: Axis, xs: Axis) -> Shape:
     return tuple(g_shape[:2]) + (extent(ys), extent(xs))
 
 
-def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+def _conv2d_weight_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     x_node, g_node = node.inputs
     o, cg, kh, kw = (int(d) for d in node.shape)
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
@@ -207,6 +211,110 @@ def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> i
     out = b.reduce(out_shape, [gy, x], maps, _map(8, [_d(q) for q in range(5)]),
                    [PARALLEL] * 5 + [REDUCTION] * 3, arith.mulf)
     return reshape(b, out, out_shape, node.shape, _SPLIT_0)
+
+
+# ---------------------------------------------------------------------------- convolutions as GEMMs
+# Ungrouped convolutions: an im2col gather of the (padded or spread) image into a row per
+# output pixel, one linalg.matmul (rewritten into the blocked CPU kernels by cpu_matmul
+# when large), and a transpose between the pixel-major rows and NCHW.
+
+
+def _rows(n: Dim, *dims: int) -> Dim:
+    """Size of (n, *dims) collapsed into one axis: dynamic when n is the batch."""
+    return BATCH if n == BATCH else int(n) * math.prod(dims)
+
+
+def _columns(b: FunctionBuilder, image: ir.Value, shape: Shape, out_hw: tuple[int, int], ys: Axis, xs: Axis,
+             offset: tuple[int, int], stride: tuple[int, int]) -> ir.Value:
+    """(N * P * Q, C * KH * KW): row (n, p, q) holds image[n, :, p * stride + k * dilation + offset, ...]."""
+    n, c = shape[0], int(shape[1])
+    p, q = out_hw
+    cols_shape = (n, p, q, c, ys.kernel, xs.kernel)
+    read = _map(6, [_d(0), _d(3), _d(1) * stride[0] + _d(4) * ys.dilation + offset[0],
+                    _d(2) * stride[1] + _d(5) * xs.dilation + offset[1]])
+
+    @linalg.generic([image], [b.empty(cols_shape)], [read, identity_map(6)], [PARALLEL] * 6)
+    def cols(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return reshape(b, cols, cols_shape, (_rows(n, p, q), c * ys.kernel * xs.kernel), [[0, 1, 2], [3, 4, 5]])
+
+
+def _product(b: FunctionBuilder, a: ir.Value, w: ir.Value, shape: Shape, leading: Shape, transpose_a: bool,
+             transpose_b: bool) -> ir.Value:
+    """op(a) @ op(w) into a zero-filled (rows, cols) accumulator; ``leading`` is what the rows collapse."""
+    sizes = b.sizes(leading)
+    rows = shape[0] if shape[0] != BATCH else arith.muli(sizes[0], b.index(math.prod(int(d) for d in leading[1:])))
+    acc = linalg.fill(b.scalar(0.0), outs=[tensor.empty([rows, int(shape[1])], b.element)])
+    if not transpose_a and not transpose_b:
+        return linalg.matmul(a, w, outs=[acc])
+    return linalg.matmul(a, w, outs=[acc], indexing_maps=matmul_maps(transpose_a, transpose_b))
+
+
+def _nchw(b: FunctionBuilder, rows: ir.Value, nhwc: Shape) -> ir.Value:
+    """(N * H * W, C) rows as an (N, C, H, W) tensor."""
+    image = reshape(b, rows, (_rows(nhwc[0], *nhwc[1:3]), nhwc[3]), nhwc, [[0, 1, 2], [3]])
+    nchw = (nhwc[0], nhwc[3], nhwc[1], nhwc[2])
+
+    @linalg.generic([image], [b.empty(nchw)], [dims_map(4, [0, 2, 3, 1]), identity_map(4)], [PARALLEL] * 4)
+    def result(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return result
+
+
+def _pixel_rows(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
+    """(N, C, H, W) as (N * H * W, C) rows."""
+    nhwc = (shape[0], shape[2], shape[3], shape[1])
+
+    @linalg.generic([x], [b.empty(nhwc)], [dims_map(4, [0, 3, 1, 2]), identity_map(4)], [PARALLEL] * 4)
+    def image(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return reshape(b, image, nhwc, (_rows(shape[0], *nhwc[1:3]), nhwc[3]), [[0, 1, 2], [3]])
+
+
+def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    if int(node.attr("groups")) != 1:
+        return _conv2d_direct(b, node, xs_)
+    x_node, w_node = node.inputs
+    o, c, kh, kw = (int(d) for d in w_node.shape)
+    ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    cols = _columns(b, x, x_node.shape, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride))
+    w = reshape(b, xs_[1], w_node.shape, (o, c * kh * kw), [[0], [1, 2, 3]])
+    nhwc = (x_node.shape[0], ys.out, xs.out, o)
+    return _nchw(b, _product(b, cols, w, (_rows(*nhwc[:3]), o), nhwc[:3], False, True), nhwc)
+
+
+def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    if int(node.attr("groups")) != 1:
+        return _conv2d_weight_grad_direct(b, node, xs_)
+    x_node, g_node = node.inputs
+    o, c, kh, kw = (int(d) for d in node.shape)
+    ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    cols = _columns(b, x, x_node.shape, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride))
+    grad = _pixel_rows(b, xs_[1], g_node.shape)
+    flat = _product(b, grad, cols, (o, c * kh * kw), (o,), True, False)
+    return reshape(b, flat, (o, c * kh * kw), node.shape, [[0], [1, 2, 3]])
+
+
+def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """A stride-1 convolution of the spread gradient with the flipped, transposed weight."""
+    if int(node.attr("groups")) != 1:
+        return _conv2d_input_grad_direct(b, node, xs_)
+    g_node, w_node = node.inputs
+    o, c, kh, kw = (int(d) for d in w_node.shape)
+    n, _, h, wd = node.shape
+    ys, xs = axes_of(node.op, (int(h), int(wd)), (kh, kw), node.attr_dict)
+    spread = _spread_shape(g_node.shape, ys, xs)
+    gz = place(b, xs_[0], g_node.shape, spread, (0, 0, ys.span - 1, xs.span - 1), (1, 1, ys.stride, xs.stride), 0.0)
+    cols = _columns(b, gz, spread, (int(h), int(wd)), ys, xs, (ys.lo, xs.lo), (1, 1))
+    w = _flipped(b, xs_[1], w_node.shape, (o, kh, kw, c))
+    w = reshape(b, w, (o, kh, kw, c), (o * kh * kw, c), [[0, 1, 2], [3]])
+    nhwc = (n, int(h), int(wd), c)
+    return _nchw(b, _product(b, cols, w, (_rows(*nhwc[:3]), c), nhwc[:3], False, False), nhwc)
 
 
 # ---------------------------------------------------------------------------- pooling
