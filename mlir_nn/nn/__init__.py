@@ -2,6 +2,8 @@
 groups them."""
 
 from mlir_nn.nn import functional
+from mlir_nn.nn.conv import Conv2d
 from mlir_nn.nn.modules import MLP, Layer, Module
+from mlir_nn.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 
-__all__ = ["MLP", "Layer", "Module", "functional"]
+__all__ = ["MLP", "AdaptiveAvgPool2d", "AvgPool2d", "Conv2d", "Layer", "MaxPool2d", "Module", "functional"]
