@@ -18,8 +18,8 @@ import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
+from mlir_nn import nn
 from mlir_nn.engine import Tensor
-from mlir_nn.nn import Conv2d, Layer, MaxPool2d, Module
 from mlir_nn.optim import Adam
 from mlir_nn.trainer import Trainer
 
@@ -27,23 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from digits import confusion_matrix, plot_confusion  # noqa: E402  (the MLP example's helpers)
 
 
-class DigitsCnn(Module):
+class DigitsCnn(nn.Module):
     """(N, 64) pixels -> (N, 1, 8, 8) -> conv 32 -> conv 64 -> 2x2 max pool -> 1024 -> 128 -> 10 logits."""
 
     def __init__(self) -> None:
-        self.conv1 = Conv2d(1, 32, 3, padding=1)
-        self.conv2 = Conv2d(32, 64, 3, padding=1)
-        self.pool = MaxPool2d(2)
-        self.fc1 = Layer(64 * 4 * 4, 128)
-        self.fc2 = Layer(128, 10, nonlin=False)
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1),
+                                      nn.ReLU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(64 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, 10))
 
-    def __call__(self, x: Tensor) -> Tensor:
-        h = x.reshape(x.shape[0], 1, 8, 8)
-        h = self.pool(self.conv2(self.conv1(h).relu()).relu())
-        return self.fc2(self.fc1(h.reshape(h.shape[0], 64 * 4 * 4)))
-
-    def parameters(self) -> list[Tensor]:
-        return [p for layer in (self.conv1, self.conv2, self.fc1, self.fc2) for p in layer.parameters()]
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.features(x.reshape(x.shape[0], 1, 8, 8)))
 
 
 def shifted_copies(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +92,7 @@ def main(n_epochs: int = 20, seed: int = 0, verbose: bool = True) -> float:
     print(f"Test accuracy: {accuracy:.4f} ({len(y_test)} held-out digits)")
     trainer.plot_training_progress("output/digits_cnn_training.png")
     plot_confusion(confusion_matrix(y_test, predicted, 10), accuracy, "output/digits_cnn_confusion.png")
-    plot_filters(model.conv1.weight.data, "output/digits_cnn_filters.png")
+    plot_filters(model.features[0].weight.data, "output/digits_cnn_filters.png")
     print("Wrote output/digits_cnn_training.png, output/digits_cnn_confusion.png and output/digits_cnn_filters.png")
     return accuracy
 

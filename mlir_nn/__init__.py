@@ -7,7 +7,7 @@ from mlir_nn.jit import jit
 from mlir_nn.runtime.residency import resident, sync
 from mlir_nn.support.version import __version__
 
-__all__ = ["Tensor", "Value", "__version__", "jit", "load", "resident", "save", "sync"]
+__all__ = ["Tensor", "Value", "__version__", "jit", "load", "manual_seed", "resident", "save", "sync"]
 
 
 def __getattr__(name: str) -> Any:
@@ -16,4 +16,8 @@ def __getattr__(name: str) -> Any:
         from mlir_nn import checkpoint
 
         return getattr(checkpoint, name)
+    if name == "manual_seed":  # dropout's generator and NumPy's (mlir_nn.nn.generator)
+        from mlir_nn.nn.generator import manual_seed
+
+        return manual_seed
     raise AttributeError(f"module 'mlir_nn' has no attribute {name!r}")

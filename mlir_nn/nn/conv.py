@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.engine import Tensor, conv2d
-from mlir_nn.nn.modules import Module
+from mlir_nn.nn.linear import uniform
+from mlir_nn.nn.module import Module, Parameter
 
 
 def _pair(name: str, value: Any) -> tuple[int, int]:
@@ -28,6 +29,7 @@ class Conv2d(Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: Any, stride: Any = 1, padding: Any = 0,
                  dilation: Any = 1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
                  dtype: Any = np.float32) -> None:
+        super().__init__()
         if padding_mode != "zeros":
             raise NotImplementedError(f"Conv2d: padding_mode {padding_mode!r} is not supported; only 'zeros'")
         if groups < 1 or in_channels % groups or out_channels % groups:
@@ -40,25 +42,20 @@ class Conv2d(Module):
         fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
         bound = 1.0 / math.sqrt(fan_in)
         shape = (out_channels, in_channels // groups) + self.kernel_size
-        self.weight = Tensor(np.random.uniform(-bound, bound, size=shape), dtype=dtype, label="weight")
-        self.bias = Tensor(np.random.uniform(-bound, bound, size=out_channels), dtype=dtype,
-                           label="bias") if bias else None
+        self.weight = Parameter(uniform(shape, bound), dtype=dtype, label="weight")
+        if bias:
+            self.bias = Parameter(uniform((out_channels,), bound), dtype=dtype, label="bias")
+        else:
+            self.register_parameter("bias", None)
 
     def forward(self, x: Any) -> Tensor:
+        x = x.astype(self.weight.dtype) if isinstance(x, Tensor) else Tensor(x, dtype=self.weight.dtype)
         return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
-    def __call__(self, x: Any) -> Tensor:
-        return self.forward(x)
-
-    def parameters(self) -> list[Tensor]:
-        return [self.weight] + ([self.bias] if self.bias is not None else [])
-
-    def structure_tracked(self) -> bool:
-        return type(self).parameters is Conv2d.parameters
-
-    def __repr__(self) -> str:
-        return (f"Conv2d({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding})")
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}" + (f", groups={self.groups}" if self.groups != 1 else "")
+                + (", bias=False" if self.bias is None else ""))
 
 
 def _pair_or_zero(value: Any) -> tuple[int, int]:

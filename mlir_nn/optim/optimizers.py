@@ -84,7 +84,8 @@ class Optimizer:
     def __init__(self, params: list[Tensor], lr: float) -> None:
         self.parameters = list(params)
         if not self.parameters:
-            raise ValueError(f"{type(self).__name__}: got an empty parameter list")
+            raise ValueError(f"{type(self).__name__}: optimizer got an empty parameter list (are the model's "
+                             "parameters registered? assign nn.Parameter or nn.Module attributes)")
         for i, p in enumerate(self.parameters):
             if not isinstance(p, Tensor):
                 raise TypeError(f"{type(self).__name__}: parameter {i} must be a Tensor, got {type(p).__name__}")
