@@ -8,7 +8,10 @@ starting from the same weights. Contenders run round-robin (``matmul_table.round
 so that load changes hit all alike; the table gives each one's median step time, its ratio
 to the best peer, and GFLOP/s against the FMA loop peak of the threads this process may use.
 
-    python benchmarks/cnn_step.py [--quick] [--only lenet] [--no-compile] [--json FILE]
+    python benchmarks/cnn_step.py [--quick | --smoke] [--only lenet] [--no-compile] [--dynamic] [--json FILE]
+
+``--smoke`` runs LeNet-5 at batch 4 once against PyTorch eager (the test suite's check that
+the script works; its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -222,18 +225,20 @@ def cpu_model() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--smoke", action="store_true", help="LeNet-5 at batch 4 once, PyTorch eager only")
     parser.add_argument("--only", default="", help="run only the points whose label contains this text")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (its compile takes minutes)")
     parser.add_argument("--dynamic", action="store_true", help="also time the step compiled for any batch size")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    rounds, reps = (3, 2) if args.quick else (7, 5)
+    rounds, reps = (1, 1) if args.smoke else (3, 2) if args.quick else (7, 5)
+    points = {"lenet5 b4": (LENET, (1, 28, 28), 4)} if args.smoke else POINTS
     threads = len(os.sched_getaffinity(0))
     peak = fma_peak(threads)
     print(f"CPU: {cpu_model()}, {threads} threads; FMA loop peak {peak:.1f} GFLOP/s (float32); "
           f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     results = {}
-    for label, (spec, image, batch) in POINTS.items():
+    for label, (spec, image, batch) in points.items():
         if args.only not in label:
             continue
         weights = initial_weights(spec)
@@ -241,8 +246,8 @@ def main() -> None:
         contenders = {"mlir-nn cpu": mlir_nn_step(spec, weights, x, y, dynamic_batch=False)}
         if args.dynamic:
             contenders["mlir-nn cpu (any batch)"] = mlir_nn_step(spec, weights, x, y, dynamic_batch=True)
-        contenders.update(torch_steps(spec, weights, x, y, not args.no_compile))
-        jax_run = jax_step(spec, weights, x, y)
+        contenders.update(torch_steps(spec, weights, x, y, not (args.no_compile or args.smoke)))
+        jax_run = None if args.smoke else jax_step(spec, weights, x, y)
         if jax_run is not None:
             contenders["jax jit"] = jax_run
         times = round_robin(contenders, rounds, reps)

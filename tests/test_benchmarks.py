@@ -65,3 +65,10 @@ def test_gpu_artifacts_and_their_dry_check(tmp_path):
     run("make_gpu_artifacts.py", str(tmp_path / "artifacts"), "--cases", "op_mse")
     run("gpu_check.py", str(tmp_path / "results"), "--artifacts", str(tmp_path / "artifacts"), "--cases", "op_mse",
         "--dry-run")
+
+
+def test_cnn_step(tmp_path):
+    out = run("cnn_step.py", "--smoke", "--json", str(tmp_path / "cnn.json"))
+    results = json.loads((tmp_path / "cnn.json").read_text())
+    assert set(results["points"]["lenet5 b4"]["median_s"]) == {"mlir-nn cpu", "torch eager"}
+    assert "of peak" in out
