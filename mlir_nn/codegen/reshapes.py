@@ -43,7 +43,10 @@ def reassociation(long: Shape, short: Shape) -> list[list[int]] | None:
 
 
 def view_reshape(b: FunctionBuilder, x: ir.Value, src: Shape, dst: Shape) -> ir.Value | None:
-    """``x`` reshaped from ``src`` to ``dst`` as a collapse or an expand, or None if it is neither."""
+    """``x`` reshaped from ``src`` to ``dst`` as a collapse or an expand (``x`` itself when the shapes
+    are equal), or None if it is neither."""
+    if tuple(src) == tuple(dst):
+        return x
     kind = tensor_type(dst, b.dtype)
     if len(dst) < len(src):
         groups = reassociation(src, dst)

@@ -386,7 +386,29 @@ def _max_pool2d_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.V
         here = _as_float(b, _affine_index(b, ((2, xs.size), (3, 1)), 0))
         return arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, index, here), g, b.scalar(0.0))
 
+    if all(_tiles(a) for a in (ys, xs)):  # each input position lies in exactly one window: no sum
+        return _per_tile(b, node, xs_, ys, xs, lambda g, index: routed(g, index, None))
     return _gather_windows(b, node, [(xs_[0], 0.0), (xs_[1], -1.0)], ys, xs, routed)
+
+
+def _tiles(a: Axis) -> bool:
+    """Windows that tile the input exactly: stride = kernel, no padding or dilation, no remainder."""
+    return a.stride == a.kernel and a.dilation == 1 and a.lo == a.hi == 0 and a.out * a.kernel == a.size
+
+
+def _per_tile(b: FunctionBuilder, node: Node, xs_: list[Operand], ys: Axis, xs: Axis,
+              fn: Callable[..., ir.Value]) -> ir.Value:
+    """A pooling gradient when the windows tile the input: each input position reads its one window's
+    operands (maps with floordiv) and gets ``fn`` of them."""
+    read = _map(4, [_d(0), _d(1), ir.AffineExpr.get_floor_div(_d(2), ir.AffineConstantExpr.get(ys.kernel)),
+                    ir.AffineExpr.get_floor_div(_d(3), ir.AffineConstantExpr.get(xs.kernel))])
+    operands = [b.tensor_of(v, node.inputs[0].shape) for v in xs_]
+
+    @linalg.generic(operands, [b.empty(node.shape)], [read] * len(operands) + [identity_map(4)], [PARALLEL] * 4)
+    def result(*args: ir.Value) -> ir.Value:
+        return fn(*args[:-1])
+
+    return result
 
 
 def _divisor(b: FunctionBuilder, a: Axis, dim: int, count_include_pad: bool) -> ir.Value:
@@ -423,6 +445,8 @@ def _avg_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
 def _avg_pool2d_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     ys, xs = _pool_axes(node, node.attr("input_hw"))
     share = _scaled_by_divisor(b, xs_[0], node.inputs[0].shape, ys, xs, bool(node.attr("count_include_pad")))
+    if all(_tiles(a) for a in (ys, xs)):
+        return _per_tile(b, node, [share], ys, xs, lambda g: g)
     return _gather_windows(b, node, [(share, 0.0)], ys, xs, lambda g, _w: g)
 
 

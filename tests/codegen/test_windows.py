@@ -80,6 +80,8 @@ def test_convolutions(dtype, case, batch):
     ((3, (7, 9), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), True, True), 2),
     ((2, (8, 7), (3, 2), (2, 1), (1, 1, 1, 1), (2, 1), False, True), 1),
     ((1, (6, 5), (2, 2), (2, 2), (1, 1, 1, 1), (1, 1), True, False), 3),
+    ((3, (6, 8), (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False, True), 2),  # windows that tile the input
+    ((2, (6, 6), (3, 2), (3, 2), (0, 0, 0, 0), (1, 1), False, True), 1),
 ])
 def test_pooling_with_tied_maxima(dtype, case, batch):
     check(pool_graph(dtype, *case), batch, ties=True)
