@@ -190,10 +190,11 @@ def _spread_shape(g_shape: Shape, ys: Axis, xs: Axis) -> Shape:
     """Extent of an output gradient spread by the stride and padded by the span on both sides,
     large enough for every input position's window (``i + lo + k * dilation``)."""
 
-    def extent(a: Axis) -> int:
-        return max(a.size + a.lo + a.span - 1, (a.out - 1) * a.stride + 2 * a.span - 1)
+    return tuple(g_shape[:2]) + (_spread_extent(ys), _spread_extent(xs))
 
-    return tuple(g_shape[:2]) + (extent(ys), extent(xs))
+
+def _spread_extent(a: Axis) -> int:
+    return max(a.size + a.lo + a.span - 1, (a.out - 1) * a.stride + 2 * a.span - 1)
 
 
 def _conv2d_weight_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
@@ -304,6 +305,8 @@ def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir
     """A stride-1 convolution of the spread gradient with the flipped, transposed weight."""
     if int(node.attr("groups")) != 1:
         return _conv2d_input_grad_direct(b, node, xs_)
+    if int(node.shape[1]) < FEW_CHANNELS:
+        return _conv2d_input_grad_col2im(b, node, xs_)
     g_node, w_node = node.inputs
     o, c, kh, kw = (int(d) for d in w_node.shape)
     n, _, h, wd = node.shape
@@ -315,6 +318,31 @@ def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir
     w = reshape(b, w, (o, kh, kw, c), (o * kh * kw, c), [[0, 1, 2], [3]])
     nhwc = (n, int(h), int(wd), c)
     return _nchw(b, _product(b, cols, w, (_rows(*nhwc[:3]), c), nhwc[:3], False, False), nhwc)
+
+
+FEW_CHANNELS = 16  # an input gradient with fewer input channels is a narrow product: col2im form instead
+
+
+def _conv2d_input_grad_col2im(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """The wide product (N * P * Q, O) @ flipped weight (O, C * KH * KW), spread by the stride, then
+    each input position sums the window of it that covers the position (col2im as a gather)."""
+    g_node, w_node = node.inputs
+    o, c, kh, kw = (int(d) for d in w_node.shape)
+    n, _, h, wd = node.shape
+    ys, xs = axes_of(node.op, (int(h), int(wd)), (kh, kw), node.attr_dict)
+    p, q = ys.out, xs.out
+    grad = _pixel_rows(b, xs_[0], g_node.shape)
+    w = reshape(b, _flipped(b, xs_[1], w_node.shape), w_node.shape, (o, c * kh * kw), [[0], [1, 2, 3]])
+    flat = _product(b, grad, w, (_rows(n, p, q), c * kh * kw), (n, p, q), False, False)
+    cols_shape = (n, p, q, c, kh, kw)
+    cols = reshape(b, flat, (_rows(n, p, q), c * kh * kw), cols_shape, [[0, 1, 2], [3, 4, 5]])
+    spread = (n, _spread_extent(ys), _spread_extent(xs), c, kh, kw)
+    cols = place(b, cols, cols_shape, spread, (0, ys.span - 1, xs.span - 1, 0, 0, 0),
+                 (1, ys.stride, xs.stride, 1, 1, 1), 0.0)
+    # loops: n c i j | k m
+    read = _map(6, [_d(0), _d(2) + _d(4) * ys.dilation + ys.lo, _d(3) + _d(5) * xs.dilation + xs.lo, _d(1), _d(4),
+                    _d(5)])
+    return b.reduce(node.shape, [cols], [read], _pool_out(), _POOL_LOOPS, lambda v: v)
 
 
 # ---------------------------------------------------------------------------- pooling

@@ -70,6 +70,7 @@ def check(graph, batch, ties=False, seed=0):
     ((4, (7, 6), 6, (3, 2), (2, 1), (1, 1, 0, 0), (1, 2), 2), 3),
     ((3, (9, 8), 5, (2, 2), (1, 1), (0, 1, 0, 1), (1, 1), 1), 2),  # padding="same" with an even kernel
     ((4, (8, 5), 4, (3, 3), (3, 2), (2, 2, 1, 1), (2, 1), 4), 2),  # depthwise
+    ((16, (5, 4), 3, (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 1), 2),  # enough input channels for the im2col dX
 ])
 def test_convolutions(dtype, case, batch):
     check(conv_graph(dtype, *case), batch)

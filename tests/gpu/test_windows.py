@@ -8,6 +8,7 @@ from tests.codegen.test_windows import adaptive_and_pad_graph, conv_graph, pool_
 
 GRAPHS = {
     "conv_strided_dilated": (lambda: conv_graph("float32", 2, (5, 4), 3, (3, 2), (2, 1), (1, 1, 0, 1), (1, 2), 1), 2),
+    "conv_wide_input": (lambda: conv_graph("float32", 16, (5, 4), 3, (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 1), 2),
     "conv_grouped": (lambda: conv_graph("float64", 4, (5, 5), 4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2), 1),
     "pooling": (lambda: pool_graph("float32", 2, (5, 6), (3, 2), (2, 1), (1, 1, 1, 1), (1, 1), True, True), 3),
     "pooling_tiles": (lambda: pool_graph("float32", 2, (6, 8), (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False, True), 2),
