@@ -67,6 +67,10 @@ def test_gpu_artifacts_and_their_dry_check(tmp_path):
         "--dry-run")
 
 
+def test_egraph_moons_help():
+    assert "runs" in run("egraph_moons.py", "--help")
+
+
 def test_cnn_step(tmp_path):
     out = run("cnn_step.py", "--smoke", "--json", str(tmp_path / "cnn.json"))
     results = json.loads((tmp_path / "cnn.json").read_text())

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.engine import Tensor, conv2d
-from mlir_nn.nn.linear import uniform
+from mlir_nn.nn.linear import as_input, uniform
 from mlir_nn.nn.module import Module, Parameter
 
 
@@ -49,7 +49,7 @@ class Conv2d(Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: Any) -> Tensor:
-        x = x.astype(self.weight.dtype) if isinstance(x, Tensor) else Tensor(x, dtype=self.weight.dtype)
+        x = as_input(x, self.weight.dtype)
         return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self) -> str:

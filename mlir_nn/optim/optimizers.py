@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn.engine import Tensor, current_trace
-from mlir_nn.ir import ShapeError
+from mlir_nn.engine import Tensor, current_trace, state_array
 from mlir_nn.jit.feeds import FedTensor
 from mlir_nn.jit.guards import TrackedDict, structure_changed
 from mlir_nn.runtime import residency
@@ -78,6 +77,7 @@ class Hyperparameter:
 
 class Optimizer:
     HYPERPARAMETERS: tuple[str, ...] = ("lr",)  # what state_dict saves in its param group
+    STATE: dict[str, str] = {}  # a parameter's state: name -> "param" (its shape) or "scalar"
 
     lr = Hyperparameter(non_negative)
 
@@ -149,35 +149,35 @@ class Optimizer:
         return {"state": state, "param_groups": [group | {"params": list(range(len(self.parameters)))}]}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore hyperparameters and state (in place where it exists, so compiled steps see it)."""
+        """Restore hyperparameters and state (in place where it exists, so compiled steps see it).
+        Everything is checked before anything is written: a bad checkpoint changes nothing."""
         name = f"{type(self).__name__}.load_state_dict"
-        groups, states = state_dict.get("param_groups"), state_dict.get("state")
-        if not isinstance(groups, (list, tuple)) or len(groups) != 1 or not isinstance(states, Mapping):
+        if not isinstance(state_dict, Mapping) or set(state_dict) != {"state", "param_groups"}:
+            found = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+            raise ValueError(f"{name}: expected {{'state': {{...}}, 'param_groups': [one group]}}, got {found}")
+        groups, states = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(groups, (list, tuple)) or len(groups) != 1 or not isinstance(groups[0], Mapping) \
+                or not isinstance(states, Mapping):
             raise ValueError(f"{name}: expected {{'state': {{...}}, 'param_groups': [one group]}}")
-        if list(groups[0].get("params", ())) != list(range(len(self.parameters))):
-            raise ValueError(f"{name}: the saved group has params {groups[0].get('params')}, this optimizer has "
+        group = groups[0]
+        unknown = sorted(set(map(str, group)) - {*self.HYPERPARAMETERS, "params"})
+        if unknown:
+            raise ValueError(f"{name}: the saved group has {', '.join(unknown)}, which {type(self).__name__} does not "
+                             f"have (its hyperparameters: {', '.join(self.HYPERPARAMETERS)}); a checkpoint of another "
+                             "optimizer?")
+        params = group.get("params", ())
+        if not isinstance(params, (list, tuple)) or list(params) != list(range(len(self.parameters))):
+            raise ValueError(f"{name}: the saved group has params {params!r}, this optimizer has "
                              f"{len(self.parameters)} parameters")
-        arrays: dict[tuple[int, str], np.ndarray] = {}
-        for i, slot in states.items():
-            p = self.parameters[int(i)]
-            for key, value in slot.items():
-                value = np.asarray(value)
-                existing = self.state.get(id(p), {}).get(key)
-                expected = existing.shape if existing is not None else value.shape
-                if value.shape != expected or value.shape not in (p.shape, ()):
-                    raise ShapeError(f"{name}: state {key} of parameter {i} has shape {value.shape}, expected "
-                                     f"{expected if existing is not None else p.shape}")
-                arrays[(int(i), key)] = value
-        saved = {hyper: getattr(self, hyper) for hyper in self.HYPERPARAMETERS}
-        try:  # each assignment is validated; a bad one leaves every hyperparameter as it was
-            for hyper in self.HYPERPARAMETERS:
-                if hyper in groups[0]:
-                    value = groups[0][hyper]
-                    setattr(self, hyper, tuple(value) if isinstance(value, list) else value)
-        except (TypeError, ValueError):
-            for hyper, value in saved.items():
-                setattr(self, hyper, value)
-            raise
+        hyper = {}
+        for key in self.HYPERPARAMETERS:
+            if key in group:
+                value = tuple(group[key]) if isinstance(group[key], list) else group[key]
+                hyper[key] = getattr(type(self), key).check(type(self).__name__, key, value)
+        arrays = {(int(i), key): value for i, slot in states.items()
+                  for key, value in self._checked_slot(name, i, slot)}
+        for key, value in hyper.items():  # nothing below can fail
+            setattr(self, key, value)
         for (i, key), value in arrays.items():
             p = self.parameters[i]
             slot = self.state.setdefault(id(p), TrackedDict())
@@ -186,6 +186,18 @@ class Optimizer:
                 residency.written([slot[key].data])  # device copies are stale now
             else:
                 slot[key] = Tensor(value, dtype=p.dtype, label=f"{p.label}.{key}")
+
+    def _checked_slot(self, name: str, index: Any, slot: Any) -> list[tuple[str, np.ndarray]]:
+        """The state of parameter ``index`` as (name, array) pairs, each checked against STATE."""
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral) or not 0 <= index < len(self.parameters):
+            raise ValueError(f"{name}: state for parameter {index!r}; expected indices 0 to {len(self.parameters) - 1}")
+        if not isinstance(slot, Mapping) or set(slot) != set(self.STATE):
+            found = sorted(map(str, slot)) if isinstance(slot, Mapping) else type(slot).__name__
+            raise ValueError(f"{name}: state of parameter {index} has {found}, expected {sorted(self.STATE)}")
+        p = self.parameters[int(index)]
+        return [(key, state_array(value, f"{name}: state {key} of parameter {index}", p.dtype,
+                                  p.shape if self.STATE[key] == "param" else ()))
+                for key, value in slot.items()]
 
     def step(self) -> None:
         for p in self.parameters:
@@ -200,6 +212,7 @@ class SGD(Optimizer):
     """p -= lr * (momentum buffer of (grad + weight_decay * p))."""
 
     HYPERPARAMETERS = ("lr", "momentum", "weight_decay")
+    STATE = {"momentum_buffer": "param"}
 
     momentum = Hyperparameter(non_negative)
     weight_decay = Hyperparameter(non_negative)
@@ -229,6 +242,7 @@ class Adam(Optimizer):
     """Adam (Kingma & Ba) with PyTorch's bias correction and L2 weight_decay."""
 
     HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
+    STATE = {"exp_avg": "param", "exp_avg_sq": "param", "beta1_power": "scalar", "beta2_power": "scalar"}
 
     betas = Hyperparameter(betas_pair)
     eps = Hyperparameter(non_negative)
