@@ -16,6 +16,8 @@ CASES: dict[str, dict[str, Any]] = {
     "op_matmul": {"kind": "op", "op": "matmul", "sizes": [784, 1024], "batches": [512, 5]},
     "op_linear_relu": {"kind": "op", "op": "linear_relu", "sizes": [784, 1024], "batches": [512, 1]},
     "op_mse": {"kind": "op", "op": "mse", "sizes": [10], "batches": [512, 1]},
+    # LeNet-5 (two 5x5 convolutions with ReLU and 2x2 max pooling, three linear layers), MSE on 10 outputs
+    "lenet_step": {"kind": "cnn_step", "sizes": [1, 28, 28, 10], "lr": 0.01, "batches": [64, 5]},
 }
 SAMPLE = 4096  # updated parameters larger than this are checked at SAMPLE fixed positions
 
@@ -26,6 +28,9 @@ def inputs_for(case: dict[str, Any], batch: int, seed: int = 0) -> list[np.ndarr
     if case["kind"] == "mlp_step":
         return [rng.standard_normal((batch, sizes[0]), dtype=np.float32),
                 rng.standard_normal((batch, sizes[-1]), dtype=np.float32)]
+    if case["kind"] == "cnn_step":
+        return [rng.standard_normal((batch, *sizes[:3]), dtype=np.float32),
+                rng.standard_normal((batch, sizes[3]), dtype=np.float32)]
     if case["op"] == "mse":
         return [rng.standard_normal((batch, sizes[0]), dtype=np.float32) for _ in range(2)]
     return [rng.standard_normal((batch, sizes[0]), dtype=np.float32)]
@@ -33,6 +38,13 @@ def inputs_for(case: dict[str, Any], batch: int, seed: int = 0) -> list[np.ndarr
 
 def sample_positions(size: int) -> np.ndarray:
     return np.random.default_rng(size).choice(size, SAMPLE, replace=False) if size > SAMPLE else np.arange(size)
+
+
+def lenet(nn: Any, classes: int) -> Any:
+    """LeNet-5 from a module library with PyTorch's layer names (mlir_nn.nn or torch.nn)."""
+    return nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                         nn.Linear(84, classes))
 
 
 # The resident-training check: a Trainer on the moons MLP with momentum and validation, traced

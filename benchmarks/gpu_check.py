@@ -53,7 +53,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_cases import CASES, TRAINER_CASE, inputs_for, sample_positions, trainer_case, trainer_steps  # noqa: E402
+from gpu_cases import (  # noqa: E402
+    CASES,
+    TRAINER_CASE,
+    inputs_for,
+    lenet,
+    sample_positions,
+    trainer_case,
+    trainer_steps,
+)
 
 import mlir_nn  # noqa: E402
 from mlir_nn.backends import cuda_cache  # noqa: E402
@@ -129,10 +137,22 @@ def torch_step(case: dict, params: list[np.ndarray], inputs: list[np.ndarray]):
     import torch
 
     dev = torch.device("cuda")
-    ps = [torch.tensor(p, device=dev, requires_grad=case["kind"] == "mlp_step") for p in params]
+    ps = [torch.tensor(p, device=dev, requires_grad=case["kind"] in ("mlp_step", "cnn_step")) for p in params]
+    if case["kind"] == "cnn_step":
+        model = lenet(torch.nn, case["sizes"][3]).to(dev)
+        with torch.no_grad():
+            for p, value in zip(model.parameters(), ps):
+                p.copy_(value)
+        opt = torch.optim.SGD(model.parameters(), lr=case["lr"])
 
     def run():
         xs = [torch.from_numpy(a).to(dev) for a in inputs]
+        if case["kind"] == "cnn_step":
+            loss = torch.mean((model(xs[0]) - xs[1]) ** 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.item()
         if case["kind"] == "mlp_step":
             h = xs[0]
             for layer in range(len(ps) // 2):

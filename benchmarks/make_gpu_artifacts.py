@@ -31,8 +31,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_cases import CASES, TRAINER_CASE, inputs_for, sample_positions, trainer_case, trainer_steps  # noqa: E402
+from gpu_cases import (  # noqa: E402
+    CASES,
+    TRAINER_CASE,
+    inputs_for,
+    lenet,
+    sample_positions,
+    trainer_case,
+    trainer_steps,
+)
 
+from mlir_nn import nn  # noqa: E402
 from mlir_nn.backends import cuda_cache  # noqa: E402
 from mlir_nn.backends.cuda import build_artifact  # noqa: E402
 from mlir_nn.backends.reference import evaluate  # noqa: E402
@@ -55,6 +64,9 @@ def step_function(case: dict) -> tuple:
         model = MLP(sizes[0], sizes[1:])
         opt = SGD(model.parameters(), lr=case["lr"])
         return train_step(model, opt), ["x", "y"]
+    if case["kind"] == "cnn_step":
+        model = lenet(nn, sizes[3])
+        return train_step(model, SGD(model.parameters(), lr=case["lr"])), ["x", "y"]
     if case["op"] == "mse":
         return (lambda p, y: mse_loss(p, y)), ["p", "y"]
     w = Tensor(np.random.randn(*sizes) / np.sqrt(sizes[0]), dtype="float32")
@@ -65,6 +77,13 @@ def step_function(case: dict) -> tuple:
 
 
 PRODUCTS = ("matmul", "linear", "gemm", "matmul_relu_grad")
+# ops lowered to several kernels in a row (pads, im2col gathers, a product, a transpose): the
+# kernels of one node are consecutive, so a run of them is one node (two equal such nodes
+# launched back to back would be counted as one)
+WINDOW_OPS = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d", "max_pool2d_index",
+              "max_pool2d_grad", "avg_pool2d", "avg_pool2d_grad", "adaptive_avg_pool2d", "adaptive_avg_pool2d_grad",
+              "pad")
+CONVOLUTIONS = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
 STAGES = tuple(STAGE_NAMES.values())  # a reduction's two kernels
 
 
@@ -75,6 +94,12 @@ def node_cost(node, batch: int) -> tuple[float, float]:
     if node.op in PRODUCTS:
         k = np.sqrt(numel[0] * numel[1] / numel[-1])  # (M*K) * (K*N) / (M*N)
         flops = 2 * numel[-1] * k + 2 * numel[-1]  # the product and its epilogue
+    elif node.op in CONVOLUTIONS:  # each element of the output (the output gradient) meets one weight per window
+        outputs, weight = {"conv2d": (numel[-1], node.inputs[1].shape),
+                           "conv2d_input_grad": (numel[0], node.inputs[1].shape),
+                           "conv2d_weight_grad": (numel[1], node.shape)}[node.op]
+        macs = outputs * np.prod(weight[1:])
+        flops = 2 * float(macs)
     else:
         flops = max(numel)
     return flops, itemsize * sum(numel)
@@ -98,7 +123,7 @@ def node_costs(graph, kernels: list[str]) -> list[dict]:
         same = bool(model) and base == model[-1]["op"]
         tilings = {m.group(0) for k in model[-1]["kernels"] if (m := TILING.search(k))} if model else set()
         other_tiling = tiling is not None and same and bool(tilings) and tiling.group(0) not in tilings
-        if other_tiling or (same and staged and not op.endswith(STAGES[0])):
+        if other_tiling or (same and staged and not op.endswith(STAGES[0])) or (same and base in WINDOW_OPS):
             model[-1]["kernels"].append(kernel)  # another tiling, a reduction's second kernel or its 0-d epilogue
         else:
             node = next((n for n in nodes if n.op == base), None)

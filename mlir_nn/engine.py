@@ -841,3 +841,119 @@ def bmm(a: Tensor, b: Tensor) -> Tensor:
     if a.ndim != 3 or b.ndim != 3:
         raise ShapeError(f"bmm: expected 3-D operands, got {fmt_shape(a.shape)} @ {fmt_shape(b.shape)}")
     return apply("bmm", a, b)
+# ---------------------------------------------------------------------------- windows (conv, pooling, pad)
+# PyTorch's argument forms resolved into the registry's attributes (mlir_nn.ir.windows).
+
+
+def _pair_arg(op: str, name: str, value: Any) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, numbers.Integral) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, numbers.Integral) for v in pair):
+        raise ValueError(f"{op}: {name} must be an int or a pair of ints, got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _padding_arg(op: str, padding: Any, kernel: tuple[int, int], stride: tuple[int, int],
+                 dilation: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) from an int, a pair, "valid" or "same" (PyTorch's split: extra at the end)."""
+    if padding == "valid":
+        return 0, 0, 0, 0
+    if padding == "same":
+        if stride != (1, 1):
+            raise ValueError(f"{op}: padding='same' needs stride 1, got stride {stride}")
+        total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+        return total[0] // 2, total[0] - total[0] // 2, total[1] // 2, total[1] - total[1] // 2
+    if isinstance(padding, str):
+        raise ValueError(f"{op}: padding must be an int, a pair, 'same' or 'valid', got {padding!r}")
+    ph, pw = _pair_arg(op, "padding", padding)
+    return ph, ph, pw, pw
+
+
+def _tensor_arg(x: Any) -> Tensor:
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+def _as_image(op: str, x: Tensor) -> tuple[Tensor, bool]:
+    """(N, C, H, W) view of ``x`` and whether it was an unbatched (C, H, W) image."""
+    if x.ndim == 3:
+        return x.reshape(1, *x.shape), True
+    if x.ndim != 4:
+        raise ShapeError(f"{op}: input must be (N, C, H, W) or (C, H, W), got {fmt_shape(x.shape)}")
+    return x, False
+
+
+def _from_image(y: Tensor, unbatched: bool) -> Tensor:
+    return y.reshape(*y.shape[1:]) if unbatched else y
+
+
+def conv2d(x: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+           groups: int = 1) -> Tensor:
+    """PyTorch's conv2d: NCHW input, weight (out, in/groups, kh, kw), optional bias (out,)."""
+    x, unbatched = _as_image("conv2d", _tensor_arg(x))
+    weight = _operand(weight, x.dtype, "conv2d")
+    if weight.ndim != 4:
+        raise ShapeError("conv2d: weight must be (out_channels, in_channels/groups, kh, kw), "
+                         f"got {fmt_shape(weight.shape)}")
+    strides = _pair_arg("conv2d", "stride", stride)
+    dilations = _pair_arg("conv2d", "dilation", dilation)
+    pads = _padding_arg("conv2d", padding, tuple(weight.shape[2:]), strides, dilations)
+    y = apply("conv2d", x, weight, stride=strides, padding=pads, dilation=dilations, groups=int(groups))
+    if bias is not None:
+        bias = _operand(bias, x.dtype, "conv2d")
+        if bias.shape != (weight.shape[0],):
+            raise ShapeError(f"conv2d: bias has shape {fmt_shape(bias.shape)}, expected ({weight.shape[0]},)")
+        y = y + bias.reshape(weight.shape[0], 1, 1)
+    return _from_image(y, unbatched)
+
+
+def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+               ceil_mode: bool = False) -> Tensor:
+    """PyTorch's max_pool2d (padding reads -inf; the gradient goes to each window's first maximum)."""
+    x, unbatched = _as_image("max_pool2d", _tensor_arg(x))
+    kernel = _pair_arg("max_pool2d", "kernel_size", kernel_size)
+    strides = kernel if stride is None else _pair_arg("max_pool2d", "stride", stride)
+    ph, pw = _pair_arg("max_pool2d", "padding", padding)
+    y = apply("max_pool2d", x, kernel=kernel, stride=strides, padding=(ph, ph, pw, pw),
+              dilation=_pair_arg("max_pool2d", "dilation", dilation), ceil_mode=bool(ceil_mode))
+    return _from_image(y, unbatched)
+
+
+def avg_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """PyTorch's avg_pool2d (zero padding, its divisors with ceil_mode and count_include_pad)."""
+    x, unbatched = _as_image("avg_pool2d", _tensor_arg(x))
+    kernel = _pair_arg("avg_pool2d", "kernel_size", kernel_size)
+    strides = kernel if stride is None else _pair_arg("avg_pool2d", "stride", stride)
+    ph, pw = _pair_arg("avg_pool2d", "padding", padding)
+    y = apply("avg_pool2d", x, kernel=kernel, stride=strides, padding=(ph, ph, pw, pw), ceil_mode=bool(ceil_mode),
+              count_include_pad=bool(count_include_pad))
+    return _from_image(y, unbatched)
+
+
+def adaptive_avg_pool2d(x: Any, output_size: Any) -> Tensor:
+    """PyTorch's adaptive_avg_pool2d; None in output_size keeps that input size."""
+    x, unbatched = _as_image("adaptive_avg_pool2d", _tensor_arg(x))
+    sizes = (output_size, output_size) if not isinstance(output_size, (tuple, list)) else tuple(output_size)
+    if len(sizes) != 2:
+        raise ValueError(f"adaptive_avg_pool2d: output_size must be an int or a pair, got {output_size!r}")
+    oh, ow = (x.shape[2 + i] if s is None else _pair_arg("adaptive_avg_pool2d", "output_size", s)[0]
+              for i, s in enumerate(sizes))
+    h, w = x.shape[2:]
+    if h % oh == 0 and w % ow == 0:  # equal windows: a plain average pool
+        y = apply("avg_pool2d", x, kernel=(h // oh, w // ow), stride=(h // oh, w // ow), padding=(0, 0, 0, 0),
+                  ceil_mode=False, count_include_pad=True)
+    else:
+        y = apply("adaptive_avg_pool2d", x, output_size=(int(oh), int(ow)))
+    return _from_image(y, unbatched)
+
+
+def pad(x: Any, pads: Any, value: float = 0.0) -> Tensor:
+    """PyTorch's constant pad: ``pads`` = (last_lo, last_hi, second_last_lo, ...); negative amounts crop."""
+    x = _tensor_arg(x)
+    pads = tuple(pads)
+    if len(pads) % 2 or len(pads) // 2 > x.ndim or not all(isinstance(p, numbers.Integral) for p in pads):
+        raise ValueError(f"pad: pads must be an even number (at most {2 * x.ndim}) of ints for "
+                         f"{fmt_shape(x.shape)}, got {pads}")
+    pairs = [(0, 0)] * x.ndim
+    for i in range(len(pads) // 2):
+        pairs[x.ndim - 1 - i] = (int(pads[2 * i]), int(pads[2 * i + 1]))
+    return apply("pad", x, pads=tuple(pairs), value=float(value))

@@ -76,3 +76,10 @@ def test_gpu_artifacts_and_their_dry_check(tmp_path):
 
 def test_egraph_moons_help():
     assert "runs" in run("egraph_moons.py", "--help")
+
+
+def test_cnn_step(tmp_path):
+    out = run("cnn_step.py", "--smoke", "--json", str(tmp_path / "cnn.json"))
+    results = json.loads((tmp_path / "cnn.json").read_text())
+    assert set(results["points"]["lenet5 b4"]["median_s"]) == {"mlir-nn cpu", "torch eager"}
+    assert "of peak" in out

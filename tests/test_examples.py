@@ -58,3 +58,14 @@ def test_char_gpt_example_learns_below_the_unigram_entropy(tmp_path):
     assert val < entropy - 0.5
     assert "Sample:\nThe " in result.stdout
     assert (tmp_path / "output" / "char_gpt_loss.png").stat().st_size > 1000
+def test_digits_cnn_example_smoke_run_learns_and_writes_its_plots(tmp_path):
+    """One epoch (the full run, 20 epochs with early stopping, reaches >= 0.98 held out)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "digits_cnn.py"), "1"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    accuracy = float(re.search(r"Test accuracy: ([0-9.]+) \(360 held-out digits\)", result.stdout).group(1))
+    assert accuracy >= 0.9
+    assert "on backend 'cpu'" in result.stdout
+    for name in ("digits_cnn_training.png", "digits_cnn_confusion.png", "digits_cnn_filters.png"):
+        assert (tmp_path / "output" / name).stat().st_size > 1000

@@ -16,8 +16,10 @@ from mlir.dialects import arith, linalg, math, tensor
 from mlir_nn.codegen import philox
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.maps import broadcast_map, dims_map, identity_map, permutation_map, reduction_map
+from mlir_nn.codegen.reshapes import view_reshape
 from mlir_nn.codegen.sequence import SEQUENCE_LOWERINGS
 from mlir_nn.codegen.tensor_types import tensor_type
+from mlir_nn.codegen.windows import WINDOW_LOWERINGS
 from mlir_nn.ir import Node
 from mlir_nn.ir.ops import sum_to_axes
 from mlir_nn.ir.shapes import Shape
@@ -86,6 +88,9 @@ def _transpose(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
 
 def _reshape(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     x = b.tensor_of(xs[0], node.inputs[0].shape)
+    view = view_reshape(b, x, node.inputs[0].shape, node.shape)  # issue 22: merges and splits as views
+    if view is not None:
+        return view
     index = ir.IndexType.get()
     sizes = [s if isinstance(s, ir.Value) else b.index(s) for s in b.sizes(node.shape)]
     shape = tensor.from_elements(ir.RankedTensorType.get([len(sizes)], index), sizes)
@@ -330,6 +335,8 @@ LOWERINGS: dict[str, Rule] = {
     "linear": _linear,
     "gemm": _gemm,
     "matmul_relu_grad": _matmul_relu_grad,
+    # ------------------------------------------------------------ window ops (issue 22)
+    **WINDOW_LOWERINGS,
 }
 
 

@@ -5,15 +5,19 @@ from mlir_nn.nn import functional
 from mlir_nn.nn.activation import GELU, LeakyReLU, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Tanh
 from mlir_nn.nn.attention import CausalSelfAttention, MultiheadAttention
 from mlir_nn.nn.container import ModuleDict, ModuleList, Sequential
+from mlir_nn.nn.conv import Conv2d
 from mlir_nn.nn.dropout import Dropout
 from mlir_nn.nn.flatten import Flatten
 from mlir_nn.nn.linear import Identity, Linear
 from mlir_nn.nn.module import Module, Parameter
 from mlir_nn.nn.modules import MLP, Layer
 from mlir_nn.nn.normalization import BatchNorm1d, LayerNorm
+from mlir_nn.nn.pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from mlir_nn.nn.sparse import Embedding
+from mlir_nn.nn.spatial import BatchNorm2d, Dropout2d
 from mlir_nn.nn.transformer import GPT
 
-__all__ = ["GELU", "GPT", "MLP", "BatchNorm1d", "CausalSelfAttention", "Dropout", "Embedding", "Flatten", "Identity",
-           "Layer", "LayerNorm", "LeakyReLU", "Linear", "LogSoftmax", "Module", "ModuleDict", "ModuleList",
-           "MultiheadAttention", "Parameter", "ReLU", "Sequential", "SiLU", "Sigmoid", "Softmax", "Tanh", "functional"]
+__all__ = ["GELU", "GPT", "MLP", "AdaptiveAvgPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "CausalSelfAttention",
+           "Conv2d", "Dropout", "Dropout2d", "Embedding", "Flatten", "Identity", "Layer", "LayerNorm", "LeakyReLU",
+           "Linear", "LogSoftmax", "MaxPool2d", "Module", "ModuleDict", "ModuleList", "MultiheadAttention",
+           "Parameter", "ReLU", "Sequential", "SiLU", "Sigmoid", "Softmax", "Tanh", "functional"]

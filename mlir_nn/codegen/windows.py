@@ -1,0 +1,525 @@
+"""Lowerings of the window ops (``mlir_nn.ir.windows``): convolutions, pooling, pad.
+
+Every window op is one ``linalg.generic`` whose input maps read ``o * stride + k * dilation``
+from an operand padded in advance (``tensor.insert_slice`` into a filled tensor). Kernel
+loops that no operand indexes directly get their extent from an unused ``(kh, kw)``
+window operand, as linalg's own pooling ops do. Gradients that scatter (a transposed
+convolution, the pooling gradients) gather instead: the output gradient is spread out by
+the stride and padded by the window span, so that every input position reads a plain
+window of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from mlir import ir
+from mlir.dialects import arith, linalg, tensor
+
+from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
+from mlir_nn.codegen.maps import dims_map, identity_map, matmul_maps
+from mlir_nn.codegen.tensor_types import tensor_type
+from mlir_nn.ir import Node
+from mlir_nn.ir.shapes import BATCH, Dim, Shape
+from mlir_nn.ir.windows import Axis, axes_of
+
+Rule = Callable[[FunctionBuilder, Node, list[Operand]], ir.Value]
+
+
+def _d(i: int) -> ir.AffineExpr:
+    return ir.AffineDimExpr.get(i)
+
+
+def _map(n_dims: int, exprs: Sequence[ir.AffineExpr | int]) -> ir.AffineMap:
+    return ir.AffineMap.get(n_dims, 0, [ir.AffineConstantExpr.get(e) if isinstance(e, int) else e for e in exprs])
+
+
+def place(b: FunctionBuilder, x: ir.Value, x_shape: Shape, out_shape: Shape, offsets: Sequence[int],
+          strides: Sequence[int], fill: float) -> ir.Value:
+    """out[i] = x[(i - offset) / stride] where that is a whole index inside ``x``, else ``fill``.
+
+    A gather (one linalg.generic reading ``x`` by tensor.extract): it pads (positive offsets),
+    crops (negative ones) and spreads by a stride in one op that every target lowers.
+    """
+    rank = len(out_shape)
+
+    @linalg.generic([], [b.empty(out_shape)], [identity_map(rank)], [PARALLEL] * rank)
+    def result(_out: ir.Value) -> ir.Value:
+        at, inside = [], None
+        for d, (size, offset, stride) in enumerate(zip(x_shape, offsets, strides)):
+            i = _index(b, d)
+            if (offset, stride) == (0, 1) and (size == BATCH or size == out_shape[d]):
+                at.append(i)
+                continue
+            rel = arith.subi(i, b.index(offset))
+            fits = [arith.cmpi(arith.CmpIPredicate.sge, rel, b.index(0)),
+                    arith.cmpi(arith.CmpIPredicate.slt, rel, b.index((int(size) - 1) * stride + 1))]
+            if stride > 1:
+                fits.append(arith.cmpi(arith.CmpIPredicate.eq, arith.remsi(rel, b.index(stride)), b.index(0)))
+            for f in fits:
+                inside = f if inside is None else arith.andi(inside, f)
+            source = arith.divsi(rel, b.index(stride)) if stride > 1 else rel
+            at.append(arith.select(inside, source, b.index(0)))  # a safe index where the fill is taken
+        value = tensor.extract(x, at)
+        return value if inside is None else arith.select(inside, value, b.scalar(fill))
+
+    return result
+
+
+def reshape(b: FunctionBuilder, x: ir.Value, src: Shape, shape: Shape, groups: list[list[int]]) -> ir.Value:
+    """``x`` in ``shape`` by splitting (expand) or merging (collapse) axes as ``groups`` says: a view."""
+    kind = tensor_type(shape, b.dtype)
+    if len(shape) < len(src):
+        return tensor.collapse_shape(kind, x, groups)
+    sizes = b.sizes(shape)
+    dynamic = ir.ShapedType.get_dynamic_size()
+    return tensor.expand_shape(kind, x, groups, [s for s in sizes if isinstance(s, ir.Value)],
+                               [dynamic if isinstance(s, ir.Value) else int(s) for s in sizes])
+
+
+_SPLIT_1 = [[0], [1, 2], [3], [4]]  # (N, C, H, W) <-> (N, G, C/G, H, W)
+_SPLIT_0 = [[0, 1], [2], [3], [4]]  # (O, ...) <-> (G, O/G, ...)
+
+
+def _padded(b: FunctionBuilder, x: ir.Value, shape: Shape, ys: Axis, xs: Axis, fill: float) -> ir.Value:
+    """The NCHW input padded to every extent its windows read."""
+    out = tuple(shape[:2]) + (ys.padded, xs.padded)
+    if out == tuple(shape):
+        return x
+    return place(b, x, shape, out, (0, 0, ys.lo, xs.lo), (1, 1, 1, 1), fill)
+
+
+def _window(b: FunctionBuilder, ys: Axis, xs: Axis) -> ir.Value:
+    return b.empty((ys.kernel, xs.kernel))
+
+
+def _index(b: FunctionBuilder, dim: int) -> ir.Value:
+    return linalg.IndexOp(dim).result
+
+
+def _as_float(b: FunctionBuilder, i: ir.Value) -> ir.Value:
+    return arith.sitofp(b.element, arith.index_cast(ir.IntegerType.get_signless(64), i))
+
+
+def _affine_index(b: FunctionBuilder, terms: Sequence[tuple[int, int]], constant: int) -> ir.Value:
+    """sum(index(dim) * factor) + constant, as an index Value inside a linalg body."""
+    total = b.index(constant)
+    for dim, factor in terms:
+        total = arith.addi(total, arith.muli(_index(b, dim), b.index(factor)))
+    return total
+
+
+def _windowed(a: Axis, out_dim: int, k_dim: int, offset: int = 0) -> ir.AffineExpr:
+    return _d(out_dim) * a.stride + _d(k_dim) * a.dilation + offset
+
+
+# ---------------------------------------------------------------------------- convolutions
+
+
+def _conv_parts(node: Node, in_hw: tuple[int, int], kernel: tuple[int, int]) -> tuple[Axis, Axis, int]:
+    ys, xs = axes_of(node.op, in_hw, kernel, node.attr_dict)
+    return ys, xs, int(node.attr("groups"))
+
+
+def _grouped(b: FunctionBuilder, x: ir.Value, shape: Shape, groups: int) -> ir.Value:
+    """(N, C, ...) as (N, G, C/G, ...)."""
+    grouped = (shape[0], groups, int(shape[1]) // groups) + tuple(shape[2:])
+    return reshape(b, x, shape, grouped, _SPLIT_1)
+
+
+def _weight_groups(b: FunctionBuilder, w: ir.Value, shape: Shape, groups: int) -> ir.Value:
+    """(O, C/G, KH, KW) as (G, O/G, C/G, KH, KW)."""
+    return reshape(b, w, shape, (groups, int(shape[0]) // groups) + tuple(shape[1:]), _SPLIT_0)
+
+
+def _conv2d_direct(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    x_node, w_node = node.inputs
+    o, cg, kh, kw = (int(d) for d in w_node.shape)
+    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    x = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
+    w = _weight_groups(b, xs_[1], w_node.shape, groups)
+    out_shape = (node.shape[0], groups, o // groups, ys.out, xs.out)
+    # loops: n g o oh ow | c kh kw
+    n, g, oc, oh, ow, c, k, m = range(8)
+    maps = [_map(8, [_d(n), _d(g), _d(c), _windowed(ys, oh, k), _windowed(xs, ow, m)]),
+            _map(8, [_d(g), _d(oc), _d(c), _d(k), _d(m)])]
+    out = b.reduce(out_shape, [x, w], maps, _map(8, [_d(i) for i in (n, g, oc, oh, ow)]),
+                   [PARALLEL] * 5 + [REDUCTION] * 3, arith.mulf)
+    return reshape(b, out, out_shape, node.shape, _SPLIT_1)
+
+
+def _conv2d_input_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    g_node, w_node = node.inputs
+    o, cg, kh, kw = (int(d) for d in w_node.shape)
+    ys, xs, groups = _conv_parts(node, tuple(node.shape[2:]), (kh, kw))
+    spread = _spread_shape(g_node.shape, ys, xs)
+    gz = place(b, xs_[0], g_node.shape, spread, (0, 0, ys.span - 1, xs.span - 1), (1, 1, ys.stride, xs.stride), 0.0)
+    gz = _grouped(b, gz, spread, groups)
+    w = _weight_groups(b, _flipped(b, xs_[1], w_node.shape), w_node.shape, groups)
+    out_shape = (node.shape[0], groups, cg) + tuple(node.shape[2:])
+    # loops: n g c i j | o k m
+    n, g, c, i, j, oc, k, m = range(8)
+    maps = [_map(8, [_d(n), _d(g), _d(oc), _d(i) + _d(k) * ys.dilation + ys.lo, _d(j) + _d(m) * xs.dilation + xs.lo]),
+            _map(8, [_d(g), _d(oc), _d(c), _d(k), _d(m)]),
+            _map(8, [_d(k), _d(m)])]
+    out = b.reduce(out_shape, [gz, w, _window(b, ys, xs)], maps, _map(8, [_d(q) for q in (n, g, c, i, j)]),
+                   [PARALLEL] * 5 + [REDUCTION] * 3, lambda gv, wv, _: arith.mulf(gv, wv))
+    return reshape(b, out, out_shape, node.shape, _SPLIT_1)
+
+
+def _flipped(b: FunctionBuilder, w: ir.Value, shape: Shape, layout: Shape | None = None) -> ir.Value:
+    """The weight with both kernel axes reversed, read element by element (a map with a negative
+    coefficient would do the same, but tiling rejects those); ``layout`` (O, KH, KW, C) also
+    moves the input channels last."""
+    kh, kw = int(shape[2]), int(shape[3])
+    out = tuple(shape) if layout is None else layout
+    o, c, k, m = (0, 1, 2, 3) if layout is None else (0, 3, 1, 2)  # loop of each weight axis
+
+    @linalg.generic([], [b.empty(out)], [identity_map(4)], [PARALLEL] * 4)
+    def result(_out: ir.Value) -> ir.Value:
+        at = [_index(b, o), _index(b, c), arith.subi(b.index(kh - 1), _index(b, k)),
+              arith.subi(b.index(kw - 1), _index(b, m))]
+        return tensor.extract(w, at)
+
+    return result
+
+
+def _spread_shape(g_shape: Shape, ys: Axis, xs: Axis) -> Shape:
+    """Extent of an output gradient spread by the stride and padded by the span on both sides,
+    large enough for every input position's window (``i + lo + k * dilation``)."""
+
+    return tuple(g_shape[:2]) + (_spread_extent(ys), _spread_extent(xs))
+
+
+def _spread_extent(a: Axis) -> int:
+    return max(a.size + a.lo + a.span - 1, (a.out - 1) * a.stride + 2 * a.span - 1)
+
+
+def _conv2d_weight_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    x_node, g_node = node.inputs
+    o, cg, kh, kw = (int(d) for d in node.shape)
+    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    x = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
+    gy = _grouped(b, xs_[1], g_node.shape, groups)
+    out_shape = (groups, o // groups, cg, kh, kw)
+    # loops: g o c k m | n oh ow
+    g, oc, c, k, m, n, oh, ow = range(8)
+    maps = [_map(8, [_d(n), _d(g), _d(oc), _d(oh), _d(ow)]),
+            _map(8, [_d(n), _d(g), _d(c), _windowed(ys, oh, k), _windowed(xs, ow, m)])]
+    out = b.reduce(out_shape, [gy, x], maps, _map(8, [_d(q) for q in range(5)]),
+                   [PARALLEL] * 5 + [REDUCTION] * 3, arith.mulf)
+    return reshape(b, out, out_shape, node.shape, _SPLIT_0)
+
+
+# ---------------------------------------------------------------------------- convolutions as GEMMs
+# Ungrouped convolutions: an im2col gather of the (padded or spread) image into a row per
+# output pixel, one linalg.matmul (rewritten into the blocked CPU kernels by cpu_matmul
+# when large), and a transpose between the pixel-major rows and NCHW.
+
+
+def _rows(n: Dim, *dims: int) -> Dim:
+    """Size of (n, *dims) collapsed into one axis: dynamic when n is the batch."""
+    return BATCH if n == BATCH else int(n) * math.prod(dims)
+
+
+def _columns(b: FunctionBuilder, image: ir.Value, shape: Shape, out_hw: tuple[int, int], ys: Axis, xs: Axis,
+             offset: tuple[int, int], stride: tuple[int, int]) -> ir.Value:
+    """(N * P * Q, C * KH * KW): row (n, p, q) holds image[n, :, p * stride + k * dilation + offset, ...]."""
+    n, c = shape[0], int(shape[1])
+    p, q = out_hw
+    cols_shape = (n, p, q, c, ys.kernel, xs.kernel)
+    read = _map(6, [_d(0), _d(3), _d(1) * stride[0] + _d(4) * ys.dilation + offset[0],
+                    _d(2) * stride[1] + _d(5) * xs.dilation + offset[1]])
+
+    @linalg.generic([image], [b.empty(cols_shape)], [read, identity_map(6)], [PARALLEL] * 6)
+    def cols(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return reshape(b, cols, cols_shape, (_rows(n, p, q), c * ys.kernel * xs.kernel), [[0, 1, 2], [3, 4, 5]])
+
+
+def _product(b: FunctionBuilder, a: ir.Value, w: ir.Value, shape: Shape, leading: Shape, transpose_a: bool,
+             transpose_b: bool) -> ir.Value:
+    """op(a) @ op(w) into a zero-filled (rows, cols) accumulator; ``leading`` is what the rows collapse."""
+    sizes = b.sizes(leading)
+    rows = shape[0] if shape[0] != BATCH else arith.muli(sizes[0], b.index(math.prod(int(d) for d in leading[1:])))
+    acc = linalg.fill(b.scalar(0.0), outs=[tensor.empty([rows, int(shape[1])], b.element)])
+    if not transpose_a and not transpose_b:
+        return linalg.matmul(a, w, outs=[acc])
+    return linalg.matmul(a, w, outs=[acc], indexing_maps=matmul_maps(transpose_a, transpose_b))
+
+
+def _nchw(b: FunctionBuilder, rows: ir.Value, nhwc: Shape) -> ir.Value:
+    """(N * H * W, C) rows as an (N, C, H, W) tensor."""
+    image = reshape(b, rows, (_rows(nhwc[0], *nhwc[1:3]), nhwc[3]), nhwc, [[0, 1, 2], [3]])
+    nchw = (nhwc[0], nhwc[3], nhwc[1], nhwc[2])
+
+    @linalg.generic([image], [b.empty(nchw)], [dims_map(4, [0, 2, 3, 1]), identity_map(4)], [PARALLEL] * 4)
+    def result(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return result
+
+
+def _pixel_rows(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
+    """(N, C, H, W) as (N * H * W, C) rows."""
+    nhwc = (shape[0], shape[2], shape[3], shape[1])
+
+    @linalg.generic([x], [b.empty(nhwc)], [dims_map(4, [0, 3, 1, 2]), identity_map(4)], [PARALLEL] * 4)
+    def image(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return reshape(b, image, nhwc, (_rows(shape[0], *nhwc[1:3]), nhwc[3]), [[0, 1, 2], [3]])
+
+
+def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    if int(node.attr("groups")) != 1:
+        return _conv2d_direct(b, node, xs_)
+    x_node, w_node = node.inputs
+    o, c, kh, kw = (int(d) for d in w_node.shape)
+    ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    cols = _columns(b, x, x_node.shape, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride))
+    w = reshape(b, xs_[1], w_node.shape, (o, c * kh * kw), [[0], [1, 2, 3]])
+    nhwc = (x_node.shape[0], ys.out, xs.out, o)
+    return _nchw(b, _product(b, cols, w, (_rows(*nhwc[:3]), o), nhwc[:3], False, True), nhwc)
+
+
+def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    if int(node.attr("groups")) != 1:
+        return _conv2d_weight_grad_direct(b, node, xs_)
+    x_node, g_node = node.inputs
+    o, c, kh, kw = (int(d) for d in node.shape)
+    ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    cols = _columns(b, x, x_node.shape, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride))
+    grad = _pixel_rows(b, xs_[1], g_node.shape)
+    flat = _product(b, grad, cols, (o, c * kh * kw), (o,), True, False)
+    return reshape(b, flat, (o, c * kh * kw), node.shape, [[0], [1, 2, 3]])
+
+
+def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """A stride-1 convolution of the spread gradient with the flipped, transposed weight."""
+    if int(node.attr("groups")) != 1:
+        return _conv2d_input_grad_direct(b, node, xs_)
+    if int(node.shape[1]) < FEW_CHANNELS:
+        return _conv2d_input_grad_col2im(b, node, xs_)
+    g_node, w_node = node.inputs
+    o, c, kh, kw = (int(d) for d in w_node.shape)
+    n, _, h, wd = node.shape
+    ys, xs = axes_of(node.op, (int(h), int(wd)), (kh, kw), node.attr_dict)
+    spread = _spread_shape(g_node.shape, ys, xs)
+    gz = place(b, xs_[0], g_node.shape, spread, (0, 0, ys.span - 1, xs.span - 1), (1, 1, ys.stride, xs.stride), 0.0)
+    cols = _columns(b, gz, spread, (int(h), int(wd)), ys, xs, (ys.lo, xs.lo), (1, 1))
+    w = _flipped(b, xs_[1], w_node.shape, (o, kh, kw, c))
+    w = reshape(b, w, (o, kh, kw, c), (o * kh * kw, c), [[0, 1, 2], [3]])
+    nhwc = (n, int(h), int(wd), c)
+    return _nchw(b, _product(b, cols, w, (_rows(*nhwc[:3]), c), nhwc[:3], False, False), nhwc)
+
+
+FEW_CHANNELS = 16  # an input gradient with fewer input channels is a narrow product: col2im form instead
+
+
+def _conv2d_input_grad_col2im(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """The wide product (N * P * Q, O) @ flipped weight (O, C * KH * KW), spread by the stride, then
+    each input position sums the window of it that covers the position (col2im as a gather)."""
+    g_node, w_node = node.inputs
+    o, c, kh, kw = (int(d) for d in w_node.shape)
+    n, _, h, wd = node.shape
+    ys, xs = axes_of(node.op, (int(h), int(wd)), (kh, kw), node.attr_dict)
+    p, q = ys.out, xs.out
+    grad = _pixel_rows(b, xs_[0], g_node.shape)
+    w = reshape(b, _flipped(b, xs_[1], w_node.shape), w_node.shape, (o, c * kh * kw), [[0], [1, 2, 3]])
+    flat = _product(b, grad, w, (_rows(n, p, q), c * kh * kw), (n, p, q), False, False)
+    cols_shape = (n, p, q, c, kh, kw)
+    cols = reshape(b, flat, (_rows(n, p, q), c * kh * kw), cols_shape, [[0, 1, 2], [3, 4, 5]])
+    spread = (n, _spread_extent(ys), _spread_extent(xs), c, kh, kw)
+    cols = place(b, cols, cols_shape, spread, (0, ys.span - 1, xs.span - 1, 0, 0, 0),
+                 (1, ys.stride, xs.stride, 1, 1, 1), 0.0)
+    # loops: n c i j | k m
+    read = _map(6, [_d(0), _d(2) + _d(4) * ys.dilation + ys.lo, _d(3) + _d(5) * xs.dilation + xs.lo, _d(1), _d(4),
+                    _d(5)])
+    return b.reduce(node.shape, [cols], [read], _pool_out(), _POOL_LOOPS, lambda v: v)
+
+
+# ---------------------------------------------------------------------------- pooling
+
+
+def _pool_axes(node: Node, in_hw: Sequence) -> tuple[Axis, Axis]:
+    kernel = tuple(int(v) for v in node.attr("kernel"))
+    return axes_of(node.op, tuple(int(v) for v in in_hw), kernel, node.attr_dict)
+
+
+_POOL_LOOPS = [PARALLEL] * 4 + [REDUCTION] * 2  # n c oh ow | kh kw
+
+
+def _pool_out() -> ir.AffineMap:
+    return _map(6, [_d(i) for i in range(4)])
+
+
+def _pool_maps(ys: Axis, xs: Axis, offset: tuple[int, int] = (0, 0)) -> tuple[ir.AffineMap, ir.AffineMap]:
+    """(windowed read of a padded image, the window operand) over loops n c oh ow kh kw."""
+    return (_map(6, [_d(0), _d(1), _windowed(ys, 2, 4, offset[0]), _windowed(xs, 3, 5, offset[1])]),
+            _map(6, [_d(4), _d(5)]))
+
+
+def _max_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    x_node = node.inputs[0]
+    ys, xs = _pool_axes(node, x_node.shape[2:])
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, float("-inf"))
+    reads, window = _pool_maps(ys, xs)
+    return b.reduce(node.shape, [x, _window(b, ys, xs)], [reads, window], _pool_out(),
+                    _POOL_LOOPS, lambda v, _: v,
+                    init=float("-inf"), combine=arith.maximumf)
+
+
+def _max_pool2d_index(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """Smallest row-major input position in each window holding the window's maximum."""
+    x_node = node.inputs[0]
+    ys, xs = _pool_axes(node, x_node.shape[2:])
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, float("-inf"))
+    reads, window = _pool_maps(ys, xs)
+    out = _pool_out()
+
+    def position(v: ir.Value, best: ir.Value, _w: ir.Value) -> ir.Value:
+        row = ((2, ys.stride * xs.size), (4, ys.dilation * xs.size), (3, xs.stride), (5, xs.dilation))
+        pos = _as_float(b, _affine_index(b, row, -ys.lo * xs.size - xs.lo))
+        return arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, v, best), pos, b.scalar(float("inf")))
+
+    return b.reduce(node.shape, [x, xs_[1], _window(b, ys, xs)], [reads, out, window], out, _POOL_LOOPS, position,
+                    init=float("inf"), combine=arith.minimumf)
+
+
+def _gather_windows(b: FunctionBuilder, node: Node, parts: list[tuple[ir.Value, float]], ys: Axis, xs: Axis,
+                    fn: Callable[..., ir.Value]) -> ir.Value:
+    """Pooling gradient: spread each (output-shaped operand, fill) and sum ``fn`` over the windows
+    that cover each input position (loops n c i j | k m)."""
+    g_shape = node.inputs[0].shape
+    spread = _spread_shape(g_shape, ys, xs)
+    spread_parts = [place(b, v, g_shape, spread, (0, 0, ys.span - 1, xs.span - 1), (1, 1, ys.stride, xs.stride), fill)
+                    for v, fill in parts]
+    read = _map(6, [_d(0), _d(1), _d(2) + _d(4) * ys.dilation + ys.lo, _d(3) + _d(5) * xs.dilation + xs.lo])
+    maps = [read] * len(parts) + [_map(6, [_d(4), _d(5)])]
+    return b.reduce(node.shape, spread_parts + [_window(b, ys, xs)], maps, _pool_out(),
+                    _POOL_LOOPS, fn)
+
+
+def _max_pool2d_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    ys, xs = _pool_axes(node, node.attr("input_hw"))
+
+    def routed(g: ir.Value, index: ir.Value, _w: ir.Value) -> ir.Value:
+        here = _as_float(b, _affine_index(b, ((2, xs.size), (3, 1)), 0))
+        return arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, index, here), g, b.scalar(0.0))
+
+    if all(_tiles(a) for a in (ys, xs)):  # each input position lies in exactly one window: no sum
+        return _per_tile(b, node, xs_, ys, xs, lambda g, index: routed(g, index, None))
+    return _gather_windows(b, node, [(xs_[0], 0.0), (xs_[1], -1.0)], ys, xs, routed)
+
+
+def _tiles(a: Axis) -> bool:
+    """Windows that tile the input exactly: stride = kernel, no padding or dilation, no remainder."""
+    return a.stride == a.kernel and a.dilation == 1 and a.lo == a.hi == 0 and a.out * a.kernel == a.size
+
+
+def _per_tile(b: FunctionBuilder, node: Node, xs_: list[Operand], ys: Axis, xs: Axis,
+              fn: Callable[..., ir.Value]) -> ir.Value:
+    """A pooling gradient when the windows tile the input: each input position reads its one window's
+    operands (maps with floordiv) and gets ``fn`` of them."""
+    read = _map(4, [_d(0), _d(1), ir.AffineExpr.get_floor_div(_d(2), ir.AffineConstantExpr.get(ys.kernel)),
+                    ir.AffineExpr.get_floor_div(_d(3), ir.AffineConstantExpr.get(xs.kernel))])
+    operands = [b.tensor_of(v, node.inputs[0].shape) for v in xs_]
+
+    @linalg.generic(operands, [b.empty(node.shape)], [read] * len(operands) + [identity_map(4)], [PARALLEL] * 4)
+    def result(*args: ir.Value) -> ir.Value:
+        return fn(*args[:-1])
+
+    return result
+
+
+def _divisor(b: FunctionBuilder, a: Axis, dim: int, count_include_pad: bool) -> ir.Value:
+    """PyTorch's window length along one axis at output index ``dim`` (an index Value)."""
+    start = _affine_index(b, ((dim, a.stride),), -a.lo)
+    end = arith.minsi(arith.addi(start, b.index(a.kernel)), b.index(a.size + a.hi))
+    if not count_include_pad:
+        start = arith.maxsi(start, b.index(0))
+        end = arith.minsi(end, b.index(a.size))
+    return arith.subi(end, start)
+
+
+def _scaled_by_divisor(b: FunctionBuilder, v: ir.Value, shape: Shape, ys: Axis, xs: Axis, cip: bool) -> ir.Value:
+    """``v / divisor`` per output position of an average pool (NCHW, loops n c oh ow)."""
+
+    @linalg.generic([v], [b.empty(shape)], [identity_map(4)] * 2, [PARALLEL] * 4)
+    def result(value: ir.Value, _out: ir.Value) -> ir.Value:
+        size = arith.muli(_divisor(b, ys, 2, cip), _divisor(b, xs, 3, cip))
+        return arith.divf(value, _as_float(b, size))
+
+    return result
+
+
+def _avg_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    x_node = node.inputs[0]
+    ys, xs = _pool_axes(node, x_node.shape[2:])
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    reads, window = _pool_maps(ys, xs)
+    total = b.reduce(node.shape, [x, _window(b, ys, xs)], [reads, window], _pool_out(),
+                     _POOL_LOOPS, lambda v, _: v)
+    return _scaled_by_divisor(b, total, node.shape, ys, xs, bool(node.attr("count_include_pad")))
+
+
+def _avg_pool2d_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    ys, xs = _pool_axes(node, node.attr("input_hw"))
+    share = _scaled_by_divisor(b, xs_[0], node.inputs[0].shape, ys, xs, bool(node.attr("count_include_pad")))
+    if all(_tiles(a) for a in (ys, xs)):
+        return _per_tile(b, node, [share], ys, xs, lambda g: g)
+    return _gather_windows(b, node, [(share, 0.0)], ys, xs, lambda g, _w: g)
+
+
+def _adaptive(b: FunctionBuilder, node: Node, xs_: list[Operand], forward: bool) -> ir.Value:
+    """out[n, c, i, j] = sum_hw x * a(i, h) * a(j, w) (forward) or its transpose (gradient), where
+    a(i, h) is 1 / window length when h lies in PyTorch's adaptive window i, else 0."""
+    src = node.inputs[0]
+    small = node.shape[2:] if forward else src.shape[2:]
+    big = src.shape[2:] if forward else node.shape[2:]
+    # loops: n c p q | r s, where (p, q) index the output and (r, s) the reduced operand
+    small_dims, big_dims = ((2, 3), (4, 5)) if forward else ((4, 5), (2, 3))
+
+    def weight(axis_: int) -> ir.Value:
+        i, h = _index(b, small_dims[axis_]), _index(b, big_dims[axis_])
+        size, out = int(big[axis_]), int(small[axis_])
+        start = arith.divui(arith.muli(i, b.index(size)), b.index(out))
+        end = arith.divui(arith.addi(arith.muli(i, b.index(size)), b.index(size + out - 1)), b.index(out))
+        inside = arith.andi(arith.cmpi(arith.CmpIPredicate.uge, h, start), arith.cmpi(arith.CmpIPredicate.ult, h, end))
+        return arith.select(inside, arith.divf(b.scalar(1.0), _as_float(b, arith.subi(end, start))), b.scalar(0.0))
+
+    read = _map(6, [_d(0), _d(1), _d(4), _d(5)])
+    return b.reduce(node.shape, [xs_[0]], [read], _pool_out(), [PARALLEL] * 4 + [REDUCTION] * 2,
+                    lambda v: arith.mulf(v, arith.mulf(weight(0), weight(1))))
+
+
+# ---------------------------------------------------------------------------- pad
+
+
+def _pad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    src = node.inputs[0].shape
+    pads = [(int(lo), int(hi)) for lo, hi in node.attr("pads")]
+    return place(b, b.tensor_of(xs_[0], src), src, node.shape, [lo for lo, _ in pads], [1] * len(src),
+                 float(node.attr("value")))
+
+
+WINDOW_LOWERINGS: dict[str, Rule] = {
+    "conv2d": _conv2d,
+    "conv2d_input_grad": _conv2d_input_grad,
+    "conv2d_weight_grad": _conv2d_weight_grad,
+    "max_pool2d": _max_pool2d,
+    "max_pool2d_index": _max_pool2d_index,
+    "max_pool2d_grad": _max_pool2d_grad,
+    "avg_pool2d": _avg_pool2d,
+    "avg_pool2d_grad": _avg_pool2d_grad,
+    "adaptive_avg_pool2d": lambda b, n, xs: _adaptive(b, n, xs, forward=True),
+    "adaptive_avg_pool2d_grad": lambda b, n, xs: _adaptive(b, n, xs, forward=False),
+    "pad": _pad,
+}

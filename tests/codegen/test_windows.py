@@ -1,0 +1,94 @@
+"""The window ops compiled for the CPU against the NumPy reference, on awkward shapes
+(batch 1, one channel, odd sizes, strides and dilations that do not divide, ceil_mode)."""
+
+import numpy as np
+import pytest
+
+from mlir_nn.backends import get_backend
+from mlir_nn.backends.reference import evaluate
+from mlir_nn.ir import Graph, make_node
+
+TOL = {"float32": dict(rtol=2e-4, atol=2e-5), "float64": dict(rtol=1e-9, atol=1e-11)}
+
+
+def _leaf(kind, name, shape, dtype):
+    return make_node(kind, [], name=name, shape=shape, dtype=dtype)
+
+
+def conv_graph(dtype, c, hw, o, kernel, stride, padding, dilation, groups):
+    x = _leaf("input", "x", ("N", c) + hw, dtype)
+    w = _leaf("param", "w", (o, c // groups) + kernel, dtype)
+    attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    y = make_node("conv2d", [x, w], **attrs)
+    g = _leaf("input", "g", y.shape, dtype)
+    return Graph((x, g), (w,), (y, make_node("conv2d_input_grad", [g, w], input_hw=hw, **attrs),
+                                make_node("conv2d_weight_grad", [x, g], kernel=kernel, **attrs)), name="conv")
+
+
+def pool_graph(dtype, c, hw, kernel, stride, padding, dilation, ceil_mode, count_include_pad):
+    x = _leaf("input", "x", ("N", c) + hw, dtype)
+    at = dict(kernel=kernel, stride=stride, padding=padding, dilation=dilation, ceil_mode=ceil_mode)
+    y = make_node("max_pool2d", [x], **at)
+    g = _leaf("input", "g", y.shape, dtype)
+    index = make_node("max_pool2d_index", [x, y], **at)
+    outs = [y, index, make_node("max_pool2d_grad", [g, index], input_hw=hw, **at)]
+    if dilation == (1, 1):
+        avg = dict(kernel=kernel, stride=stride, padding=padding, ceil_mode=ceil_mode,
+                   count_include_pad=count_include_pad)
+        outs += [make_node("avg_pool2d", [x], **avg), make_node("avg_pool2d_grad", [g], input_hw=hw, **avg)]
+    return Graph((x, g), (), tuple(outs), name="pool")
+
+
+def adaptive_and_pad_graph(dtype, c, hw, out):
+    x = _leaf("input", "x", ("N", c) + hw, dtype)
+    y = make_node("adaptive_avg_pool2d", [x], output_size=out)
+    g = _leaf("input", "g", y.shape, dtype)
+    return Graph((x, g), (), (y, make_node("adaptive_avg_pool2d_grad", [g], input_hw=hw),
+                              make_node("pad", [x], pads=((0, 0), (1, -1), (2, 0), (-1, 3)), value=0.5),
+                              make_node("pad", [x], pads=((0, 0), (0, 0), (1, 1), (2, 2)), value=0.0)),
+                 name="adaptive_pad")
+
+
+def check(graph, batch, ties=False, seed=0):
+    rng = np.random.default_rng(seed)
+    dtype = graph.inputs[0].dtype
+    inputs = []
+    for node in graph.inputs:
+        v = rng.standard_normal(tuple(batch if d == "N" else d for d in node.shape))
+        inputs.append((np.round(v) if ties else v).astype(dtype))  # rounding makes tied maxima
+    params = [rng.standard_normal(p.shape).astype(dtype) for p in graph.params]
+    want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
+    got = get_backend("cpu").compile(graph).run(inputs, params)
+    for node, g, w in zip(graph.outputs, got, want):
+        assert g.shape == w.shape, node.op
+        np.testing.assert_allclose(g, w, **TOL[dtype], err_msg=f"{node.op} {dict(node.attrs)}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case,batch", [
+    ((1, (5, 5), 1, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1), 1),
+    ((4, (7, 6), 6, (3, 2), (2, 1), (1, 1, 0, 0), (1, 2), 2), 3),
+    ((3, (9, 8), 5, (2, 2), (1, 1), (0, 1, 0, 1), (1, 1), 1), 2),  # padding="same" with an even kernel
+    ((4, (8, 5), 4, (3, 3), (3, 2), (2, 2, 1, 1), (2, 1), 4), 2),  # depthwise
+    ((16, (5, 4), 3, (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 1), 2),  # enough input channels for the im2col dX
+])
+def test_convolutions(dtype, case, batch):
+    check(conv_graph(dtype, *case), batch)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case,batch", [
+    ((3, (7, 9), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), True, True), 2),
+    ((2, (8, 7), (3, 2), (2, 1), (1, 1, 1, 1), (2, 1), False, True), 1),
+    ((1, (6, 5), (2, 2), (2, 2), (1, 1, 1, 1), (1, 1), True, False), 3),
+    ((3, (6, 8), (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False, True), 2),  # windows that tile the input
+    ((2, (6, 6), (3, 2), (3, 2), (0, 0, 0, 0), (1, 1), False, True), 1),
+])
+def test_pooling_with_tied_maxima(dtype, case, batch):
+    check(pool_graph(dtype, *case), batch, ties=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_adaptive_pooling_and_pad(dtype):
+    check(adaptive_and_pad_graph(dtype, 3, (5, 7), (3, 2)), 2)
+    check(adaptive_and_pad_graph(dtype, 2, (2, 4), (3, 2)), 1)

@@ -1,0 +1,44 @@
+"""The window ops compiled for CUDA and run on the SIMT interpreter: race-free, in bounds,
+equal to the NumPy reference."""
+
+import pytest
+
+from mlir_nn.gpu.simt_check import check_graph
+from tests.codegen.test_windows import adaptive_and_pad_graph, conv_graph, pool_graph
+
+GRAPHS = {
+    "conv_strided_dilated": (lambda: conv_graph("float32", 2, (5, 4), 3, (3, 2), (2, 1), (1, 1, 0, 1), (1, 2), 1), 2),
+    "conv_wide_input": (lambda: conv_graph("float32", 16, (5, 4), 3, (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 1), 2),
+    "conv_grouped": (lambda: conv_graph("float64", 4, (5, 5), 4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2), 1),
+    "pooling": (lambda: pool_graph("float32", 2, (5, 6), (3, 2), (2, 1), (1, 1, 1, 1), (1, 1), True, True), 3),
+    "pooling_tiles": (lambda: pool_graph("float32", 2, (6, 8), (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False, True), 2),
+    "adaptive_and_pad": (lambda: adaptive_and_pad_graph("float32", 2, (5, 7), (3, 2)), 2),
+}
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_window_ops_are_simt_clean(name):
+    build, batch = GRAPHS[name]
+    result = check_graph(build(), batch)
+    assert result.ok, result.problems
+
+
+def test_small_cnn_training_step_is_simt_clean():
+    """A whole optimized step: Conv2d, BatchNorm2d, ReLU, MaxPool2d, Flatten, Linear, MSE, SGD."""
+    import numpy as np
+
+    from mlir_nn import nn
+    from mlir_nn.egraph import optimize
+    from mlir_nn.jit import trace_step
+    from mlir_nn.optim import SGD
+    from mlir_nn.trainer import train_step
+
+    np.random.seed(0)
+    f64 = {"dtype": np.float64}  # float64: the check's tolerance is then 1e-10
+    model = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1, **f64), nn.BatchNorm2d(3, **f64), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(3, 4, 2, **f64), nn.Flatten(), nn.Linear(4 * 2 * 2, 2, **f64))
+    step = train_step(model, SGD(model.parameters(), lr=0.1, momentum=0.9))
+    x, y = np.zeros((2, 1, 6, 6)), np.zeros((2, 2))
+    graph, _, _ = trace_step(step, [x, y], ["x", "y"])
+    result = check_graph(optimize(graph, batch_estimate=3)[0], 3)
+    assert result.ok, result.problems

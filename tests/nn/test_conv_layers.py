@@ -1,0 +1,93 @@
+"""Conv2d, pooling, BatchNorm2d and Dropout2d: PyTorch's state_dict keys and init bounds, PyTorch
+weights loaded directly, and a small CNN's training steps (eager, jit on numpy and cpu) equal
+PyTorch's in float64."""
+
+import numpy as np
+import pytest
+import torch
+
+import mlir_nn
+from mlir_nn import nn
+from mlir_nn.ir import ShapeError
+from mlir_nn.losses import cross_entropy
+from mlir_nn.optim import SGD
+
+
+def test_conv2d_state_dict_keys_shapes_and_init_bounds_match_pytorch():
+    ours, theirs = nn.Conv2d(4, 6, (3, 2), groups=2), torch.nn.Conv2d(4, 6, (3, 2), groups=2)
+    state = ours.state_dict()
+    assert {k: v.shape for k, v in state.items()} == {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
+    bound = 1 / np.sqrt(2 * 3 * 2)
+    assert np.all(np.abs(state["weight"]) <= bound) and np.abs(state["weight"]).max() > bound / 2
+    assert list(nn.Conv2d(1, 2, 3, bias=False).state_dict()) == ["weight"]
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    x = np.random.default_rng(0).standard_normal((2, 4, 5, 5)).astype(np.float32)
+    np.testing.assert_allclose(ours(x).data, theirs(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_layer_arguments_are_checked():
+    with pytest.raises(ValueError, match="groups=3 must divide"):
+        nn.Conv2d(4, 6, 3, groups=3)
+    with pytest.raises(NotImplementedError, match="padding_mode"):
+        nn.Conv2d(1, 1, 3, padding_mode="reflect")
+    with pytest.raises(ValueError, match="kernel_size"):
+        nn.Conv2d(1, 1, 0)
+    with pytest.raises(ShapeError, match=r"BatchNorm2d: input has shape \(2, 3\)"):
+        nn.BatchNorm2d(3)(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="Dropout2d: probability"):
+        nn.Dropout2d(1.5)
+
+
+def small_cnn(lib, dtype=None):
+    """The same network in mlir_nn.nn or torch.nn (equal state_dict keys)."""
+    kw = {} if dtype is None else {"dtype": dtype}
+    return lib.Sequential(lib.Conv2d(1, 4, 3, padding=1, **kw), lib.BatchNorm2d(4, **kw), lib.ReLU(),
+                          lib.MaxPool2d(2), lib.Conv2d(4, 6, 3, padding="same", **kw), lib.ReLU(),
+                          lib.AvgPool2d(2, stride=1), lib.AdaptiveAvgPool2d((2, 1)), lib.Flatten(),
+                          lib.Linear(12, 3, **kw))
+
+
+@pytest.mark.parametrize("backend", ["eager", "numpy", "cpu"])
+def test_small_cnn_steps_equal_pytorch_in_float64(backend):
+    twin = small_cnn(torch.nn).double()
+    model = small_cnn(nn, np.float64)
+    model.load_state_dict({k: v.detach().numpy() for k, v in twin.state_dict().items()})  # PyTorch's weights
+    opt, topt = SGD(model.parameters(), lr=0.1, momentum=0.9), torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+
+    def step(x, y):
+        loss = cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    run = step if backend == "eager" else mlir_nn.jit(step, backend=backend, tiered=False)
+    rng = np.random.default_rng(1)
+    for batch in (5, 2, 3):
+        x, y = rng.standard_normal((batch, 1, 7, 9)), rng.integers(0, 3, batch).astype(np.float64)
+        loss = run(x, y)
+        tloss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y).long())
+        topt.zero_grad()
+        tloss.backward()
+        topt.step()
+        assert abs(float(loss.item()) - tloss.item()) < 1e-10
+    theirs = twin.state_dict()
+    for name, value in model.state_dict().items():
+        np.testing.assert_allclose(value, theirs[name].numpy(), rtol=1e-10, atol=1e-10, err_msg=name)
+    model.eval()
+    twin.eval()
+    x = rng.standard_normal((2, 1, 7, 9))
+    np.testing.assert_allclose(model(x).data, twin(torch.from_numpy(x)).detach().numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_dropout2d_zeroes_whole_channels_in_training_only():
+    mlir_nn.manual_seed(0)
+    drop = nn.Dropout2d(0.25)
+    x = np.random.default_rng(0).uniform(1, 2, (16, 32, 3, 3))
+    y = drop(x).data
+    kept = (y != 0).reshape(16, 32, 9)
+    assert np.all(kept.all(axis=2) | ~kept.any(axis=2))  # a channel is kept or dropped whole
+    np.testing.assert_allclose(y[y != 0], (x / 0.75)[y != 0])
+    assert 0.15 < 1 - kept[:, :, 0].mean() < 0.35
+    drop.eval()
+    np.testing.assert_array_equal(drop(x).data, x)
