@@ -2,12 +2,25 @@
 
 from typing import Any
 
-from mlir_nn.engine import Tensor, Value
+from mlir_nn.engine import (
+    ConcretizationError,
+    Tensor,
+    Value,
+    enable_grad,
+    is_grad_enabled,
+    maximum,
+    minimum,
+    no_grad,
+)
 from mlir_nn.jit import jit
+from mlir_nn.jit.python_random import PythonRandomError
 from mlir_nn.runtime.residency import resident, sync
+from mlir_nn.support.seed import manual_seed
 from mlir_nn.support.version import __version__
 
-__all__ = ["Tensor", "Value", "__version__", "jit", "load", "resident", "save", "sync"]
+__all__ = ["ConcretizationError", "PythonRandomError", "Tensor", "Value", "__version__", "enable_grad",
+           "is_grad_enabled", "jit", "load", "manual_seed", "maximum", "minimum", "no_grad", "resident", "save",
+           "sync"]
 
 
 def __getattr__(name: str) -> Any:

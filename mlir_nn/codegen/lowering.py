@@ -280,6 +280,24 @@ def _matmul_relu_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.V
                          lambda acc, z: _relu_grad(b, z, acc), init=product)
 
 
+def _mask(predicate: arith.CmpFPredicate) -> Rule:
+    """1.0 where ``x predicate y``, else 0.0."""
+    def select(b: FunctionBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
+        return arith.select(arith.cmpf(predicate, x, y), b.scalar(1.0), b.scalar(0.0))
+
+    return lambda b, n, xs: b.elementwise(n.shape, xs, [i.shape for i in n.inputs], lambda x, y: select(b, x, y))
+
+
+def _sign(b: FunctionBuilder, x: ir.Value) -> ir.Value:
+    negative = arith.select(arith.cmpf(arith.CmpFPredicate.OLT, x, b.scalar(0.0)), b.scalar(-1.0), b.scalar(0.0))
+    return arith.select(arith.cmpf(OGT, x, b.scalar(0.0)), b.scalar(1.0), negative)
+
+
+def _softplus(b: FunctionBuilder, x: ir.Value) -> ir.Value:
+    """max(x, 0) + log1p(exp(-|x|)): exp only sees non-positive arguments."""
+    return arith.addf(arith.maximumf(x, b.scalar(0.0)), math.log1p(math.exp(arith.negf(math.absf(x)))))
+
+
 LOWERINGS: dict[str, Rule] = {
     "add": _ewise(arith.addf),
     "sub": _ewise(arith.subf),
@@ -323,4 +341,13 @@ LOWERINGS: dict[str, Rule] = {
     "linear": _linear,
     "gemm": _gemm,
     "matmul_relu_grad": _matmul_relu_grad,
+    # issue 21b: losses and masks
+    "gt": _mask(OGT),
+    "ge": _mask(arith.CmpFPredicate.OGE),
+    "lt": _mask(arith.CmpFPredicate.OLT),
+    "sign": lambda b, n, xs: b.elementwise(n.shape, xs, [n.inputs[0].shape], lambda x: _sign(b, x)),
+    "abs": _ewise(math.absf),
+    "maximum": _ewise(arith.maximumf),
+    "minimum": _ewise(arith.minimumf),
+    "softplus": lambda b, n, xs: b.elementwise(n.shape, xs, [n.inputs[0].shape], lambda x: _softplus(b, x)),
 }

@@ -666,3 +666,45 @@ def _allreduce_mean_reference(args, attrs, shape):
 
 register("allreduce_mean", 1, _unary_infer, _allreduce_mean_reference, None,
          "Mean of x over all ranks, each weighted by its sample weight (default 1); x itself outside MPI.")
+
+
+# ---------------------------------------------------------------------------- issue 21b: losses and masks
+# Comparisons (0/1 masks, no gradient), abs/sign, elementwise maximum/minimum (clamp) and a
+# stable softplus: what the losses of ``mlir_nn.losses`` are written with.
+
+
+def _mask_vjp(emit, xs, out, g, attrs):
+    return [None, None]
+
+
+register("gt", 2, _binary_infer("gt"), lambda a, at, s: (a[0] > a[1]).astype(a[0].dtype), _mask_vjp,
+         "1.0 where x > y, else 0.0 (numpy broadcasting; no gradient).")
+register("ge", 2, _binary_infer("ge"), lambda a, at, s: (a[0] >= a[1]).astype(a[0].dtype), _mask_vjp,
+         "1.0 where x >= y, else 0.0 (numpy broadcasting; no gradient).")
+register("sign", 1, _unary_infer, lambda a, at, s: np.sign(a[0]), lambda emit, xs, out, g, at: [None],
+         "-1, 0 or 1 by the sign of x (no gradient).")
+register("abs", 1, _unary_infer, lambda a, at, s: np.abs(a[0]),
+         lambda emit, xs, out, g, at: [emit("mul", g, emit("sign", xs[0]))],
+         "|x|; its gradient is sign(x) (0 at 0, as PyTorch).")
+
+
+def _extremum_vjp(winner: str) -> Vjp:
+    """PyTorch's maximum/minimum gradient: the winner takes it, ties share it evenly."""
+    def vjp(emit, xs, out, g, attrs):
+        a, b = xs
+        share_a = emit("add", emit(winner, a, b), emit("mul", 0.5, emit("eq", a, b)))
+        share_b = emit("sub", 1.0, share_a)
+        return [sum_to(emit, emit("mul", g, share_a), a.shape), sum_to(emit, emit("mul", g, share_b), b.shape)]
+
+    return vjp
+
+
+register("lt", 2, _binary_infer("lt"), lambda a, at, s: (a[0] < a[1]).astype(a[0].dtype), _mask_vjp,
+         "1.0 where x < y, else 0.0 (numpy broadcasting; no gradient).")
+register("maximum", 2, _binary_infer("maximum"), lambda a, at, s: np.maximum(a[0], a[1]), _extremum_vjp("gt"),
+         "Elementwise max(x, y) with numpy broadcasting; ties share the gradient evenly.")
+register("minimum", 2, _binary_infer("minimum"), lambda a, at, s: np.minimum(a[0], a[1]), _extremum_vjp("lt"),
+         "Elementwise min(x, y) with numpy broadcasting; ties share the gradient evenly.")
+register("softplus", 1, _unary_infer, lambda a, at, s: np.logaddexp(np.zeros((), a[0].dtype), a[0]),
+         lambda emit, xs, out, g, at: [emit("mul", g, emit("sigmoid", xs[0]))],
+         "log(1 + exp(x)), computed as max(x, 0) + log1p(exp(-|x|)): finite for any finite x.")
