@@ -2,6 +2,18 @@
 groups them."""
 
 from mlir_nn.nn import functional
+from mlir_nn.nn.loss import (  # losses (issue 21b)
+    BCELoss,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    HuberLoss,
+    L1Loss,
+    MSELoss,
+    NLLLoss,
+    SmoothL1Loss,
+)
 from mlir_nn.nn.modules import MLP, Layer, Module
 
 __all__ = ["MLP", "Layer", "Module", "functional"]
+__all__ += ["BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "L1Loss", "MSELoss", "NLLLoss",
+            "SmoothL1Loss"]  # losses (issue 21b)
