@@ -1,9 +1,10 @@
 """Learning-rate schedules with PyTorch's names and semantics (``mlir_nn.optim`` exports them).
 
-A schedule sets ``optimizer.lr``: constructing it applies epoch 0, each ``step()`` the
-next epoch. ``get_last_lr()`` is the list PyTorch returns (one optimizer, one group).
-The learning rate is a run-time input of a compiled step, so the next call uses the new
-value without recompiling.
+A schedule sets the learning rate of every parameter group (from the group's
+``initial_lr``): constructing it applies epoch 0, each ``step()`` the next epoch.
+``get_last_lr()`` is the list PyTorch returns (one rate per group). The learning rate is a
+run-time input of a compiled step, so the next call uses the new value without recompiling.
+``ReduceLROnPlateau`` and ``OneCycleLR`` live in ``mlir_nn.optim.schedules``.
 """
 
 from __future__ import annotations
@@ -17,26 +18,29 @@ if TYPE_CHECKING:
 
 
 class LRScheduler:
-    """Base class: ``lr_at(epoch)`` gives the learning rate of an epoch from ``base_lr``."""
+    """Base class: ``lr_at(epoch, base_lr)`` gives a group's learning rate of an epoch from its ``initial_lr``."""
 
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
         self.optimizer = optimizer
-        if last_epoch == -1:
-            optimizer.initial_lr = optimizer.lr
-        elif not hasattr(optimizer, "initial_lr"):
-            raise KeyError(f"{type(self).__name__}: resuming at last_epoch={last_epoch} needs optimizer.initial_lr")
-        self.base_lrs = [optimizer.initial_lr]
+        for group in optimizer.param_groups:
+            if last_epoch == -1:
+                group.setdefault("initial_lr", group["lr"])
+            elif "initial_lr" not in group:
+                raise KeyError(f"{type(self).__name__}: resuming at last_epoch={last_epoch} needs 'initial_lr' in "
+                               "every parameter group")
+        self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
         self.last_epoch = last_epoch
         self.step()
 
-    def lr_at(self, epoch: int) -> float:
+    def lr_at(self, epoch: int, base_lr: float) -> float:
         raise NotImplementedError
 
     def step(self) -> None:
-        """Advance one epoch and set the optimizer's learning rate."""
+        """Advance one epoch and set every group's learning rate."""
         self.last_epoch += 1
-        self.optimizer.lr = self.lr_at(self.last_epoch)
-        self._last_lr = [self.optimizer.lr]
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = self.lr_at(self.last_epoch, base_lr)
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def get_last_lr(self) -> list[float]:
         return list(self._last_lr)
@@ -48,9 +52,6 @@ class LRScheduler:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.__dict__.update({k: list(v) if k in ("base_lrs", "_last_lr") else v for k, v in state.items()})
 
-    @property
-    def base_lr(self) -> float:
-        return self.base_lrs[0]
 
 
 class StepLR(LRScheduler):
@@ -62,8 +63,8 @@ class StepLR(LRScheduler):
         self.step_size, self.gamma = step_size, gamma
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, epoch: int) -> float:
-        return self.base_lr * self.gamma ** (epoch // self.step_size)
+    def lr_at(self, epoch: int, base_lr: float) -> float:
+        return base_lr * self.gamma ** (epoch // self.step_size)
 
 
 class ExponentialLR(LRScheduler):
@@ -73,8 +74,8 @@ class ExponentialLR(LRScheduler):
         self.gamma = gamma
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, epoch: int) -> float:
-        return self.base_lr * self.gamma ** epoch
+    def lr_at(self, epoch: int, base_lr: float) -> float:
+        return base_lr * self.gamma ** epoch
 
 
 class CosineAnnealingLR(LRScheduler):
@@ -86,8 +87,8 @@ class CosineAnnealingLR(LRScheduler):
         self.T_max, self.eta_min = T_max, eta_min
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, epoch: int) -> float:
-        return self.eta_min + (self.base_lr - self.eta_min) * (1 + math.cos(math.pi * epoch / self.T_max)) / 2
+    def lr_at(self, epoch: int, base_lr: float) -> float:
+        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * epoch / self.T_max)) / 2
 
 
 class LambdaLR(LRScheduler):
@@ -99,5 +100,5 @@ class LambdaLR(LRScheduler):
         self.lr_lambda = lr_lambda
         super().__init__(optimizer, last_epoch)
 
-    def lr_at(self, epoch: int) -> float:
-        return self.base_lr * self.lr_lambda(epoch)
+    def lr_at(self, epoch: int, base_lr: float) -> float:
+        return base_lr * self.lr_lambda(epoch)
