@@ -417,8 +417,31 @@ class SGD(Optimizer):
         p -= group["lr"] * grad
 
 
+def bias_correction(beta: Any, step: Tensor) -> Any:
+    """1 - beta ** step for a 0-d step count (beta a number or a fed 0-d tensor), as exp(step * log beta)."""
+    return 1 - (step * (beta if isinstance(beta, Tensor) else Tensor(beta, dtype=step.dtype)).log()).exp()
+
+
+def adam_step(p: Tensor, grad: Tensor, state: dict[str, Tensor], group: Mapping[str, Any]) -> None:
+    """PyTorch's bias-corrected Adam step on state ``step`` (0-d), ``exp_avg``, ``exp_avg_sq``
+    (shared by Adam and AdamW; the correction uses the current betas, as PyTorch's)."""
+    if "step" not in state:
+        state["step"] = Tensor(0.0, dtype=p.dtype, label=f"{p.label}.step")
+        state["exp_avg"], state["exp_avg_sq"] = zeros_like(p), zeros_like(p)
+    step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+    lr, (b1, b2) = group["lr"], group["betas"]
+    step += 1.0
+    m *= b1
+    m += (1 - b1) * grad
+    v *= b2
+    v += (1 - b2) * grad * grad
+    denom = v.sqrt() / bias_correction(b2, step).sqrt() + group["eps"]
+    p -= lr / bias_correction(b1, step) * m / denom
+
+
 class Adam(Optimizer):
-    """Adam (Kingma & Ba) with PyTorch's bias correction and L2 weight_decay."""
+    """Adam (Kingma & Ba) with PyTorch's bias correction and L2 weight_decay. State per parameter
+    (PyTorch's layout): ``step`` (0-d), ``exp_avg``, ``exp_avg_sq``."""
 
     HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
 
@@ -431,16 +454,6 @@ class Adam(Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     def update(self, p: Tensor, grad: Tensor, state: dict[str, Tensor], group: Mapping[str, Any]) -> None:
-        b1, b2 = group["betas"]
         if group.nonzero("weight_decay"):
             grad = grad + group["weight_decay"] * p
-        m, v = self._state(p, "exp_avg"), self._state(p, "exp_avg_sq")
-        b1_pow, b2_pow = self._state(p, "beta1_power", 1.0, ()), self._state(p, "beta2_power", 1.0, ())
-        new_b1_pow, new_b2_pow = b1_pow * b1, b2_pow * b2
-        new_m = b1 * m + (1 - b1) * grad
-        new_v = b2 * v + (1 - b2) * (grad * grad)
-        m_hat = new_m / (1 - new_b1_pow)
-        v_hat = new_v / (1 - new_b2_pow)
-        p.assign(p - group["lr"] * m_hat / (v_hat.sqrt() + group["eps"]))
-        for tensor, value in ((m, new_m), (v, new_v), (b1_pow, new_b1_pow), (b2_pow, new_b2_pow)):
-            tensor.assign(value)
+        adam_step(p, grad, state, group)
