@@ -50,9 +50,10 @@ def _weighted(loss: Tensor, weight: Any) -> Tensor:
 def mse_loss(pred: Any, target: Any, reduction: str = "mean") -> Tensor:
     """(pred - target)^2, reduced; the mean is one fused op (``mse``)."""
     _check_reduction("mse_loss", reduction)
+    if reduction == "mean":  # the op checks the shapes
+        pred = pred if isinstance(pred, Tensor) else Tensor(pred)
+        return apply("mse", pred, target if isinstance(target, Tensor) else Tensor(target, dtype=pred.dtype))
     pred, target = _pair("mse_loss", pred, target)
-    if reduction == "mean":
-        return apply("mse", pred, target)
     d = pred - target
     return _reduced("mse_loss", d * d, reduction)
 

@@ -98,6 +98,11 @@ def _structure_of(value: Any) -> Any:
     return value
 
 
+def _numeric(value: Any) -> bool:
+    """A float or a tuple of floats (fed to compiled steps; never structure by its value)."""
+    return isinstance(value, float) or (isinstance(value, tuple) and all(isinstance(v, float) for v in value))
+
+
 class ParamGroup(dict):
     """One parameter group: ``"params"`` and hyperparameters. Every assignment is validated
     (``opt.param_groups[0]["lr"] = x`` as ``opt.lr = x``) and reports a change of structure
@@ -161,7 +166,9 @@ class GroupHyperparameters(Mapping):
 
     def nonzero(self, name: str) -> bool:
         """Whether a numeric hyperparameter is nonzero: a Python decision an update may take (a zero
-        term adds no ops), since switching between zero and nonzero re-traces a compiled step."""
+        term adds no ops). Asking makes it structure: switching it between zero and nonzero
+        re-traces a compiled step (other values, such as a learning rate reaching 0, do not)."""
+        self._optimizer._asked.add(name)
         return bool(np.any(np.asarray(self._group[name]) != 0))
 
 
@@ -205,6 +212,7 @@ class Optimizer:
         if not isinstance(groups[0], Mapping):
             groups = [{"params": groups}]
         self._defaults = dict(defaults)
+        self._asked: set[str] = set()  # hyperparameters whose zero-ness an update decided on
         self.state: dict[int, dict[str, Tensor]] = TrackedDict()
         self._fed: dict[tuple[int, str, str], FedTensor] = {}
         self.param_groups: list[ParamGroup] = TrackedList()
@@ -279,8 +287,12 @@ class Optimizer:
         return type(self), params, tuple(state), self._terms()
 
     def _terms(self) -> tuple:
-        """Per group, which numeric hyperparameters are zero and the values of the others (flags)."""
-        return tuple(tuple((k, _structure_of(v)) for k, v in g.items() if k != "params") for g in self.param_groups)
+        """Per group: whether each hyperparameter an update asked about (``nonzero``) is zero, and
+        the values of the non-numeric ones (flags such as nesterov)."""
+        asked = sorted(self._asked)
+        return tuple(tuple((k, _structure_of(g[k])) for k in asked if k in g)
+                     + tuple((k, v) for k, v in g.items() if k != "params" and not _numeric(v))
+                     for g in self.param_groups)
 
     def state_dict(self) -> dict[str, Any]:
         """PyTorch's shape: {"state": {param index: {name: array}}, "param_groups": [{hyper..., "params": [...]}]}."""
