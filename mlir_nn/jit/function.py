@@ -35,7 +35,7 @@ from mlir_nn.backends import get_backend
 from mlir_nn.ir import BATCH, Graph
 from mlir_nn.jit.guards import StructureGuard
 from mlir_nn.jit.pipeline import StepPipeline
-from mlir_nn.jit.python_random import watch
+from mlir_nn.jit.python_random import without_python_random
 from mlir_nn.jit.step import CompiledStep
 from mlir_nn.jit.tiered import tiered_default
 from mlir_nn.jit.trace import batch_is_shared, to_input_array, trace_step
@@ -111,9 +111,9 @@ class JitFunction:
             return step
         with self._lock:
             if key not in self._cache:
-                with watch(self.allow_python_random):
-                    graph, captured, single = trace_step(self.fn, arrays, self._arg_names(len(arrays)),
-                                                         self.dynamic_batch)
+                names = self._arg_names(len(arrays))
+                graph, captured, single = without_python_random(
+                    self.fn, lambda: trace_step(self.fn, arrays, names, self.dynamic_batch), self.allow_python_random)
                 self._guard.snapshot()  # the trace may have created optimizer state
                 batch = arrays[0].shape[0] if arrays and arrays[0].ndim else None
                 self._cache[key] = CompiledStep(graph, captured, single, self.pipeline, batch)

@@ -1,7 +1,12 @@
 """Python randomness while tracing: a traced step would freeze the numbers drawn once.
 
-``watch()`` is a context manager around a trace. It installs a profile hook in this
-thread only (other threads and the rest of the program are untouched):
+``without_python_random`` runs a trace and compares, before and after, the states of the
+generators the step function can reach (Python's and NumPy's global ones, and the
+generators held by its globals, closure and ``self``, two attributes deep). Only when one
+moved does it put them back and trace again under ``watch()`` to name the line.
+
+``watch()`` installs a profile hook in this thread only (other threads and the rest of
+the program are untouched):
 
 * a call of a C method of Python's ``random`` generators (``random.randint`` and friends
   end in one) raises ``PythonRandomError`` at once, naming the user's line;
@@ -14,24 +19,29 @@ thread only (other threads and the rest of the program are untouched):
 
 Draws made by mlir-nn itself are not reported (calls from its code are skipped, and
 states advanced inside its functions are accepted when they return to user code). When
-another profiler is active the hook is not installed and only the global generators'
-states are compared before and after the trace.
+another profiler holds the hook, the error cannot name the line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import random
 import sys
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from mlir_nn.support.user_frame import describe, in_package, is_library, user_frame
 
 _NUMPY_GENERATORS = (np.random.Generator, np.random.RandomState)
+_GENERATORS = (*_NUMPY_GENERATORS, random.Random)
+_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+T = TypeVar("T")
 
 
 class PythonRandomError(RuntimeError):
@@ -128,27 +138,96 @@ class _Watcher:
         return frame.f_back is not None and self._kind(frame.f_back.f_code) == "user"
 
 
-def _global_states() -> tuple[Any, Any]:
-    return random.getstate(), _state(np.random.mtrand._rand)
+def _generators_seen_by(fn: Callable[..., Any]) -> list[Any]:
+    """NumPy generators and ``random.Random`` instances the function can reach cheaply: its
+    globals, closure and ``self``, and their attributes (and the items of lists, tuples and
+    dicts held there), plus the global generators of both libraries."""
+    found: dict[int, Any] = {id(np.random.mtrand._rand): np.random.mtrand._rand}
+    target = inspect.unwrap(fn)
+    roots: list[Any] = []
+    if isinstance(target, types.MethodType):
+        roots.append(target.__self__)
+        target = target.__func__
+    roots += list(getattr(target, "__globals__", {}).values())
+    for cell in getattr(target, "__closure__", None) or ():
+        with contextlib.suppress(ValueError):
+            roots.append(cell.cell_contents)
+
+    def visit(value: Any, depth: int) -> None:
+        if isinstance(value, _GENERATORS):
+            found[id(value)] = value
+        elif depth and isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item, depth - 1)
+        elif depth and isinstance(value, dict):
+            for item in value.values():
+                visit(item, depth - 1)
+        elif depth and not isinstance(value, _OPAQUE) and isinstance(getattr(value, "__dict__", None), dict):
+            for item in list(vars(value).values()):
+                visit(item, depth - 1)
+
+    for root in roots:
+        visit(root, 2)
+    return list(found.values())
+
+
+def _snapshot(generators: list[Any]) -> list[Any]:
+    return [random.getstate()] + [g.getstate() if isinstance(g, random.Random) else
+                                  g.get_state() if isinstance(g, np.random.RandomState) else
+                                  g.bit_generator.state for g in generators]
+
+
+def _restore(generators: list[Any], states: list[Any]) -> None:
+    random.setstate(states[0])
+    for g, state in zip(generators, states[1:]):
+        if isinstance(g, random.Random):
+            g.setstate(state)
+        elif isinstance(g, np.random.RandomState):
+            g.set_state(state)
+        else:
+            g.bit_generator.state = state
+
+
+def _same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(_frozen(x) == _frozen(y) if isinstance(x, dict) else
+                                    _frozen_tuple(x) == _frozen_tuple(y) for x, y in zip(a, b))
+
+
+def _frozen_tuple(state: Any) -> Any:
+    return tuple(v.tobytes() if isinstance(v, np.ndarray) else _frozen_tuple(v) if isinstance(v, tuple) else v
+                 for v in state) if isinstance(state, tuple) else state
+
+
+def without_python_random(fn: Callable[..., Any], trace: Callable[[], T], allow: bool) -> T:
+    """``trace()`` (which runs ``fn`` symbolically), refusing Python randomness unless ``allow``.
+
+    The trace first runs as it is, with the states of the generators ``fn`` can reach compared
+    before and after (cheap). Only when one moved are their states put back and the trace run
+    again under ``watch``, which names the line (or accepts draws made by mlir-nn itself).
+    """
+    if allow:
+        return trace()
+    generators = _generators_seen_by(fn)
+    before = _snapshot(generators)
+    result = trace()
+    if _same(before, _snapshot(generators)):
+        return result
+    _restore(generators, before)
+    with watch():
+        return trace()
 
 
 @contextmanager
-def watch(allow: bool) -> Iterator[None]:
-    """Raise ``PythonRandomError`` for Python randomness inside the block (unless ``allow``)."""
-    if allow:
-        yield
-        return
-    if sys.getprofile() is None:
-        watcher = _Watcher()
-        sys.setprofile(watcher.hook)
-        try:
-            yield
-        finally:
-            sys.setprofile(None)
-        if watcher.advanced():
-            raise PythonRandomError(_message("a line of the step (a NumPy random generator was drawn from)"))
-        return
-    before = _global_states()
-    yield
-    if _global_states() != before:
+def watch() -> Iterator[None]:
+    """Raise ``PythonRandomError`` for Python randomness inside the block, naming the line (a
+    profile hook, see the module docstring; when another profiler holds the hook, without it)."""
+    if sys.getprofile() is not None:
         raise PythonRandomError(_message("a line of the step (another profiler is active: the line is unknown)"))
+    watcher = _Watcher()
+    sys.setprofile(watcher.hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+    if watcher.advanced():
+        raise PythonRandomError(_message("a line of the step (a NumPy random generator was drawn from)"))
