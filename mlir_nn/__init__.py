@@ -15,7 +15,6 @@ from mlir_nn.engine import (
 from mlir_nn.jit import jit
 from mlir_nn.jit.python_random import PythonRandomError
 from mlir_nn.runtime.residency import resident, sync
-from mlir_nn.support.seed import manual_seed
 from mlir_nn.support.version import __version__
 
 __all__ = ["ConcretizationError", "PythonRandomError", "Tensor", "Value", "__version__", "enable_grad",
@@ -29,4 +28,8 @@ def __getattr__(name: str) -> Any:
         from mlir_nn import checkpoint
 
         return getattr(checkpoint, name)
+    if name == "manual_seed":  # dropout's generator and NumPy's (mlir_nn.nn.generator)
+        from mlir_nn.nn.generator import manual_seed
+
+        return manual_seed
     raise AttributeError(f"module 'mlir_nn' has no attribute {name!r}")

@@ -116,14 +116,3 @@ def test_p_grad_inside_a_step_is_the_traced_gradient():
 
     np.testing.assert_allclose(grad_of(np.ones(3)), 2 * w.data)
     np.testing.assert_allclose(grad_of(np.full(3, 2.0)), 4 * w.data)
-
-
-def test_manual_seed_makes_initialization_reproducible():
-    from mlir_nn.nn import Layer
-
-    mlir_nn.manual_seed(3)
-    first = Layer(3, 2).W.data.copy()
-    mlir_nn.manual_seed(3)
-    np.testing.assert_array_equal(Layer(3, 2).W.data, first)
-    with pytest.raises(ValueError, match="manual_seed: seed must be an integer"):
-        mlir_nn.manual_seed(-1)

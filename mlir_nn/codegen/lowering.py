@@ -12,6 +12,7 @@ from typing import Any
 from mlir import ir
 from mlir.dialects import arith, linalg, math, tensor
 
+from mlir_nn.codegen import philox
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.maps import broadcast_map, dims_map, identity_map, permutation_map, reduction_map
 from mlir_nn.codegen.tensor_types import tensor_type
@@ -351,3 +352,18 @@ LOWERINGS: dict[str, Rule] = {
     "minimum": _ewise(arith.minimumf),
     "softplus": lambda b, n, xs: b.elementwise(n.shape, xs, [n.inputs[0].shape], lambda x: _softplus(b, x)),
 }
+
+
+# ---------------------------------------------------------------------------- nn layers (issue 21a)
+
+
+def _numel(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    dims = [node.inputs[0].shape[a] for a in node.attr("axes")]
+    return b.elementwise((), [], [], lambda: b.count(dims))
+
+
+LOWERINGS.update({
+    "erf": _ewise(math.erf),
+    "numel": _numel,
+    "dropout": philox.dropout,
+})

@@ -35,6 +35,7 @@ is an error naming it (add a case to ``_compile_op``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -288,6 +289,7 @@ UNARY = {
     "math.rsqrt": lambda x: 1 / np.sqrt(x), "math.absf": np.abs, "math.log1p": np.log1p, "math.expm1": np.expm1,
     "math.sin": np.sin, "math.cos": np.cos, "math.floor": np.floor, "math.ceil": np.ceil, "math.exp2": np.exp2,
     "math.log2": np.log2,
+    "math.erf": lambda x: np.frompyfunc(math.erf, 1, 1)(x).astype(np.asarray(x).dtype),  # libm's, as on the host
 }
 CASTS = ("arith.index_cast", "arith.index_castui", "arith.extsi", "arith.extui", "arith.trunci", "arith.sitofp",
          "arith.uitofp", "arith.extf", "arith.truncf", "arith.fptosi", "arith.fptoui")

@@ -14,12 +14,14 @@ only build IR nodes):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from mlir_nn.ir import philox
 from mlir_nn.ir.shapes import (
     BATCH,
     DTypeError,
@@ -666,6 +668,76 @@ def _allreduce_mean_reference(args, attrs, shape):
 
 register("allreduce_mean", 1, _unary_infer, _allreduce_mean_reference, None,
          "Mean of x over all ranks, each weighted by its sample weight (default 1); x itself outside MPI.")
+
+
+# ---------------------------------------------------------------------------- nn layers (issue 21a)
+# erf (GELU), numel (BatchNorm's unbiased variance over a run-time batch) and dropout
+# (Philox-4x32-10 masks, mlir_nn.ir.philox).
+
+
+def _vjp_erf(emit, xs, out, g, attrs):
+    x = xs[0]
+    slope = emit("exp", emit("neg", emit("mul", x, x)))
+    return [emit("mul", g, emit("mul", 2.0 / math.sqrt(math.pi), slope))]
+
+
+register("erf", 1, _unary_infer, lambda a, at, s: _erf(a[0]), _vjp_erf,
+         "The error function erf(x) = 2/sqrt(pi) * integral of exp(-t^2) from 0 to x.")
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """libm's erf per element (what the compiled code calls), in x's dtype."""
+    return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
+
+
+def _numel_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (x,) = types
+    normalize_axes("numel", tuple(attrs["axes"]), len(x.shape))
+    return TensorType((), x.dtype)
+
+
+def _numel_reference(args, attrs, shape):
+    return np.array(float(np.prod([args[0].shape[a] for a in attrs["axes"]], dtype=np.int64)), dtype=args[0].dtype)
+
+
+register("numel", 1, _numel_infer, _numel_reference, lambda emit, xs, out, g, at: [None],
+         "The number of elements of x along axes (run-time batch included), a 0-d tensor of x's dtype.")
+
+
+def _dropout_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    dtype = same_dtype("dropout", types)
+    expected = 1 + philox.KEY_CHUNKS + philox.OFFSET_CHUNKS
+    if len(types) != expected or any(t.shape != () for t in types[1:]):
+        raise ShapeError(f"dropout: expected x and {expected - 1} 0-d key and offset chunks, got "
+                         f"{', '.join(fmt_shape(t.shape) for t in types)}")
+    p = attrs["p"]
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    return TensorType(types[0].shape, dtype)
+
+
+def dropout_scale(p: float, dtype: str) -> np.ndarray:
+    """1 / (1 - p) in ``dtype`` (what kept elements are multiplied by); 0 when p == 1."""
+    return np.array(0.0 if p == 1.0 else 1.0 / (1.0 - p), dtype=dtype)
+
+
+def _dropout_reference(args, attrs, shape):
+    x, chunks = args[0], args[1:]
+    key = philox.from_chunks(list(chunks[:philox.KEY_CHUNKS]))
+    offset = philox.from_chunks(list(chunks[philox.KEY_CHUNKS:])) + int(attrs["slot"])
+    keep = philox.keep_mask(x.shape, key, offset, float(attrs["p"]))
+    return np.where(keep, x * dropout_scale(float(attrs["p"]), x.dtype.name), np.zeros((), x.dtype))
+
+
+def _vjp_dropout(emit, xs, out, g, attrs):
+    """Linear in x with the same mask: the gradient is dropout of g with the same key, offset and slot."""
+    return [emit("dropout", g, *xs[1:], **attrs)] + [None] * (len(xs) - 1)
+
+
+register("dropout", 1 + philox.KEY_CHUNKS + philox.OFFSET_CHUNKS, _dropout_infer, _dropout_reference, _vjp_dropout,
+         "x * mask / (1 - p): the mask keeps element i (row-major) when word 0 of Philox-4x32-10 at counter "
+         "(i, offset + slot) under the key is >= ceil(p * 2^32). Operands: x, 4 key chunks, 3 offset chunks "
+         "(16 bits each, 0-d); attributes p and slot.")
 
 
 # ---------------------------------------------------------------------------- issue 21b: losses and masks

@@ -6,20 +6,18 @@ from typing import Any
 
 from mlir_nn import losses
 from mlir_nn.engine import Tensor
-from mlir_nn.nn.modules import Module
+from mlir_nn.nn.module import Module
 
 
 class _Loss(Module):
     """A loss module: ``loss(input, target)`` runs ``forward``."""
 
     def __init__(self, reduction: str = "mean") -> None:
+        super().__init__()
         losses._check_reduction(type(self).__name__, reduction)
         self.reduction = reduction
 
-    def __call__(self, input: Any, target: Any) -> Tensor:  # noqa: A002 (PyTorch's names)
-        return self.forward(input, target)
-
-    def forward(self, input: Any, target: Any) -> Tensor:  # noqa: A002
+    def forward(self, input: Any, target: Any) -> Tensor:  # noqa: A002 (PyTorch's names)
         raise NotImplementedError
 
     def __repr__(self) -> str:

@@ -207,8 +207,8 @@ class Optimizer:
         defaults = {**self.__dict__.pop("_defaults", {}), **defaults}
         groups = [params] if isinstance(params, Mapping) else list(params)
         if not groups:
-            raise ValueError(f"{type(self).__name__}: got an empty parameter list (a model with no parameters? "
-                             "parameters() found none)")
+            raise ValueError(f"{type(self).__name__}: optimizer got an empty parameter list (are the model's "
+                             "parameters registered? assign nn.Parameter or nn.Module attributes)")
         if not isinstance(groups[0], Mapping):
             groups = [{"params": groups}]
         self._defaults = dict(defaults)
