@@ -5,8 +5,8 @@ of several ``optimize`` runs (the target is under 0.5 s). Writes nothing.
 Usage: python benchmarks/egraph_moons.py [runs]
 """
 
+import argparse
 import statistics
-import sys
 import time
 
 from mlir_nn.cli import build_parser, build_step
@@ -32,4 +32,6 @@ def main(runs: int = 9) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 9)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="?", type=int, default=9, help="optimize runs to take the median of (default 9)")
+    main(parser.parse_args().runs)

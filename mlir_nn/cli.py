@@ -16,6 +16,7 @@ import numpy as np
 STAGES = ("tensor", "optimized", "linalg", "llvm")
 CUDA_STAGES = ("gpu", "ptx", "cubin")
 SEED_MAX = 2**32 - 1  # numpy's legacy seeding takes [0, 2**32)
+TRACE_ROWS = 8  # rows of the example batch traced (the batch is dynamic; --batch is the size estimate)
 
 
 class UsageError(Exception):
@@ -86,9 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "optimizer), linalg (MLIR on tensors), llvm (MLIR LLVM dialect after the CPU pass "
                         "pipeline); for CUDA: gpu (kernels after outlining), ptx, cubin (one file per kernel "
                         "module into the -o directory)")
-    c.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
-                   help="code to generate (default cpu); with cuda and no --emit, -o FILE gets the .mlirnn artifact")
-    c.add_argument("--arch", default="sm_90", help="CUDA arch for --target cuda (default sm_90; also sm_80)")
+    c.add_argument("--target", choices=("cpu", "cuda"), default=None,
+                   help="code to generate (default cpu, or cuda for --emit gpu, ptx or cubin); with cuda and no "
+                        "--emit, -o FILE gets the .mlirnn artifact")
+    c.add_argument("--arch", default="sm_90", help="CUDA arch for --target cuda: sm_80, sm_86, sm_89 or sm_90 "
+                                                   "(default sm_90)")
     c.add_argument("--simt-check", action="store_true",
                    help="with --target cuda: run every kernel at --batch on the SIMT interpreter (CPU) against the "
                         "NumPy reference; prints 'simt: N kernels, R races, max rel err E', exit 1 on a problem")
@@ -124,8 +127,10 @@ def check_sizes(args: argparse.Namespace) -> None:
 
 def check_output(args: argparse.Namespace, cubin: bool) -> None:
     """Refuse an -o that cannot be written before any work is done."""
-    if not args.output:
+    if args.output is None:
         return
+    if not args.output:
+        raise UsageError("argument -o/--output: empty file name (leave -o out to write to stdout)")
     path = Path(args.output)
     if cubin:
         if path.exists() and not path.is_dir():
@@ -141,8 +146,9 @@ def check_output(args: argparse.Namespace, cubin: bool) -> None:
         raise UsageError(f"argument -o/--output: cannot write into {parent}")
 
 
-def build_step(args: argparse.Namespace) -> tuple[Callable[..., Any], np.ndarray, np.ndarray]:
-    """The MLP training step described by the options, with example inputs."""
+def build_step(args: argparse.Namespace, rows: int | None = None) -> tuple[Callable[..., Any], np.ndarray, np.ndarray]:
+    """The MLP training step described by the options, with example inputs of ``rows`` rows
+    (default ``--batch``; tracing needs only their shapes past the batch)."""
     from mlir_nn.nn import MLP
     from mlir_nn.optim import SGD, Adam
     from mlir_nn.trainer import train_step
@@ -155,8 +161,9 @@ def build_step(args: argparse.Namespace) -> tuple[Callable[..., Any], np.ndarray
         opt = Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
     step = train_step(model, opt)
-    x = np.random.randn(args.batch, args.mlp[0]).astype(args.dtype)
-    y = np.random.randn(args.batch, args.mlp[-1]).astype(args.dtype)
+    rows = args.batch if rows is None else rows
+    x = np.random.randn(rows, args.mlp[0]).astype(args.dtype)
+    y = np.random.randn(rows, args.mlp[-1]).astype(args.dtype)
     return step, x, y
 
 
@@ -187,15 +194,38 @@ def stage_text(graph: Any, args: argparse.Namespace, timings: dict[str, float]) 
 
 
 def load_cli_pipeline(args: argparse.Namespace) -> Any:
-    """The --pipeline file (or the target's shipped pipeline); a bad file is a UsageError."""
+    """The --pipeline file (or the shipped cpu pipeline); a bad file is a UsageError."""
     from mlir_nn.support.pipelines import load_pipeline
 
     try:
-        return load_pipeline(args.pipeline or args.target)
+        return load_pipeline(args.pipeline or "cpu")
     except (OSError, ValueError) as error:
         if args.pipeline:
             raise UsageError(f"argument --pipeline: {error}") from None
         raise
+
+
+def check_target(args: argparse.Namespace, emit: str | None) -> bool:
+    """Whether CUDA code is asked for; options that would be ignored for that target are errors."""
+    cuda = args.target == "cuda" or (args.target is None and emit in CUDA_STAGES)
+    if args.target == "cpu" and emit in CUDA_STAGES:
+        raise UsageError(f"argument --emit: {emit} is a CUDA stage; use --target cuda (or --emit "
+                         f"{', '.join(STAGES)} for the cpu)")
+    if cuda and emit in ("linalg", "llvm"):
+        raise UsageError(f"argument --emit: {emit} is a CPU stage; with --target cuda use gpu, ptx or cubin "
+                         "(tensor and optimized are the same for both targets)")
+    if cuda and args.pipeline:
+        raise UsageError("argument --pipeline: the CPU pass pipeline is not used with --target cuda")
+    if not cuda and args.simt_check:
+        raise UsageError("argument --simt-check: checks CUDA kernels; needs --target cuda")
+    if cuda and emit in ("tensor", "optimized"):
+        return False  # the graph stages come before any target's code
+    if cuda:
+        from mlir_nn.gpu import ARCH_FEATURES
+
+        if args.arch not in ARCH_FEATURES:
+            raise UsageError(f"argument --arch: unknown arch {args.arch}; expected one of {', '.join(ARCH_FEATURES)}")
+    return cuda
 
 
 def check_environment(emit: str | None) -> None:
@@ -229,7 +259,7 @@ def print_stats(args: argparse.Namespace, graph: Any, report: Any, timings: dict
 def cmd_compile(args: argparse.Namespace) -> int:
     from mlir_nn.jit import trace_step
 
-    cuda = args.target == "cuda" or args.emit in CUDA_STAGES
+    cuda = check_target(args, args.emit)
     emit = args.emit or ("tensor" if not cuda else None)
     check_output(args, cubin=emit == "cubin")
     check_sizes(args)
@@ -237,7 +267,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.pipeline and not cuda:
         load_cli_pipeline(args)
     try:
-        step, x, y = build_step(args)
+        step, x, y = build_step(args, rows=min(args.batch, TRACE_ROWS))
     except MemoryError:
         raise UsageError(f"arguments --mlp/--batch: not enough memory for an MLP {args.mlp} at batch {args.batch}") \
             from None

@@ -193,6 +193,20 @@ def numeric_array(data: Any, what: str) -> np.ndarray:
     return raw
 
 
+def state_array(data: Any, what: str, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``data`` as a new array of ``dtype`` and ``shape`` holding finite numbers (checked after
+    the cast, so 1e40 bound for float32 is refused), for loading into a parameter or state."""
+    raw = numeric_array(data, what)
+    if raw.shape != tuple(shape):
+        raise ShapeError(f"{what} has shape {fmt_shape(raw.shape)}, expected {fmt_shape(tuple(shape))}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = raw.astype(dtype)
+    if not np.all(np.isfinite(cast)):
+        raise ValueError(f"{what} must hold finite {np.dtype(dtype).name} numbers; it has NaN, infinity or values "
+                         f"beyond {np.dtype(dtype).name}'s range")
+    return cast
+
+
 def _to_array(data: Any, dtype: str | None) -> np.ndarray:
     return np.array(numeric_array(data, "Tensor: data"), dtype=dtype or _default_dtype(data), copy=True)
 

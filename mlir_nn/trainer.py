@@ -116,6 +116,19 @@ class Task:
         return 0
 
 
+class _NoBar:
+    """The progress bar of a quiet ``train``: takes the same calls, shows nothing."""
+
+    def set_postfix(self, values: dict[str, str], refresh: bool = False) -> None:
+        pass
+
+    def update(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Trainer:
     """Trains ``model`` with ``optimizer`` on (X, y): binary, multi-class or regression (see Task).
 
@@ -224,14 +237,20 @@ class Trainer:
             Task(val[1], task.outputs)  # the same checks as y
         if self.distributed:
             from mlir_nn.distributed import rank
-            from mlir_nn.distributed.sharding import sync_random_state
+            from mlir_nn.distributed.sharding import check_plan, sync_random_state
 
+            check_plan(samples=len(X), X=X, y=y, n_epochs=n_epochs, batch_size=batch_size,
+                       early_stopping=early_stopping, patience=patience,
+                       X_val=None if val is None else val[0], y_val=None if val is None else val[1])
             sync_random_state()
             verbose = verbose and rank() == 0
-        from tqdm import tqdm  # imported here: it takes longer to import than a cached step to load
-
         best, stale = float("inf"), 0
-        bar = tqdm(total=n_epochs, desc="Training", unit="epoch", disable=not verbose)
+        if verbose:
+            from tqdm import tqdm  # imported here: it takes longer to import than a cached step to load
+
+            bar: Any = tqdm(total=n_epochs, desc="Training", unit="epoch")
+        else:
+            bar = _NoBar()  # quiet training needs no tqdm
         with residency.resident():  # device backends keep the state there until train() ends
             for epoch in range(n_epochs):
                 avg_loss, accuracy, loss_fn = self._epoch(X, y, targets, task, batch_size)
@@ -252,7 +271,7 @@ class Trainer:
                     if verbose:
                         reason = f"no validation improvement in {patience} epochs" if val is not None \
                             else "100% accuracy"
-                        tqdm.write(f"Early stopping at epoch {epoch + 1}: {reason}")
+                        bar.write(f"Early stopping at epoch {epoch + 1}: {reason}")
                     break
         bar.close()
         if verbose and self.losses:
@@ -289,10 +308,12 @@ class Trainer:
         fig.savefig(save_path)
 
     def plot_decision_boundary(self, X: Any, y: Any, save_path: str = "output/decision_boundary.png",
-                               resolution: int = 200) -> None:
-        """The model's sign over a grid around two-feature data, with the samples on top."""
+                               resolution: int = 200) -> Any:
+        """The model's sign over a grid around two-feature data, with the samples on top and a
+        legend; returns the matplotlib Figure (also saved to ``save_path``)."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
 
         X, y = _check_data(X, y)
         if X.shape[1] != 2:
@@ -307,7 +328,12 @@ class Trainer:
         ax = fig.subplots()
         ax.contourf(gx, gy, scores > 0, alpha=0.3, cmap="RdBu")
         ax.contour(gx, gy, scores, levels=[0.0], colors="k", linewidths=1)
-        ax.scatter(X[:, 0], X[:, 1], c=y, cmap="RdBu", edgecolors="k")
+        points = ax.scatter(X[:, 0], X[:, 1], c=y, cmap="RdBu", edgecolors="k")
+        handles, labels = points.legend_elements()
+        boundary = Line2D([], [], color="k", linewidth=1)
+        ax.legend([*handles, boundary], [f"class {label}" for label in labels] + ["decision boundary (output 0)"],
+                  loc="best")
         ax.set(title="Neural Network Decision Boundary", xlabel="x1", ylabel="x2")
         Path(save_path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(save_path)
+        return fig

@@ -65,3 +65,7 @@ def test_gpu_artifacts_and_their_dry_check(tmp_path):
     run("make_gpu_artifacts.py", str(tmp_path / "artifacts"), "--cases", "op_mse")
     run("gpu_check.py", str(tmp_path / "results"), "--artifacts", str(tmp_path / "artifacts"), "--cases", "op_mse",
         "--dry-run")
+
+
+def test_egraph_moons_help():
+    assert "runs" in run("egraph_moons.py", "--help")

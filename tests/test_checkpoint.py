@@ -1,11 +1,19 @@
 """Checkpoints: state dicts of modules and optimizers, save/load to one npz file without pickle."""
 
+import io
+import json
+import signal
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mlir_nn
+from mlir_nn.checkpoint import CheckpointError
 from mlir_nn.losses import cross_entropy
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD, Adam
@@ -106,5 +114,165 @@ def test_load_refuses_other_files(tmp_path):
     with pytest.raises(ValueError, match="is not an mlir-nn checkpoint"):
         mlir_nn.load(tmp_path / "plain.npz")
     np.savez(tmp_path / "obj.npz", __structure__=np.array([{"a": 1}], dtype=object))
-    with pytest.raises(ValueError, match="allow_pickle"):
+    with pytest.raises(CheckpointError, match="holds object; a checkpoint holds numeric arrays only"):
         mlir_nn.load(tmp_path / "obj.npz")
+
+
+def _state(fill, size=1000):
+    return {"model": {"w": np.full(size, fill, np.float32)}, "step": int(fill)}
+
+
+SAVER = """
+import resource, signal, sys
+import numpy as np
+import mlir_nn
+limit, path, size = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+if limit:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+i = 1
+while True:
+    mlir_nn.save({"model": {"w": np.full(size, i, np.float32)}, "step": i}, path)
+    print(i, flush=True)
+    i += 1
+    if limit:
+        break
+"""
+
+
+def test_a_save_that_runs_out_of_space_leaves_the_old_checkpoint(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    mlir_nn.save(_state(7), path)
+    done = subprocess.run([sys.executable, "-c", SAVER, "100000", str(path), str(1 << 20)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and "File too large" in done.stderr
+    got = mlir_nn.load(path)
+    assert got["step"] == 7 and np.all(got["model"]["w"] == 7)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.npz"]  # the temporary file is removed
+
+
+def test_a_killed_save_leaves_the_old_checkpoint_and_readers_see_whole_files(tmp_path):
+    path = tmp_path / "ckpt.npz"
+    mlir_nn.save(_state(0, 1 << 21), path)
+    saver = subprocess.Popen([sys.executable, "-c", SAVER, "0", str(path), str(1 << 21)], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert saver.stdout.readline()  # one save finished: the next ones are under way
+        steps = []
+        for _ in range(30):  # a reader polling while the saves replace the file
+            got = mlir_nn.load(path)
+            assert np.all(got["model"]["w"] == got["step"])
+            steps.append(got["step"])
+    finally:
+        saver.send_signal(signal.SIGKILL)
+        saver.wait()
+    got = mlir_nn.load(path)
+    assert np.all(got["model"]["w"] == got["step"]) and got["step"] >= max(steps) >= 1
+
+
+def _archive(path, entries, compression=zipfile.ZIP_STORED):
+    """A zip of raw ``entries`` {name: bytes} (a hostile file's parts)."""
+    with zipfile.ZipFile(path, "w", compression=compression) as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+    return path
+
+
+def _npy(array):
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, np.asarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _structure(root, fmt="mlir-nn-checkpoint/1"):
+    return _npy(np.frombuffer(json.dumps({"format": fmt, "root": root}).encode(), np.uint8))
+
+
+def _huge_header():
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10 ** 12,)})
+    return header.getvalue() + b"\0" * 64
+
+
+@pytest.mark.parametrize("entries,match", [
+    ({"__structure__.npy": _structure({"array": "nope"})}, "names an array 'nope' that the archive does not hold"),
+    ({"__structure__.npy": _structure([1, 2])}, r"root is \[1, 2\]; expected one of"),
+    ({"__structure__.npy": _structure({"items": [[1.5, {"value": 1}]]})}, r"root has an item \[1.5, "),
+    ({"__structure__.npy": _structure({"value": {"x": 1}})}, r"root is \{'value': \{'x': 1\}\}"),
+    ({"__structure__.npy": _structure({"list": [{"list": []}]}, fmt="other/2")}, "has format 'other/2'"),
+    ({"__structure__.npy": _npy(np.frombuffer(b"[" * 100000, np.uint8))}, "nested deeper than"),
+    ({"__structure__.npy": _npy(np.frombuffer(json.dumps({"format": "mlir-nn-checkpoint/1", "root": {"list": []}})
+                                              .encode().replace(b"[]", b"[" + b'{"list": [' * 150 + b"]}" * 150
+                                                                + b"]"), np.uint8))}, "nested deeper than 100"),
+    ({"__structure__.npy": _npy(np.frombuffer(b"\xff\xfe", np.uint8))}, "not valid JSON text"),
+    ({"__structure__.npy": _npy(np.ones(3))}, "expected uint8 text"),
+    ({"__structure__.npy": _structure({"array": "a0"}), "a0.npy": _huge_header()}, r"claims shape \(1000000000000,\)"),
+    ({"__structure__.npy": _structure({"array": "a0"}), "a0.npy": _npy(np.ones(4))[:-8]}, "holds 24 bytes"),
+    ({"__structure__.npy": _structure({"array": "a0"}), "a0.npy": b"not an npy"}, "entry a0.npy is corrupt"),
+])
+def test_load_names_the_file_and_the_problem(entries, match, tmp_path):
+    path = _archive(tmp_path / "bad.npz", entries)
+    with pytest.raises(CheckpointError, match=match) as error:
+        mlir_nn.load(path)
+    assert str(error.value).startswith(f"load: {path}")
+
+
+def test_load_refuses_damaged_and_missing_files(tmp_path):
+    mlir_nn.save(_state(3), tmp_path / "good.npz")
+    whole = (tmp_path / "good.npz").read_bytes()
+    for name, data in {"empty.npz": b"", "half.npz": whole[:len(whole) // 2], "text.npz": b"hello"}.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(CheckpointError, match=f"load: .*{name} is not an mlir-nn checkpoint"):
+            mlir_nn.load(tmp_path / name)
+    with pytest.raises(FileNotFoundError, match="missing.npz"):
+        mlir_nn.load(tmp_path / "missing.npz")
+
+
+def test_load_reads_only_the_entries_the_structure_names(tmp_path):
+    """A compressed entry that would inflate to 1 GB and a corrupt one, neither named: never read."""
+    path = tmp_path / "extra.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("__structure__.npy", _structure({"items": [["w", {"array": "a0"}]]}))
+        z.writestr("a0.npy", _npy(np.arange(3.0)))
+        z.writestr("bomb.npy", _huge_header() + bytes(1 << 20), compress_type=zipfile.ZIP_DEFLATED)
+    got = mlir_nn.load(path)
+    assert list(got) == ["w"] and got["w"].tolist() == [0.0, 1.0, 2.0]
+    _archive(path, {"__structure__.npy": _structure({"array": "a0"}), "a0.npy": _npy(np.ones(2))},
+             compression=zipfile.ZIP_DEFLATED)
+    with pytest.raises(CheckpointError, match="entry __structure__.npy is compressed"):
+        mlir_nn.load(path)
+
+
+def test_save_refuses_cycles_and_keeps_the_old_file(tmp_path):
+    mlir_nn.save(_state(1), tmp_path / "c.npz")
+    cycle = []
+    cycle.append(cycle)
+    with pytest.raises(ValueError, match="nested deeper than 100 levels"):
+        mlir_nn.save({"c": cycle}, tmp_path / "c.npz")
+    assert mlir_nn.load(tmp_path / "c.npz")["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npz"]
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(data=st.data())
+def test_a_corrupted_checkpoint_loads_whole_or_raises_a_checkpoint_error(data, tmp_path_factory):
+    """Random damage (bytes changed, cut short, inserted): the original back, or CheckpointError."""
+    path = tmp_path_factory.mktemp("fuzz") / "f.npz"
+    original = {"model": {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, "n": [1, "x", None]}
+    mlir_nn.save(original, path)
+    raw = bytearray(path.read_bytes())
+    kind = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+    at = data.draw(st.integers(0, len(raw) - 1))
+    if kind == "flip":
+        raw[at] ^= data.draw(st.integers(1, 255))
+    elif kind == "cut":
+        del raw[at:]
+    else:
+        raw[at:at] = data.draw(st.binary(min_size=1, max_size=16))
+    path.write_bytes(bytes(raw))
+    try:
+        got = mlir_nn.load(path)
+    except CheckpointError:
+        return
+    assert got["n"] == original["n"]
+    np.testing.assert_array_equal(got["model"]["w"], original["model"]["w"])

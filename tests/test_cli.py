@@ -58,6 +58,7 @@ def test_emit_linalg_is_valid_mlir_for_mlir_opt(tmp_path, capsys):
 
 def test_emit_llvm_with_stats_and_a_user_pipeline(tmp_path, capsys):
     assert main(["compile", "--mlp", "2,4,1", "--emit", "llvm", "--stats", "--target", "cpu"]) == 0
+    assert main(["compile", "--mlp", "2,4,1", "--emit", "llvm", "--stats"]) == 0  # cpu by default
     out, err = capsys.readouterr()
     assert "llvm.func @step(" in out and "linalg." not in out
     assert "codegen" in err and "passes" in err
@@ -95,11 +96,21 @@ def exit_and_stderr(args, capsys):
     (["--emit", "llvm", "--pipeline", "{tmp}"], "--pipeline"),
     (["--emit", "llvm", "--pipeline", "{tmp}/binary.pipeline"], "--pipeline"),
     (["--emit", "llvm", "--pipeline", "{tmp}/partial.pipeline"], "--pipeline"),
+    (["--emit", "llvm", "--pipeline", "{tmp}/unparsable.pipeline"], "--pipeline"),
+    (["--emit", "llvm", "--pipeline", "/dev/zero"], "--pipeline"),
+    (["-o", ""], "-o/--output"),
+    (["--target", "cuda", "--emit", "llvm"], "--emit"),
+    (["--target", "cuda", "--emit", "linalg"], "--emit"),
+    (["--target", "cpu", "--emit", "ptx"], "--emit"),
+    (["--simt-check"], "--simt-check"),
+    (["--target", "cuda", "--pipeline", "{tmp}/partial.pipeline", "-o", "{tmp}/s.mlirnn"], "--pipeline"),
+    (["--target", "cuda", "--arch", "sm_1", "-o", "{tmp}/s.mlirnn"], "--arch"),
 ])
 def test_every_bad_argument_is_one_line_naming_it_with_status_2(extra, named, tmp_path, capsys):
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "binary.pipeline").write_bytes(b"\xff\xfe\x00 not text")
     (tmp_path / "partial.pipeline").write_text("canonicalize\n")  # stops short of the LLVM dialect
+    (tmp_path / "unparsable.pipeline").write_text("canonicalize\nnot-a-pass{{\n")
     args = ["compile", "--mlp", "2,4,1"] + [a.format(tmp=tmp_path) for a in extra]
     if "--mlp" in extra:
         args = ["compile"] + [a.format(tmp=tmp_path) for a in extra]
@@ -117,3 +128,27 @@ def test_a_bad_opt_level_is_one_line_naming_the_variable():
 
 def test_zero_learning_rate_compiles(capsys):
     assert main(["compile", "--mlp", "2,3,1", "--lr", "0"]) == 0
+
+
+def test_arch_help_names_the_archs_the_compiler_takes():
+    from mlir_nn.gpu import ARCH_FEATURES
+
+    help_text = " ".join(run_cli("compile", "--help").stdout.split())
+    assert all(arch in help_text for arch in ARCH_FEATURES)
+
+
+def test_graph_stages_print_the_same_for_either_target(capsys):
+    for target in ("cpu", "cuda"):
+        assert main(["compile", "--mlp", "2,3,1", "--target", target, "--emit", "tensor"]) == 0
+    first, second = capsys.readouterr().out.split("graph @step")[1:]
+    assert first == second
+
+
+def test_a_huge_batch_is_an_estimate_not_an_allocation():
+    """--batch 10**9 traces with a few example rows: it runs within 3 GB of address space."""
+    limit = "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+    result = subprocess.run([sys.executable, "-c", limit + "from mlir_nn.cli import main; raise SystemExit(main())",
+                             "compile", "--mlp", "2,3,1", "--batch", "1000000000", "--no-egraph"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "graph @step(%x: f32[N, 2]" in result.stdout

@@ -84,6 +84,23 @@ def test_cross_entropy_is_finite_for_huge_logits(backend):
     np.testing.assert_allclose(softmax.sum(axis=1), 1.0, rtol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["eager", "numpy", "cpu"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_log_softmax_stays_finite_at_the_ends_of_the_float_range(backend, dtype):
+    """max - min overflows: log_softmax stops at the lowest finite value, the loss is 0, not NaN."""
+    big = np.finfo(dtype).max * 0.9
+    z = np.array([[big, -big], [-big, big]], dtype)
+
+    def fn(x, y, row, label):
+        return x.log_softmax(axis=1), cross_entropy(x, y), cross_entropy(row, label)
+
+    run = (lambda *args: fn(*map(Tensor, args))) if backend == "eager" else mlir_nn.jit(fn, backend=backend)
+    results = run(z, np.array([0, 1], dtype), z[:1], np.array([1], dtype))
+    log_probs, right, wrong = (np.asarray(getattr(r, "data", r)) for r in results)
+    np.testing.assert_array_equal(log_probs, [[0, np.finfo(dtype).min], [np.finfo(dtype).min, 0]])
+    assert right == 0 and wrong == np.finfo(dtype).max
+
+
 def test_softmax_and_max_lower_on_cpu_like_numpy():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((6, 5)).astype(np.float32)
@@ -123,6 +140,24 @@ def test_cross_entropy_bad_shapes(logits, target, match):
 def test_cross_entropy_rejects_labels_out_of_range():
     with pytest.raises(ValueError, match=r"one_hot: labels must be integers in \[0, 3\)"):
         cross_entropy(Tensor(np.ones((2, 3))), [0, 3])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_a_compiled_step_refuses_bad_labels_and_writes_nothing(backend):
+    np.random.seed(0)
+    model = MLP(4, [5, 3])
+    step = mlir_nn.jit(train_step(model, SGD(model.parameters(), lr=0.1), cross_entropy), backend=backend)
+    x = np.ones((3, 4), np.float32)
+    step(x, np.array([0, 1, 2], np.float32))
+    before = [p.data.copy() for p in model.parameters()]
+    for bad in (3.0, -1.0, 0.5, 1e9, -0.25):
+        with pytest.raises(ValueError, match=r"one_hot: labels must be integers in \[0, 3\), got \[" + repr(bad)):
+            step(x, np.array([0, bad, 2], np.float32))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        step(x, np.array([0, np.nan, 2], np.float32))
+    for a, b in zip(before, model.parameters()):
+        np.testing.assert_array_equal(a, b.data)
+    assert np.isfinite(step(x, np.array([2, 2, 0], np.float32)))
 
 
 def max_softmax_step(w: Tensor):

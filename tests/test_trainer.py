@@ -1,6 +1,8 @@
 """Trainer: the seed's moons example, every target shape, validation, and the bad input it must refuse."""
 
 import random
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -24,7 +26,9 @@ def test_moons_example_trains_to_high_accuracy(tmp_path):
     assert history["losses"][-1] < history["losses"][0]
     assert elapsed < 60
     trainer.plot_training_progress(str(tmp_path / "progress.png"))
-    trainer.plot_decision_boundary(X, y, str(tmp_path / "boundary.png"))
+    figure = trainer.plot_decision_boundary(X, y, str(tmp_path / "boundary.png"))
+    legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+    assert len(legend) == 3 and legend[-1] == "decision boundary (output 0)" and legend[0].startswith("class ")
     assert (tmp_path / "progress.png").stat().st_size > 1000
     assert (tmp_path / "boundary.png").stat().st_size > 1000
 
@@ -198,3 +202,22 @@ def test_multiclass_labels_out_of_range_are_refused():
     model = MLP(2, [4, 3])
     with pytest.raises(ValueError, match=r"labels must be integers in \[0, 3\) for a model with 3 outputs"):
         Trainer(model, SGD(model.parameters()), backend="numpy").train(np.ones((4, 2)), [0, 1, 2, 3], verbose=False)
+
+
+QUIET_WITHOUT_TQDM = """
+import sys
+sys.modules["tqdm"] = None  # as on a machine without tqdm: importing it fails
+import numpy as np
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD
+from mlir_nn.trainer import Trainer
+model = MLP(2, [4, 1])
+history = Trainer(model, SGD(model.parameters(), lr=0.1), backend="numpy").train(
+    np.random.randn(20, 2), np.random.randint(0, 2, 20), n_epochs=2, verbose=False)
+print(len(history["losses"]))
+"""
+
+
+def test_quiet_training_needs_no_tqdm():
+    done = subprocess.run([sys.executable, "-c", QUIET_WITHOUT_TQDM], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["2"], done.stderr[-2000:]

@@ -9,8 +9,9 @@ and in Python otherwise; parameters are updated in their own numpy buffers.
 Native calling convention (after ``passes/cpu.pipeline``): arguments are the graph's
 inputs, then its params, then one caller-allocated buffer per output, then the workspace
 (``memref<?xi8>``: the status word, then every intermediate, see ``memory_plan``). The
-step first checks its inputs for NaN and infinity (``input_guard``) and writes nothing
-when it finds one; the status word says which input it was.
+step first checks its inputs for NaN and infinity, and class labels for integers in range
+(``input_guard``), and writes nothing when it finds a bad one; the status word says which
+input it was.
 
 Threads: the blocks of large matrix products and element-wise ops run as tasks of the
 task runtime (``mlir_nn.codegen.cpu_matmul``, ``task_runtime``). A fork copies only the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import time
 import warnings
@@ -39,10 +41,13 @@ from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.memref_args import ArgumentBlock
 from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, jit, link_shared_object, load_shared_object
+from mlir_nn.backends.thread_pool import num_threads
 from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph
-from mlir_nn.ir.arguments import check_arguments, non_finite_error
+from mlir_nn.ir.arguments import check_arguments, input_error, label_inputs
 from mlir_nn.support.cpu_target import register_block
+from mlir_nn.support.disk_cache import writable
+from mlir_nn.support.interrupts import interrupts_deferred
 from mlir_nn.support.pipelines import Pipeline, load_pipeline, shipped_dir
 from mlir_nn.support.version import __version__
 
@@ -99,21 +104,34 @@ def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[objec
     return module, stages, timings
 
 
+def check_environment(compiling: bool = True) -> None:
+    """What a cpu step needs, checked at its first call rather than calls later, when its
+    tasks first run or its background compile is found to have failed: a valid
+    ``MLIR_NN_NUM_THREADS`` and (``compiling``) a writable cache folder and a C compiler."""
+    num_threads()
+    if compiling:
+        writable()
+        if shutil.which("cc") is None and shutil.which("gcc") is None:
+            raise NativeError("no C compiler (cc or gcc) on PATH: the cpu backend links each compiled step with it "
+                              "(use backend='numpy' to run without one)")
+
+
 def lower_with_plan(graph: Graph, pipeline: Pipeline,
                     threads: bool = True) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None]:
     """``lower`` and the step's memory plan (None when the pipeline has no ``PLAN_PASS``).
     Large products use threads when ``threads`` is set and the pipeline has the async
     passes. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
     argument and an input check guards the body (``memory_plan``, ``input_guard``)."""
-    from mlir_nn.backends.input_guard import guard_inputs
-    from mlir_nn.backends.lowering import run_pipeline
-    from mlir_nn.backends.memory_plan import plan_memory
-    from mlir_nn.codegen import emit_linalg, symbol_name
-    from mlir_nn.codegen.copies import strided_copies_as_loops
-    from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
-    from mlir_nn.codegen.fp_env import flush_subnormals
-    from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
-    from mlir_nn.codegen.lane_loads import scalarize_lane_loads
+    with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
+        from mlir_nn.backends.input_guard import guard_inputs
+        from mlir_nn.backends.lowering import run_pipeline
+        from mlir_nn.backends.memory_plan import plan_memory
+        from mlir_nn.codegen import emit_linalg, symbol_name
+        from mlir_nn.codegen.copies import strided_copies_as_loops
+        from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
+        from mlir_nn.codegen.fp_env import flush_subnormals
+        from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
+        from mlir_nn.codegen.lane_loads import scalarize_lane_loads
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -129,7 +147,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline,
 
     def plan_and_guard(module: object) -> None:
         plan, workspace = plan_memory(module, batch_dims(graph))
-        guard_inputs(module, list(range(len(graph.inputs))), workspace)
+        guard_inputs(module, list(range(len(graph.inputs))), workspace, label_inputs(graph))
         plans.append(plan)
 
     hooks = {"buffer-results-to-out-params": copy_repeated_results,
@@ -187,8 +205,9 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         kernel = cached_kernel(graph, pipeline, threads)
         if kernel is not None:
             return kernel
-    from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
-    from mlir_nn.codegen import symbol_name
+    with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
+        from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
+        from mlir_nn.codegen import symbol_name
 
     name = symbol_name(graph)
     thin_call.prepare()  # their compilers run while this one does
@@ -288,7 +307,7 @@ class CpuExecutable:
         _EXECUTABLES.add(self)
 
     def _input_error(self, index: int, inputs: Sequence[np.ndarray]) -> ValueError:
-        return non_finite_error(self.graph, index, inputs[index])
+        return input_error(self.graph, index, inputs[index])
 
     def after_fork(self) -> None:
         """In a forked child: a new call lock (a lock another thread held stays held in the
@@ -371,7 +390,7 @@ class CpuExecutable:
             self._entry.call_native()
             status = self._entry.status()
             if status:
-                raise non_finite_error(self.graph, status - 1, held[status - 1])
+                raise input_error(self.graph, status - 1, held[status - 1])
             return outputs
 
 

@@ -2,17 +2,21 @@
 
 Runs on the bufferized step after the memory plan. At the top of the function one loop
 per floating-point input ORs ``isnan(x - x)`` over its elements (true for NaN and
-infinity); the whole rest of the body moves into ``scf.if (status == 0)``. The status,
-0 or 1 + the index of the first bad input, is stored into the first word of the
-workspace on every call, where the caller reads it back.
+infinity); an input holding class labels (an operand of ``one_hot``) ORs "not an integer
+in [0, classes)" instead. The whole rest of the body moves into ``scf.if (status == 0)``.
+The status, 0 or 1 + the index of the first bad input, is stored into the first word of
+the workspace on every call, where the caller reads it back (``backends.base.input_error``
+says what was wrong).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from mlir import ir
 from mlir.dialects import arith, memref, scf
+from mlir.dialects import math as mlir_math
 
 from mlir_nn.backends.memory_plan import entry_function
 
@@ -33,28 +37,44 @@ def _flat(value: ir.Value) -> tuple[ir.Value, ir.Value]:
     return flat, memref.dim(flat, arith.constant(index, 0))
 
 
-def _any_not_finite(value: ir.Value) -> ir.Value:
-    """An i1 that is true when some element of the float memref ``value`` is NaN or infinite."""
+def _not_finite(x: ir.Value) -> ir.Value:
+    d = arith.subf(x, x)
+    return arith.cmpf(arith.CmpFPredicate.UNO, d, d)
+
+
+def _not_a_label(classes: int) -> Callable[[ir.Value], ir.Value]:
+    """x is not an integer in [0, classes) (NaN compares unordered, so it is caught too)."""
+
+    def bad(x: ir.Value) -> ir.Value:
+        below = arith.cmpf(arith.CmpFPredicate.ULT, x, arith.constant(x.type, 0.0))
+        above = arith.cmpf(arith.CmpFPredicate.UGE, x, arith.constant(x.type, float(classes)))
+        fraction = arith.cmpf(arith.CmpFPredicate.UNE, x, mlir_math.floor(x))
+        return arith.ori(arith.ori(below, above), fraction)
+
+    return bad
+
+
+def _any(value: ir.Value, bad: Callable[[ir.Value], ir.Value]) -> ir.Value:
+    """An i1 that is true when ``bad`` holds for some element of the float memref ``value``."""
     false = arith.constant(ir.IntegerType.get_signless(1), 0)
     kind = ir.MemRefType(value.type)
     if kind.rank == 0:
-        x = memref.load(value, [])
-        d = arith.subf(x, x)
-        return arith.cmpf(arith.CmpFPredicate.UNO, d, d)
+        return bad(memref.load(value, []))
     index = ir.IndexType.get()
     flat, count = _flat(value)
     loop = scf.ForOp(arith.constant(index, 0), count, arith.constant(index, 1), [false])
     with ir.InsertionPoint(loop.body):
         x = memref.load(flat, [loop.induction_variable])
-        d = arith.subf(x, x)
-        bad = arith.cmpf(arith.CmpFPredicate.UNO, d, d)
-        scf.YieldOp([arith.ori(loop.inner_iter_args[0], bad)])
+        scf.YieldOp([arith.ori(loop.inner_iter_args[0], bad(x))])
     return loop.results[0]
 
 
-def guard_inputs(module: ir.Module, inputs: list[int], workspace: ir.Value) -> None:
+def guard_inputs(module: ir.Module, inputs: list[int], workspace: ir.Value,
+                 labels: dict[int, int] | None = None) -> None:
     """Check the arguments ``inputs`` (float memrefs) at entry; run the body only if all are
-    finite; store the status (0, or 1 + position in ``inputs`` of the first bad one)."""
+    finite, and those at positions ``labels`` maps hold integers in [0, classes); store the
+    status (0, or 1 + position in ``inputs`` of the first bad one)."""
+    labels = labels or {}
     fn = entry_function(module)
     block = fn.regions[0].blocks[0]
     body = list(block.operations)[:-1]  # everything but the return moves into the scf.if
@@ -64,7 +84,8 @@ def guard_inputs(module: ir.Module, inputs: list[int], workspace: ir.Value) -> N
         for position in reversed(range(len(inputs))):  # the first bad input wins
             arg = block.arguments[inputs[position]]
             if isinstance(ir.MemRefType(arg.type).element_type, ir.FloatType):
-                status = arith.select(_any_not_finite(arg), arith.constant(i32, position + 1), status)
+                bad = _not_a_label(labels[position]) if position in labels else _not_finite
+                status = arith.select(_any(arg, bad), arith.constant(i32, position + 1), status)
         index = ir.IndexType.get()
         word = memref.view(ir.MemRefType.get([1], i32), workspace, arith.constant(index, 0), [])
         memref.store(status, word, [arith.constant(index, 0)])

@@ -47,8 +47,11 @@ def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook
         return
     except ir.MLIRError as error:
         whole = _diagnostics(error)
-    except ValueError as error:  # the pipeline text itself does not parse
-        raise LoweringError(f"pipeline {pipeline.name} does not parse: {error}") from None
+    except ValueError as error:  # the pipeline text itself does not parse: one line saying where
+        first, *rest = str(error).strip().splitlines() or [""]
+        where = f" in {rest[0].strip()!r}" if rest else ""
+        raise LoweringError(f"pipeline {pipeline.name} does not parse: {first.split('error: ', 1)[-1]}{where}") \
+            from None
     with ir.Context() as context:
         probe = ir.Module.parse(source)
         starts = dict(cuts)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from mlir_nn.backends import task_runtime
 from mlir_nn.backends.errors import NativeError
+from mlir_nn.support.interrupts import interrupts_deferred
 
 if TYPE_CHECKING:  # MLIR is imported only to JIT: loading a cached shared object does without it
     from mlir import ir
@@ -86,7 +87,8 @@ def packed_symbol(name: str) -> str:
 
 def jit(module: ir.Module, name: str) -> tuple[NativeFunction, ExecutionEngine]:
     """JIT-compile the LLVM-dialect ``module`` at ``OPT_LEVEL``; the engine can also dump an object."""
-    from mlir.execution_engine import ExecutionEngine
+    with interrupts_deferred():  # never half loaded (see support.interrupts)
+        from mlir.execution_engine import ExecutionEngine
 
     load_task_runtime()
     try:

@@ -7,6 +7,7 @@ import numpy as np
 from mlir_nn.ir import Graph, Node, op_def
 from mlir_nn.ir.arguments import check_arguments
 from mlir_nn.ir.shapes import resolve
+from mlir_nn.support.interrupts import interrupts_deferred
 
 
 def evaluate(graph: Graph, inputs: list[np.ndarray], params: list[np.ndarray],
@@ -30,7 +31,8 @@ def evaluate(graph: Graph, inputs: list[np.ndarray], params: list[np.ndarray],
 
 
 class ReferenceExecutable:
-    """Interprets the graph on every call; updates parameters only after all succeeded."""
+    """Interprets the graph on every call; updates parameters only after all succeeded, all
+    of them or (interrupted before the first write) none."""
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
@@ -44,8 +46,12 @@ class ReferenceExecutable:
         outputs, updates = evaluate(self.graph, inputs, params, batch)
         arguments = [*inputs, *params]
         outputs = [o.copy() if any(np.may_share_memory(o, a) for a in arguments) else o for o in outputs]
-        for slot, value in zip(self._update_slots, updates):
-            params[slot][...] = value
+        # every new value is computed (and none reads a parameter about to be written) before
+        # the first is written; the writes run whole, a Ctrl-C waits for them
+        updates = [u.copy() if any(np.may_share_memory(u, p) for p in params) else u for u in updates]
+        with interrupts_deferred():
+            for slot, value in zip(self._update_slots, updates):
+                params[slot][...] = value
         return outputs
 
 

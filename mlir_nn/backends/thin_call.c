@@ -352,18 +352,18 @@ static int check_params(ThinCall *self, PyObject *const *params, PyObject *const
 }
 
 /* Write the watched feeds' current values into their 0-d parameters; 0 if one fails. */
+/* Write every hyperparameter feed from its Python source: 0, or -1 with the source's error set
+ * (never cleared: a KeyboardInterrupt that lands in a source is the caller's to see). */
 static int refresh_feeds(ThinCall *self) {
     for (Py_ssize_t i = 0; i < self->n_feeds; i++) {
         PyObject *value = PyObject_CallNoArgs(self->feeds[i].source);
         if (!value) {
-            PyErr_Clear();
-            return 0;
+            return -1;
         }
         double number = PyFloat_AsDouble(value);
         Py_DECREF(value);
         if (number == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();
-            return 0;
+            return -1;
         }
         Snapshot *s = &self->params[self->feeds[i].param];
         if (s->descr->type_num == NPY_FLOAT) {
@@ -372,7 +372,7 @@ static int refresh_feeds(ThinCall *self) {
             *(double *)s->data = number;
         }
     }
-    return 1;
+    return 0;
 }
 
 static void call_native(ThinCall *self) {
@@ -434,9 +434,12 @@ static PyObject *plain_call(ThinCall *self, PyObject *inputs, PyObject *params_s
     }
     PyObject *const *xs = ((PyTupleObject *)in)->ob_item;
     Py_ssize_t batch = check_inputs(self, xs);
-    if (batch != self->batch || !check_params(self, ps ? PySequence_Fast_ITEMS(ps) : NULL, xs) ||
-        !refresh_feeds(self)) {
+    if (batch != self->batch || !check_params(self, ps ? PySequence_Fast_ITEMS(ps) : NULL, xs)) {
         goto done;
+    }
+    if (refresh_feeds(self) < 0) {
+        result = NULL;
+        goto failed;
     }
     for (Py_ssize_t i = 0; i < self->n_inputs; i++) {
         int64_t *w = self->words + self->inputs[i].word;
@@ -452,6 +455,7 @@ static PyObject *plain_call(ThinCall *self, PyObject *inputs, PyObject *params_s
     } else {
         result = NULL;
     }
+failed:
     unlock(self);
     Py_DECREF(in);
     Py_XDECREF(ps);

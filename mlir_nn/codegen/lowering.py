@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from mlir import ir
 from mlir.dialects import arith, linalg, math, tensor
 
@@ -150,8 +151,12 @@ def _log_softmax(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     rows = _Rows(node.shape, int(node.attr("axis")))
     x = b.tensor_of(xs[0], node.shape)
     m, s = rows.max_and_sum_exp(b, x)
-    return b.elementwise(node.shape, [x, m, s], [node.shape, rows.kept, rows.kept],
-                         lambda v, mv, sv: arith.subf(arith.subf(v, mv), math.log(sv)))
+    lowest = b.scalar(float(np.finfo(node.dtype).min))  # x - max may overflow to -inf: clamp it
+
+    def log_probability(v: ir.Value, mv: ir.Value, sv: ir.Value) -> ir.Value:
+        return arith.maximumf(arith.subf(arith.subf(v, mv), math.log(sv)), lowest)
+
+    return b.elementwise(node.shape, [x, m, s], [node.shape, rows.kept, rows.kept], log_probability)
 
 
 def _log_softmax_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:

@@ -42,10 +42,11 @@ class _Ints:
         return self.high(t, 16), low
 
     def from_chunks(self, chunks: list[ir.Value], extra: int = 0) -> ir.Value:
-        """The integer held by 16-bit float chunks (least significant first), plus ``extra``."""
+        """The integer held by 16-bit float chunks (least significant first, each mod 2**16), plus ``extra``."""
         total = self.const(extra)
         for i, chunk in enumerate(chunks):
-            total = arith.addi(total, arith.muli(arith.fptosi(self.type, chunk), self.const(1 << (16 * i))))
+            bits = self.low(arith.fptosi(self.type, chunk), 16)
+            total = arith.addi(total, arith.muli(bits, self.const(1 << (16 * i))))
         return total
 
 

@@ -9,6 +9,7 @@ the single-process update on the whole batch, even when the batch does not divid
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,24 @@ def prepare(model: Any, optimizer: Any) -> DistributedOptimizer:
 
     broadcast_parameters(model.parameters())
     return optimizer if isinstance(optimizer, DistributedOptimizer) else DistributedOptimizer(optimizer)
+
+
+def check_plan(**plan: Any) -> None:
+    """Every rank must train the same way on the same data: compare ``plan`` (sizes, epochs,
+    batch size, a digest of the arrays...) across ranks before the first step, and raise the
+    same ValueError on every rank, naming what differs, rather than run mismatched collectives."""
+    plans = comm.allgather({k: _digest(v) if isinstance(v, np.ndarray) else v for k, v in plan.items()})
+    differing = sorted({k for other in plans[1:] for k in plan if other.get(k) != plans[0].get(k)})
+    if differing:
+        detail = "; ".join(f"{k}: " + ", ".join(f"rank {r} {p[k]!r}" for r, p in enumerate(plans)) for k in differing)
+        raise ValueError(f"Trainer(distributed=True): the ranks' training plans differ ({detail}); every rank must "
+                         "call train with the same data and settings (each takes its own share of every batch)")
+
+
+def _digest(array: np.ndarray) -> str:
+    """Shape, dtype and a hash of the contents: equal on two ranks iff they hold the same array."""
+    contiguous = np.ascontiguousarray(array)
+    return f"{contiguous.shape}:{contiguous.dtype}:{hashlib.sha256(contiguous.tobytes()).hexdigest()[:16]}"
 
 
 def sync_random_state() -> None:

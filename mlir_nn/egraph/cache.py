@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from mlir_nn.ir import Graph, VerifyError, verify
 from mlir_nn.support.disk_cache import TMP_PREFIX, cache_dir, remove, sweep_stale
+from mlir_nn.support.interrupts import interrupts_deferred
 
 if TYPE_CHECKING:
     from mlir_nn.egraph.report import Report
@@ -101,7 +102,8 @@ def optimize_cached(graph: Graph, batch_estimate: int | None = None) -> tuple[Gr
     cached = load(graph, batch_estimate)
     if cached is not None:
         return cached
-    from mlir_nn.egraph.driver import optimize
+    with interrupts_deferred():  # egglog's declarations (the Term class, the rules) are made as they load
+        from mlir_nn.egraph.driver import optimize
 
     result = optimize(graph, batch_estimate)
     if result[1].error is None:

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from mlir_nn.support.interrupts import interrupts_deferred
+
 _LOCK = threading.Lock()
 _state = {"ran": False, "running": False, "forked_after_run": False, "paused_gc": False}
 
@@ -53,7 +55,8 @@ def _paused_gc() -> Iterator[None]:
     try:
         yield
     finally:
-        gc.collect()  # this thread's e-graphs are freed here, on this thread
+        with interrupts_deferred():  # a Ctrl-C in a finalizer would be printed and lost
+            gc.collect()  # this thread's e-graphs are freed here, on this thread
         _state["paused_gc"] = False
         if enabled:
             gc.enable()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlir_nn.ir.graph import Graph
+from mlir_nn.ir.ops import check_labels
 from mlir_nn.ir.printer import type_text
 from mlir_nn.ir.shapes import BATCH, DTypeError, ShapeError, fmt_shape
 
@@ -17,6 +18,29 @@ def non_finite_error(graph: Graph, index: int, array: np.ndarray) -> ValueError:
     """The error for input ``index`` of ``graph`` holding NaN or infinite values."""
     bad = int(np.size(array) - np.count_nonzero(np.isfinite(array)))
     return ValueError(f"{graph.name}: input {graph.inputs[index].attr('name')} contains {bad} NaN or infinite value(s)")
+
+
+def label_inputs(graph: Graph) -> dict[int, int]:
+    """{input position: classes} for the inputs that ``one_hot`` reads as class labels."""
+    labels: dict[int, int] = {}
+    for node in graph.nodes:
+        if node.op == "one_hot" and node.inputs[0] in graph.inputs:
+            position = graph.inputs.index(node.inputs[0])
+            labels[position] = min(labels.get(position, node.attr("classes")), node.attr("classes"))
+    return labels
+
+
+def input_error(graph: Graph, index: int, array: np.ndarray) -> ValueError:
+    """The error for input ``index`` that a compiled step's input check refused: NaN or
+    infinity, else labels ``one_hot`` cannot take (the reference backend's message)."""
+    classes = label_inputs(graph).get(index)
+    if classes is None or not np.all(np.isfinite(array)):
+        return non_finite_error(graph, index, array)
+    try:
+        check_labels(array, classes)
+    except ValueError as e:
+        return e
+    return ValueError(f"{graph.name}: input {graph.inputs[index].attr('name')} was refused by the step's check")
 
 
 def check_arguments(graph: Graph, inputs: list[np.ndarray], params: list[np.ndarray],

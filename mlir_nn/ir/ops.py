@@ -590,8 +590,10 @@ def _axis_infer(op: str, operands: int) -> Infer:
 
 def _log_softmax_reference(args, attrs, shape):
     x, axis = args[0], attrs["axis"]
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    with np.errstate(over="ignore"):  # x - max may overflow to -inf: clamped to the lowest finite value
+        shifted = x - np.max(x, axis=axis, keepdims=True)
+        result = shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    return np.maximum(result, np.finfo(result.dtype).min)
 
 
 def _log_softmax_grad_reference(args, attrs, shape):
@@ -601,7 +603,8 @@ def _log_softmax_grad_reference(args, attrs, shape):
 
 register("log_softmax", 1, _axis_infer("log_softmax", 1), _log_softmax_reference,
          lambda emit, xs, out, g, at: [emit("log_softmax_grad", out, g, axis=at["axis"])],
-         "x - max - log(sum(exp(x - max))) along axis: finite for any finite x.")
+         "x - max - log(sum(exp(x - max))) along axis, at least the dtype's lowest finite value: finite for "
+         "any finite x.")
 register("log_softmax_grad", 2, _axis_infer("log_softmax_grad", 2), _log_softmax_grad_reference, None,
          "Backward of log_softmax from its output y: g - exp(y) * sum(g, axis). Operands: (y, grad).")
 
@@ -615,11 +618,17 @@ def _one_hot_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType
     return TensorType((labels.shape[0], attrs["classes"]), labels.dtype)
 
 
-def _one_hot_reference(args, attrs, shape):
-    labels, classes = args[0], attrs["classes"]
-    bad = (labels != np.round(labels)) | (labels < 0) | (labels >= classes)
+def check_labels(labels: np.ndarray, classes: int) -> None:
+    """ValueError unless every label is an integer in [0, classes) (what ``one_hot`` takes)."""
+    with np.errstate(invalid="ignore"):
+        bad = ~((labels == np.floor(labels)) & (labels >= 0) & (labels < classes))
     if np.any(bad):
         raise ValueError(f"one_hot: labels must be integers in [0, {classes}), got {labels[bad][:5].tolist()}")
+
+
+def _one_hot_reference(args, attrs, shape):
+    labels, classes = args[0], attrs["classes"]
+    check_labels(labels, classes)
     return (labels[:, None] == np.arange(classes)).astype(labels.dtype)
 
 
@@ -687,7 +696,7 @@ register("erf", 1, _unary_infer, lambda a, at, s: _erf(a[0]), _vjp_erf,
 
 def _erf(x: np.ndarray) -> np.ndarray:
     """libm's erf per element (what the compiled code calls), in x's dtype."""
-    return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
+    return np.asarray(np.frompyfunc(math.erf, 1, 1)(x), dtype=x.dtype)  # a 0-d x gives a Python float
 
 
 def _numel_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:

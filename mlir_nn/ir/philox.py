@@ -45,7 +45,9 @@ def chunks(value: int, count: int) -> list[int]:
 
 
 def from_chunks(values: list[float] | list[np.ndarray]) -> int:
-    return sum(int(v) << (16 * i) for i, v in enumerate(values))
+    """The integer held by 16-bit chunks; each chunk is taken as int(v) mod 2**16 (so any values
+    give one well-defined key or offset, the same as the compiled code's)."""
+    return sum((int(v) & (CHUNK - 1)) << (16 * i) for i, v in enumerate(values))
 
 
 def keep_threshold(p: float) -> int:

@@ -59,6 +59,14 @@ class StepPipeline:
         optimized, report = self.optimized(graph, batch_estimate)
         return Built(optimized, report, self.lower(optimized, graph))
 
+    def check(self, compiling: bool) -> None:
+        """Fail at a step's first call on what would otherwise fail calls later: the cpu
+        backend's settings and (``compiling``) its cache folder and C compiler."""
+        if self.backend == "cpu":
+            from mlir_nn.backends.cpu import check_environment
+
+            check_environment(compiling)
+
     def tiers(self, graph: Graph) -> bool:
         """True when ``graph`` may start on the interpreter tier: a cpu step without
         collectives (a split step compiles at once)."""

@@ -40,6 +40,7 @@ class CompiledStep:
         self._switch = threading.Lock()
         tiers = pipeline.tiers(graph)
         built = pipeline.cached(graph, batch_estimate) if tiers else None
+        pipeline.check(compiling=built is None)
         if built is not None:
             self._use(built)
         elif tiers:  # see mlir_nn.jit.tiered

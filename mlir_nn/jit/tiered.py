@@ -19,6 +19,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -54,45 +55,104 @@ def tiered_default() -> bool:
     return value == "1"
 
 
+MAX_RUNNING = max(2, min(4, len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity") else 2))
+
+
 class BackgroundCompile:
     """A separate process that optimizes and compiles ``graph`` into the disk caches; one still
-    running when this process exits is stopped (no orphans; its cache writes are atomic)."""
+    running when this process exits is stopped (no orphans; its cache writes are atomic).
+
+    At most ``MAX_RUNNING`` run at once (each holds egglog, MLIR and LLVM: ~120 MB); later
+    ones wait in a queue, their steps on the interpreter, and start as earlier ones finish
+    (checked whenever a waiting step is called) or when their step must wait for them."""
 
     def __init__(self, graph: Graph, batch_estimate: int | None, optimize: bool) -> None:
+        self._owner = os.getpid()  # a forked child neither waits for nor stops its parent's compile
+        self._payload = pickle.dumps((graph, batch_estimate, optimize))
+        self._started = False
+        self._process: subprocess.Popen | None = None
+        with _QUEUE_LOCK:
+            _QUEUE.append(self)
+        _start_waiting()
+
+    def _start(self) -> None:
+        """Start the process (called with ``_QUEUE_LOCK`` held, once)."""
+        self._started = True
         package_root = str(Path(__file__).resolve().parents[2])
         paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-        self._owner = os.getpid()  # a forked child neither waits for nor stops its parent's compile
         try:
-            self._process: subprocess.Popen | None = subprocess.Popen(
+            self._process = subprocess.Popen(
                 [sys.executable, "-m", "mlir_nn.jit.tiered"], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         except OSError:  # no process: done() is true at once and the caller compiles in this one
-            self._process = None
             return
         _RUNNING.add(self)
         try:
-            self._process.stdin.write(pickle.dumps((graph, batch_estimate, optimize)))
+            self._process.stdin.write(self._payload)
             self._process.stdin.close()
         except OSError:  # it died at start: done() says so, and the caller compiles in process
             pass
 
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def _exited(self) -> bool:
+        return self._started and (self._process is None or self._process.poll() is not None)
+
     def done(self) -> bool:
         """True once the process has exited (successfully or not), or this is a forked child
-        of the process that started it; never blocks."""
-        return self._process is None or os.getpid() != self._owner or self._process.poll() is not None
+        of the process that started it; never blocks (a queued compile may start here)."""
+        if os.getpid() != self._owner:
+            return True
+        if not self._started:
+            _start_waiting()
+        return self._exited()
 
     def wait(self, timeout: float | None = None) -> None:
-        if not self.done():
+        """Until the process has exited; a queued one starts now."""
+        if os.getpid() != self._owner:
+            return
+        with _QUEUE_LOCK:
+            if not self._started:
+                _QUEUE.remove(self)
+                self._start()
+        if not self._exited():
             self._process.wait(timeout)
 
     def cancel(self) -> None:
-        if not self.done():
+        with _QUEUE_LOCK:
+            if not self._started:
+                _QUEUE.remove(self)
+                self._started = True  # never to run: done() is true
+                return
+        if os.getpid() == self._owner and not self._exited():
             self._process.kill()
             self._process.wait()
 
 
 _RUNNING: weakref.WeakSet[BackgroundCompile] = weakref.WeakSet()
+_QUEUE: list[BackgroundCompile] = []  # not started yet, oldest first
+_QUEUE_LOCK = threading.Lock()
+
+
+def _start_waiting() -> None:
+    """Start queued compiles while fewer than ``MAX_RUNNING`` of this process run."""
+    with _QUEUE_LOCK:
+        running = sum(1 for b in list(_RUNNING) if b._owner == os.getpid() and not b._exited())
+        while _QUEUE and running < MAX_RUNNING:
+            _QUEUE.pop(0)._start()
+            running += 1
+
+
+def _forget_queue_after_fork() -> None:
+    global _QUEUE_LOCK
+    _QUEUE_LOCK = threading.Lock()  # another thread of the parent may have held it
+    _QUEUE.clear()  # the parent's steps wait for these, not the child's
+
+
+os.register_at_fork(after_in_child=_forget_queue_after_fork)
 
 
 @atexit.register

@@ -56,8 +56,17 @@ __all__ = ["cross_entropy", "log_softmax", "mse_loss", "relu", "sigmoid", "softm
 
 
 def linear(x: Any, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias`` with ``weight`` of shape (out_features, in_features)."""
-    out = _tensor(x) @ weight.T
+    """``x @ weight.T + bias`` with ``weight`` of shape (out_features, in_features); ``x`` of shape
+    (*, in_features) (more than 2 dims: the leading ones are flattened into rows and restored)."""
+    x = _tensor(x)
+    if x.ndim > 2:
+        lead = x.shape[:-1]
+        if BATCH in lead and any(d not in (BATCH, 1) for d in lead):
+            raise ShapeError(f"linear: input {fmt_shape(x.shape)} has the traced batch dimension among others "
+                             "larger than 1 (trace with jit(..., dynamic_batch=False))")
+        rows: int | str = BATCH if BATCH in lead else int(np.prod(lead, dtype=np.int64))
+        return linear(x.reshape(rows, x.shape[-1]), weight, bias).reshape(lead + (weight.shape[0],))
+    out = x @ weight.T
     return out if bias is None else out + bias
 
 

@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn.engine import Tensor, stack
-from mlir_nn.ir import ShapeError
+from mlir_nn.engine import Tensor, current_trace, stack
+from mlir_nn.ir import DTypeError, ShapeError
 from mlir_nn.ir.shapes import fmt_shape
+from mlir_nn.nn import functional as F
 from mlir_nn.nn.module import Module, Parameter
 
 
@@ -17,6 +18,10 @@ def as_input(x: Any, dtype: str) -> Tensor:
     """A layer's input as a tensor of ``dtype``; a list of Values is stacked with autograd."""
     if isinstance(x, (list, tuple)) and x and any(isinstance(v, Tensor) for v in x):
         x = stack(list(x))
+    if isinstance(x, Tensor) and x.dtype != dtype and current_trace() is not None:
+        raise DTypeError(f"Layer: the input is {x.dtype}, the layer's weights are {dtype}; a compiled step "
+                         f"computes in one dtype: pass {dtype} data (X.astype(np.{dtype})) or build the model "
+                         f"with dtype=np.{x.dtype}")
     return x.astype(dtype) if isinstance(x, Tensor) else Tensor(x, dtype=dtype)
 
 
@@ -36,7 +41,7 @@ class Linear(Module):
     """``y = x @ weight.T + bias`` with ``weight`` of shape (out_features, in_features), as PyTorch.
 
     Initialized as PyTorch's: weight and bias uniform in (-1/sqrt(in_features), 1/sqrt(in_features)).
-    ``dtype`` defaults to float32 (PyTorch's default); the input is (in_features,) or (batch, in_features).
+    ``dtype`` defaults to float32 (PyTorch's default); the input is (*, in_features).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: Any = np.float32) -> None:
@@ -52,11 +57,9 @@ class Linear(Module):
 
     def forward(self, x: Any) -> Tensor:
         x = as_input(x, self.weight.dtype)
-        if x.ndim not in (1, 2) or x.shape[-1] != self.in_features:
-            raise ShapeError(f"Linear: input has shape {fmt_shape(x.shape)}, expected ({self.in_features},) or "
-                             f"(batch, {self.in_features})")
-        out = x @ self.weight.T
-        return out if self.bias is None else out + self.bias
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise ShapeError(f"Linear: input has shape {fmt_shape(x.shape)}, expected (*, {self.in_features})")
+        return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -27,9 +27,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mlir_nn.engine import Tensor
-from mlir_nn.ir import ShapeError
-from mlir_nn.ir.shapes import dtype_name, fmt_shape
+from mlir_nn.engine import Tensor, state_array
+from mlir_nn.ir.shapes import dtype_name
 from mlir_nn.jit.guards import structure_changed
 from mlir_nn.runtime import residency
 
@@ -320,17 +319,9 @@ class Module:
         if strict and (missing or unexpected):
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}, unexpected keys "
                            f"{unexpected}")
-        checked = {}
-        for name, t in named.items():
-            if name not in state:
-                continue
-            value = np.asarray(state[name])
-            if value.shape != t.shape:
-                raise ShapeError(f"{type(self).__name__}.load_state_dict: {name} has shape {fmt_shape(value.shape)}, "
-                                 f"expected {fmt_shape(t.shape)}")
-            if value.dtype.kind not in "biuf" or not np.all(np.isfinite(value)):
-                raise ValueError(f"{type(self).__name__}.load_state_dict: {name} must hold finite numbers")
-            checked[name] = value
+        checked = {name: state_array(state[name], f"{type(self).__name__}.load_state_dict: {name}", t.dtype,
+                                     t.shape)
+                   for name, t in named.items() if name in state}
         for name, value in checked.items():
             named[name].data[...] = value
         residency.written([named[name].data for name in checked])  # device copies are stale now

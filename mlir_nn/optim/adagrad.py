@@ -18,6 +18,7 @@ class Adagrad(Optimizer):
     (starting at ``initial_accumulator_value``)."""
 
     HYPERPARAMETERS = ("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps")
+    STATE = {"step": "scalar", "sum": "param"}
 
     lr_decay = Hyperparameter(non_negative)
     weight_decay = Hyperparameter(non_negative)

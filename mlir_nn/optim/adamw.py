@@ -14,6 +14,7 @@ class AdamW(Optimizer):
     State per parameter (PyTorch's layout): ``step`` (0-d), ``exp_avg``, ``exp_avg_sq``."""
 
     HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
+    STATE = {"step": "scalar", "exp_avg": "param", "exp_avg_sq": "param"}
 
     betas = Hyperparameter(betas_pair)
     eps = Hyperparameter(non_negative)

@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn.engine import Tensor, current_trace, enable_grad, no_grad
-from mlir_nn.ir import ShapeError
+from mlir_nn.engine import Tensor, current_trace, enable_grad, no_grad, state_array
 from mlir_nn.jit.feeds import FedTensor
 from mlir_nn.jit.guards import TrackedDict, TrackedList, structure_changed
 from mlir_nn.runtime import residency
@@ -96,6 +95,9 @@ def _structure_of(value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(map(_structure_of, value))
     return value
+
+
+SCHEDULE_KEYS = ("initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum")  # what schedules add
 
 
 def _numeric(value: Any) -> bool:
@@ -198,6 +200,7 @@ class Optimizer:
     """
 
     HYPERPARAMETERS: tuple[str, ...] = ("lr",)  # what state_dict saves in its param group, in order
+    STATE: dict[str, str] = {}  # a parameter's state names -> "param" (its shape) or "scalar"; {}: any
 
     lr = Hyperparameter(non_negative)
 
@@ -309,44 +312,44 @@ class Optimizer:
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore hyperparameters and state (in place where it exists, so compiled steps see it)."""
-        name = f"{type(self).__name__}.load_state_dict"
-        groups, states = state_dict.get("param_groups"), state_dict.get("state")
-        if not isinstance(groups, (list, tuple)) or len(groups) != len(self.param_groups) or not isinstance(states,
-                                                                                                             Mapping):
-            raise ValueError(f"{name}: expected {{'state': {{...}}, 'param_groups': [{len(self.param_groups)} "
-                             "group(s)]}")
-        start = 0
+        """Restore hyperparameters and state (in place where it exists, so compiled steps see it).
+        Everything is checked before anything is written: a bad checkpoint changes nothing."""
+        name, cls = f"{type(self).__name__}.load_state_dict", type(self).__name__
+        shape = f"{{'state': {{...}}, 'param_groups': [{len(self.param_groups)} group(s)]}}"
+        if not isinstance(state_dict, Mapping) or set(state_dict) != {"state", "param_groups"}:
+            found = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+            raise ValueError(f"{name}: expected {shape}, got {found}")
+        groups, states = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(groups, (list, tuple)) or len(groups) != len(self.param_groups) \
+                or not all(isinstance(g, Mapping) for g in groups) or not isinstance(states, Mapping):
+            raise ValueError(f"{name}: expected {shape}")
+        checked, start = [], 0
         for saved, group in zip(groups, self.param_groups):
-            expected = list(range(start, start + len(group["params"])))
-            if list(saved.get("params", ())) != expected:
-                raise ValueError(f"{name}: the saved group has params {saved.get('params')}, this optimizer's group "
-                                 f"has {len(group['params'])} parameters {expected}")
+            unknown = sorted(set(map(str, saved)) - {*self.HYPERPARAMETERS, "params", *group, *SCHEDULE_KEYS})
+            if unknown:
+                raise ValueError(f"{name}: the saved group has {', '.join(unknown)}, which {cls} does not have (its "
+                                 f"hyperparameters: {', '.join(self.HYPERPARAMETERS)}); a checkpoint of another "
+                                 "optimizer?")
+            params, expected = saved.get("params", ()), list(range(start, start + len(group["params"])))
+            if not isinstance(params, (list, tuple)) or list(params) != expected:
+                raise ValueError(f"{name}: the saved group has params {params!r}, this optimizer's group has "
+                                 f"{len(group['params'])} parameters {expected}")
             start += len(group["params"])
+            values = {}
+            for key, value in saved.items():
+                if key != "params":
+                    value = tuple(value) if isinstance(value, list) else value
+                    check = getattr(type(self), key, None)
+                    values[key] = (check.check(cls, key, value) if isinstance(check, Hyperparameter) else
+                                   real(cls, key, value) if isinstance(value, numbers.Real)
+                                   and not isinstance(value, bool) else value)
+            checked.append(values)
+        arrays = {(int(i), key): value for i, slot in states.items()
+                  for key, value in self._checked_slot(name, i, slot)}
+        for values, group in zip(checked, self.param_groups):  # nothing below can fail
+            for key, value in values.items():
+                group[key] = value
         params = self.parameters
-        arrays: dict[tuple[int, str], np.ndarray] = {}
-        for i, slot in states.items():
-            p = params[int(i)]
-            for key, value in slot.items():
-                value = np.asarray(value)
-                existing = self.state.get(id(p), {}).get(key)
-                expected_shape = existing.shape if existing is not None else value.shape
-                if value.shape != expected_shape or value.shape not in (p.shape, ()):
-                    raise ShapeError(f"{name}: state {key} of parameter {i} has shape {value.shape}, expected "
-                                     f"{expected_shape if existing is not None else p.shape}")
-                arrays[(int(i), key)] = value
-        backup = [dict(group) for group in self.param_groups]
-        try:  # each assignment is validated; a bad one leaves every hyperparameter as it was
-            for saved, group in zip(groups, self.param_groups):
-                for hyper, value in saved.items():
-                    if hyper != "params":
-                        group[hyper] = tuple(value) if isinstance(value, list) else value
-        except (TypeError, ValueError):
-            for old, group in zip(backup, self.param_groups):
-                for hyper, value in old.items():
-                    dict.__setitem__(group, hyper, value)
-            structure_changed()
-            raise
         for (i, key), value in arrays.items():
             p = params[i]
             slot = self.state.setdefault(id(p), TrackedDict())
@@ -355,6 +358,31 @@ class Optimizer:
                 residency.written([slot[key].data])  # device copies are stale now
             else:
                 slot[key] = Tensor(value, dtype=p.dtype, label=f"{p.label}.{key}")
+
+    def _checked_slot(self, name: str, index: Any, slot: Any) -> list[tuple[str, np.ndarray]]:
+        """The state of parameter ``index`` as (name, array) pairs: the names it has now (or among
+        ``STATE``'s), each of its shape and finite."""
+        params = self.parameters
+        if isinstance(index, bool) or not isinstance(index, numbers.Integral) or not 0 <= index < len(params):
+            raise ValueError(f"{name}: state for parameter {index!r}; expected indices 0 to {len(params) - 1}")
+        p = params[int(index)]
+        existing = self.state.get(id(p)) or {}
+        wrong = not isinstance(slot, Mapping) or (existing and set(slot) != set(existing)) \
+            or (self.STATE and not set(slot) <= set(self.STATE))
+        if wrong:
+            found = sorted(map(str, slot)) if isinstance(slot, Mapping) else type(slot).__name__
+            expected = sorted(existing) if existing else f"names among {sorted(self.STATE)}"
+            raise ValueError(f"{name}: state of parameter {index} has {found}, expected {expected}")
+
+        def shape_of(key: str, value: Any) -> tuple:
+            if key in self.STATE:
+                return p.shape if self.STATE[key] == "param" else ()
+            if key in existing:
+                return existing[key].shape
+            return np.shape(value) if np.shape(value) in (p.shape, ()) else p.shape
+
+        return [(key, state_array(value, f"{name}: state {key} of parameter {index}", p.dtype, shape_of(key, value)))
+                for key, value in slot.items()]
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient; ``closure`` (re-evaluating the loss)
@@ -394,6 +422,7 @@ class SGD(Optimizer):
     to tell the first step apart)."""
 
     HYPERPARAMETERS = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
+    STATE = {"momentum_buffer": "param", "step": "scalar"}
 
     momentum = Hyperparameter(non_negative)
     dampening = Hyperparameter(real)
@@ -456,6 +485,7 @@ class Adam(Optimizer):
     (PyTorch's layout): ``step`` (0-d), ``exp_avg``, ``exp_avg_sq``."""
 
     HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
+    STATE = {"exp_avg": "param", "exp_avg_sq": "param", "beta1_power": "scalar", "beta2_power": "scalar"}
 
     betas = Hyperparameter(betas_pair)
     eps = Hyperparameter(non_negative)

@@ -16,6 +16,7 @@ class RMSprop(Optimizer):
     ``momentum_buffer`` (with momentum), ``grad_avg`` (centered)."""
 
     HYPERPARAMETERS = ("lr", "alpha", "eps", "weight_decay", "momentum", "centered")
+    STATE = {"step": "scalar", "square_avg": "param", "momentum_buffer": "param", "grad_avg": "param"}
 
     alpha = Hyperparameter(non_negative)
     eps = Hyperparameter(non_negative)

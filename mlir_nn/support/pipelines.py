@@ -56,8 +56,10 @@ def load_pipeline(name_or_path: str | Path) -> Pipeline:
         path = Path(text)
         if path.is_dir():
             raise IsADirectoryError(f"pipeline file {path} is a directory; expected a text file, one pass per line")
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"pipeline file {path} does not exist")
+        if not path.is_file():
+            raise ValueError(f"pipeline file {path} is not a regular file; expected a text file, one pass per line")
         try:
             return parse_pipeline(path.read_text(encoding="utf-8"), str(path))
         except UnicodeDecodeError as error:

@@ -1,11 +1,17 @@
 """The reference interpreter and the argument checks every backend shares."""
 
+import signal
+
 import numpy as np
 import pytest
 
+from mlir_nn import jit
 from mlir_nn.backends import get_backend
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.ir import DTypeError, Graph, ShapeError, make_node
+from mlir_nn.nn import MLP
+from mlir_nn.optim import Adam
+from mlir_nn.trainer import train_step
 
 
 def linear_graph() -> Graph:
@@ -67,3 +73,30 @@ def test_an_output_that_is_an_argument_is_its_value_before_the_step_and_a_copy()
 def test_unknown_backend_is_named():
     with pytest.raises(ValueError, match="unknown backend 'tpu'"):
         get_backend("tpu")
+
+
+class InterruptOnWrite(np.ndarray):
+    """A parameter array that sends this process a SIGINT when it is written: a Ctrl-C landing
+    in the middle of the interpreter's parameter writes."""
+
+    def __setitem__(self, key, value):
+        signal.raise_signal(signal.SIGINT)
+        super().__setitem__(key, value)
+
+
+def test_an_interrupt_during_the_parameter_writes_waits_for_all_of_them():
+    np.random.seed(0)
+    model = MLP(2, [3, 3, 1])
+    step = jit(train_step(model, Adam(model.parameters(), lr=0.1)), backend="numpy")
+    x, y = np.ones((4, 2), np.float32), np.ones((4, 1), np.float32)
+    step(x, y)  # the optimizer state exists now
+    compiled = step.lower(x, y)
+    want = [t.data.copy() for t in compiled.captured]
+    compiled.executable.run([x, y], want)  # what one whole step writes
+    params = [t.data.copy() for t in compiled.captured]
+    middle = len(params) // 2
+    params[middle] = params[middle].view(InterruptOnWrite)
+    with pytest.raises(KeyboardInterrupt):
+        compiled.executable.run([x, y], params)
+    for got, expected in zip(params, want):
+        np.testing.assert_array_equal(np.asarray(got), expected)

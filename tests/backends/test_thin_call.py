@@ -2,15 +2,20 @@
 plainly valid arguments in C and leaves everything else to the checked path."""
 
 import gc
+import signal
 import weakref
 
 import numpy as np
 import pytest
 
+from mlir_nn import jit
 from mlir_nn.backends import get_backend, thin_call
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.ir import DTypeError, Graph, make_node
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD
+from mlir_nn.trainer import train_step
 from tests.backends.test_cpu import TOL
 
 
@@ -205,3 +210,34 @@ def test_every_call_hands_over_fresh_outputs_that_later_calls_leave_alone():
         np.testing.assert_allclose(value, expected, **TOL["float32"])
     assert len({id(value) for value, _, _ in kept}) == len(kept)
     assert not any(np.shares_memory(a, b) for i, (a, _, _) in enumerate(kept) for b, _, _ in kept[i + 1:])
+
+
+INTERRUPT_NEXT_READ = []  # a SIGINT is raised while the next learning-rate read runs
+
+
+class SGDWithWatchedRate(SGD):
+    """SGD whose learning rate a compiled step reads through a Python function of its own."""
+
+    def _update(self, p, grad):
+        p.assign(p - self._hyper("lr", p.dtype, self._rate) * grad)
+
+    def _rate(self):
+        if INTERRUPT_NEXT_READ:
+            INTERRUPT_NEXT_READ.pop()
+            signal.raise_signal(signal.SIGINT)  # a Ctrl-C landing while the feeds are refreshed
+        return self.lr
+
+
+def test_a_ctrl_c_in_a_hyperparameter_read_is_raised_not_swallowed():
+    np.random.seed(0)
+    model = MLP(2, [3, 1])
+    step = jit(train_step(model, SGDWithWatchedRate(model.parameters(), lr=0.1)), backend="cpu", tiered=False)
+    x, y = np.ones((4, 2), np.float32), np.ones((4, 1), np.float32)
+    step(x, y)  # compiled; the next calls take the thin call
+    before = [p.data.copy() for p in model.parameters()]
+    INTERRUPT_NEXT_READ.append(True)
+    with pytest.raises(KeyboardInterrupt):
+        step(x, y)
+    for p, want in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.data, want)
+    assert np.isfinite(step(x, y))

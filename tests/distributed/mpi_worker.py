@@ -119,6 +119,26 @@ def mismatch() -> None:
     raise AssertionError("different steps on the ranks were not detected")
 
 
+def uneven() -> None:
+    """Ranks holding different data (40 and 41 samples, or the same count but other values):
+    every rank refuses at the start of train, naming what differs, before any collective step."""
+    rng = np.random.default_rng(3)
+    for counts_differ, X in ((True, rng.standard_normal((40 + dist.rank(), 2))),
+                             (False, rng.standard_normal((40, 2)) + dist.rank())):
+        y = (X[:, 0] > 0).astype(float)
+        model = MLP(2, [4, 1])
+        trainer = Trainer(model, SGD(model.parameters(), lr=0.1), backend="numpy", distributed=True)
+        before = [p.data.copy() for p in model.parameters()]
+        try:
+            trainer.train(X, y, n_epochs=2, batch_size=8, verbose=False)
+        except ValueError as e:
+            assert "the ranks' training plans differ" in str(e), e
+            assert ("samples: rank 0 40, rank 1 41" in str(e)) == counts_differ and "X: rank 0" in str(e), e
+        else:
+            raise AssertionError("ranks with different data trained")
+        assert trainer.losses == [] and all(np.array_equal(a, p.data) for a, p in zip(before, model.parameters()))
+
+
 def stuck(how: str, report: str) -> None:
     """Rank 1 never reaches the allreduce (it hangs, dies or raises); rank 0 must fail, not
     hang. Rank 0 writes its error to ``report`` (the job's abort may cut forwarded output).
@@ -155,6 +175,8 @@ def main() -> None:
         trainer()
     elif scenario == "mismatch":
         mismatch()
+    elif scenario == "uneven":
+        uneven()
     elif scenario in ("hangs", "dies", "raises"):
         stuck(scenario, sys.argv[2])
     else:

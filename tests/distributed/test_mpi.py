@@ -41,6 +41,12 @@ def test_ranks_with_different_steps_fail_at_the_first_step():
     assert "ranks [1] traced a different step than rank 0" in result.stderr
 
 
+def test_ranks_with_different_data_refuse_at_the_start_of_train():
+    result = run_two_ranks("uneven", limit=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK uneven rank 0" in result.stdout and "OK uneven rank 1" in result.stdout
+
+
 @pytest.mark.parametrize("how", ["hangs", "dies", "raises"])
 def test_a_missing_rank_ends_the_job_with_an_error(how, tmp_path):
     """Rank 1 stops taking part (stuck in a sleep, exits, or raises): the job ends with an

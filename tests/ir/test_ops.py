@@ -133,6 +133,27 @@ def test_one_hot_and_eq_have_no_gradient_and_check_labels():
         apply("one_hot", Tensor(np.array([3.0, 0.5, 1.0])), classes=3)
 
 
+@given(shape=shapes)
+def test_erf_grads(shape):
+    check_grads(lambda x: apply("erf", x), [arr(shape)])
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.9])
+@given(shape=shapes)
+def test_dropout_grads_use_the_forward_mask(p, shape):
+    """Linear in x for fixed key and offset chunks: finite differences see the same mask."""
+    chunks = [Tensor(np.array(float(c))) for c in (7, 1, 0, 3, 5, 0, 0)]
+    check_grads(lambda x: apply("dropout", x, *chunks, p=p, slot=1), [arr(shape)])
+
+
+def test_numel_counts_elements_and_passes_no_gradient():
+    x = Tensor(arr((3, 4, 2)))
+    n = apply("numel", x, axes=(0, 2))
+    assert float(n.data) == 6.0
+    (x * n).sum().backward()
+    np.testing.assert_array_equal(x.grad, np.full((3, 4, 2), 6.0))  # only through the product
+
+
 def test_every_differentiable_op_is_covered():
     """A new op with a VJP must get a gradient test above."""
     covered = {"add", "sub", "mul", "div", "neg", "tanh", "sigmoid", "exp", "log", "sqrt", "relu", "pow",

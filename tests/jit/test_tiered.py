@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mlir_nn import jit
+from mlir_nn.backends.errors import NativeError
 from mlir_nn.jit.tiered import ENV, tiered_default
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
@@ -103,3 +104,46 @@ def test_when_no_compile_process_can_start_the_first_call_compiles_in_this_one(m
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")
     step(*next(_batches(1)))
     assert step._last.tier == "cpu"
+
+
+@pytest.mark.parametrize("setting,error,match", [
+    ({"MLIR_NN_NUM_THREADS": "abc"}, ValueError, "MLIR_NN_NUM_THREADS='abc': expected a positive integer"),
+    ({"PATH": ""}, NativeError, r"no C compiler \(cc or gcc\) on PATH"),
+    ({"MLIR_NN_CACHE_DIR": "{tmp}/file"}, NotADirectoryError, "cannot create its cache folder"),
+])
+def test_what_would_fail_a_later_call_fails_the_first(setting, error, match, tmp_path, monkeypatch):
+    """Settings and toolchain are checked before a tiered step's first call runs on the interpreter."""
+    (tmp_path / "file").write_text("in the way")
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path / "cache"))  # nothing cached: the step must compile
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value.format(tmp=tmp_path))
+    step, _ = _step("cpu", tiered=True)
+    x, y = next(_batches(1))
+    with pytest.raises(error, match=match):
+        step(x, y)
+
+
+def test_background_compiles_run_a_bounded_number_at_once(monkeypatch):
+    """Many new steps at once queue their compiles: MAX_RUNNING processes, the rest start as
+    those end (or when a step must wait for its own)."""
+    from mlir_nn.jit import tiered
+    from mlir_nn.jit.trace import trace_step
+
+    monkeypatch.setattr(tiered, "MAX_RUNNING", 2)
+    graphs = []
+    for width in range(1, 6):
+        model = MLP(2, [width, 1])
+        graphs.append(trace_step(train_step(model, SGD(model.parameters(), lr=0.1)),
+                                 [np.ones((3, 2), np.float32), np.ones((3, 1), np.float32)], ["x", "y"])[0])
+    compiles = [tiered.BackgroundCompile(g, 3, False) for g in graphs]
+    try:
+        assert [c.started for c in compiles] == [True, True, False, False, False]
+        assert not compiles[2].done()  # still queued: its step stays on the interpreter
+        compiles[0].cancel()
+        assert not compiles[3].done() and [c.started for c in compiles] == [True, True, True, False, False]
+        compiles[4].wait(timeout=300)  # a step that must wait starts its compile at once
+        assert compiles[4].done() and not compiles[3].started
+    finally:
+        for c in compiles:
+            c.cancel()
+    assert all(c.done() for c in compiles)

@@ -175,3 +175,30 @@ def test_load_state_dict_checks_everything_before_writing():
         model.load_state_dict({**{k: v for k, v in model.state_dict().items() if k != "layers.1.b"}, "extra": 1})
     for p, b in zip(model.parameters(), before):
         np.testing.assert_array_equal(p.data, b)
+
+
+@pytest.mark.parametrize("value,match", [
+    (1e40, "must hold finite float32 numbers; it has NaN, infinity or values beyond float32's range"),
+    (np.nan, "must hold finite float32 numbers"),
+    ("a", "must be numeric"),
+])
+def test_load_state_dict_checks_values_in_the_parameters_dtype(value, match):
+    model = MLP(2, [3, 1])
+    before = [p.data.copy() for p in model.parameters()]
+    state = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
+    state["layers.1.W"] = np.full((3, 1), value)
+    with pytest.raises((TypeError, ValueError), match=match):
+        model.load_state_dict(state)
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.data, b)
+
+
+def test_float64_data_into_a_float32_model_names_the_layer_not_astype():
+    from mlir_nn import jit
+    from mlir_nn.ir import DTypeError
+
+    model = MLP(2, [3, 1])
+    step = jit(lambda x: model(x).sum(), backend="numpy")
+    with pytest.raises(DTypeError, match=r"Layer: the input is float64, the layer's weights are float32; .*"
+                                         r"X.astype\(np.float32\)"):
+        step(np.ones((4, 2)))

@@ -5,7 +5,9 @@ import pytest
 
 from mlir_nn import jit
 from mlir_nn.engine import Tensor
+from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD, Adam
+from mlir_nn.trainer import train_step
 
 
 def quadratic_step(p, opt):
@@ -81,3 +83,59 @@ def test_optimizer_argument_checks():
     with pytest.raises(ValueError, match="lr must be >= 0"):
         Adam([Tensor(1.0)], lr=-1e-3)
     assert SGD([Tensor(1.0)], lr=0).lr == 0.0  # frozen phases and warm-up schedules start at 0
+
+
+def _trained_adam():
+    np.random.seed(0)
+    model = MLP(2, [3, 1])
+    opt = Adam(model.parameters(), lr=0.01)
+    step = jit(train_step(model, opt), backend="numpy")
+    step(np.ones((4, 2), np.float32), np.ones((4, 1), np.float32))
+    return opt
+
+
+def _spoiled(change):
+    state = _trained_adam().state_dict()
+    change(state)
+    return state
+
+
+BAD_OPTIMIZER_STATES = {
+    "lr negative": (lambda s: s["param_groups"][0].update(lr=-1.0), "lr must be >= 0"),
+    "lr fine, then a bad state": (lambda s: (s["param_groups"][0].update(lr=0.5),
+                                             s["state"][1].update(exp_avg=np.ones(7))), r"has shape \(7,\)"),
+    "index -1": (lambda s: s["state"].update({-1: s["state"].pop(3)}), "state for parameter -1"),
+    "index past the end": (lambda s: s["state"].update({4: s["state"][3]}), "state for parameter 4"),
+    "NaN state": (lambda s: s["state"][0]["exp_avg"].fill(np.nan), "exp_avg of parameter 0 must hold finite"),
+    "0-d exp_avg": (lambda s: s["state"][0].update(exp_avg=np.float32(0)), r"exp_avg of parameter 0 has shape \(\)"),
+    "a slot missing a moment": (lambda s: s["state"][2].pop("exp_avg_sq"), "state of parameter 2 has"),
+    "an unknown state name": (lambda s: s["state"][2].update(momentum_buffer=np.zeros(3)), "state of parameter 2"),
+    "an SGD group": (lambda s: s["param_groups"][0].update(momentum=0.9), "has momentum, which Adam does not have"),
+    "an unknown top-level key": (lambda s: s.update(extra=1), "got \\['extra', 'param_groups', 'state'\\]"),
+    "a slot that is a list": (lambda s: s["state"].update({0: [1, 2]}), "state of parameter 0 has list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_OPTIMIZER_STATES))
+def test_a_bad_optimizer_state_is_refused_and_changes_nothing(case):
+    change, match = BAD_OPTIMIZER_STATES[case]
+    opt = _trained_adam()
+    before = opt.state_dict()
+    with pytest.raises((TypeError, ValueError), match=match):
+        opt.load_state_dict(_spoiled(change))
+    after = opt.state_dict()
+    assert after["param_groups"] == before["param_groups"]
+    assert sorted(after["state"]) == sorted(before["state"])
+    for i, slot in before["state"].items():
+        assert sorted(after["state"][i]) == sorted(slot)
+        for key, value in slot.items():
+            np.testing.assert_array_equal(after["state"][i][key], value)
+
+
+def test_an_sgd_checkpoint_does_not_load_into_adam_nor_the_reverse():
+    opt = _trained_adam()
+    sgd = SGD(opt.parameters, lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="has momentum, which Adam does not have"):
+        opt.load_state_dict(sgd.state_dict())
+    with pytest.raises(ValueError, match="has betas, eps, which SGD does not have"):
+        sgd.load_state_dict(opt.state_dict())
