@@ -485,7 +485,7 @@ class Adam(Optimizer):
     (PyTorch's layout): ``step`` (0-d), ``exp_avg``, ``exp_avg_sq``."""
 
     HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
-    STATE = {"exp_avg": "param", "exp_avg_sq": "param", "beta1_power": "scalar", "beta2_power": "scalar"}
+    STATE = {"step": "scalar", "exp_avg": "param", "exp_avg_sq": "param"}
 
     betas = Hyperparameter(betas_pair)
     eps = Hyperparameter(non_negative)
