@@ -144,7 +144,7 @@ class SignMomentum(optim.Optimizer):
         buf = state["momentum_buffer"]
         buf *= group["momentum"]
         buf += grad
-        p -= group["lr"] * (buf > 0) - group["lr"] * (buf < 0)
+        p -= group["lr"] * ((buf > 0) - (buf < 0))
 
 
 def _sign_momentum_reference(p0, batches, lr, momentum, lr_after):
