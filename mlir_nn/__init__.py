@@ -3,15 +3,21 @@
 from typing import Any
 
 from mlir_nn.engine import (
+    ConcretizationError,
     Tensor,
     Value,
     arange,
     bmm,
     cat,
     chunk,
+    enable_grad,
     gather,
     index_select,
+    is_grad_enabled,
     matmul,
+    maximum,
+    minimum,
+    no_grad,
     split,
     stack,
     tril,
@@ -19,11 +25,14 @@ from mlir_nn.engine import (
     where,
 )
 from mlir_nn.jit import jit
+from mlir_nn.jit.python_random import PythonRandomError
 from mlir_nn.runtime.residency import resident, sync
 from mlir_nn.support.version import __version__
 
-__all__ = ["Tensor", "Value", "__version__", "arange", "bmm", "cat", "chunk", "gather", "index_select", "jit", "load",
-           "manual_seed", "matmul", "resident", "save", "split", "stack", "sync", "tril", "triu", "where"]
+__all__ = ["ConcretizationError", "PythonRandomError", "Tensor", "Value", "__version__", "arange", "bmm", "cat",
+           "chunk", "enable_grad", "gather", "index_select", "is_grad_enabled", "jit", "load", "manual_seed",
+           "matmul", "maximum", "minimum", "no_grad", "resident", "save", "split", "stack", "sync", "tril", "triu",
+           "where"]
 
 
 def __getattr__(name: str) -> Any:

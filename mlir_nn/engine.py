@@ -15,7 +15,9 @@ float64 tensors there, or ``astype`` to the other one, raises DTypeError naming 
 
 from __future__ import annotations
 
+import functools
 import numbers
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -23,6 +25,7 @@ import numpy as np
 
 from mlir_nn.ir import DTypeError, Node, ShapeError, TensorType, make_node, op_def
 from mlir_nn.ir.shapes import BATCH, broadcast_shapes, dtype_name, fmt_shape, normalize_axes
+from mlir_nn.support.user_frame import describe, user_frame
 
 LEAF = "leaf"
 
@@ -51,6 +54,7 @@ class Trace:
             if t._trace is not self or self.closed:
                 raise RuntimeError("a tensor from a finished trace was used; trace values exist only inside the step")
             return t._node  # type: ignore[return-value]
+        t = t._base if t._base is not None else t
         key = id(t)
         if key in self.current:
             return self.current[key]._node  # type: ignore[return-value]
@@ -68,10 +72,20 @@ class Trace:
         return self._param_of[key]
 
     def resolve(self, t: Tensor) -> Tensor:
-        """``t`` itself, or the value assigned to it earlier in this trace."""
-        return self.current.get(id(t), t) if t._trace is None else t
+        """``t`` itself, or the value assigned to it (or to the tensor it is a view of) earlier in this trace."""
+        if t._trace is not None:
+            return t
+        base = t._base if t._base is not None else t
+        return self.current.get(id(base), t)
+
+    def holds_state(self, t: Tensor) -> bool:
+        """True when ``t`` (a concrete tensor) is state of this step: captured or assigned so far."""
+        base = t._base if t._base is not None else t
+        return id(base) in self._param_of or id(base) in self.current
 
     def assign(self, target: Tensor, value: Tensor) -> None:
+        target = target._base if target._base is not None else target
+        value = self.resolve(value)
         self.node_of(target)  # make sure the target is captured as a parameter
         self.current[id(target)] = value
         self.updates[id(target)] = value
@@ -98,6 +112,65 @@ def current_trace() -> Trace | None:
 
 def set_trace(trace: Trace | None) -> None:
     _TRACE.set(trace)
+
+
+# ---------------------------------------------------------------------------- grad mode
+
+_GRAD_ENABLED: ContextVar[bool] = ContextVar("mlir_nn_grad_enabled", default=True)
+
+
+def is_grad_enabled() -> bool:
+    """False inside ``no_grad()``: new tensors then record no operations (no gradients flow)."""
+    return _GRAD_ENABLED.get()
+
+
+class _GradMode:
+    """A context manager (and decorator) that sets whether operations are recorded for autograd."""
+
+    enabled = True
+
+    def __enter__(self) -> None:
+        self._token = _GRAD_ENABLED.set(self.enabled)
+
+    def __exit__(self, *exc: object) -> None:
+        _GRAD_ENABLED.reset(self._token)
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with type(self)():
+                return fn(*args, **kwargs)
+        return wrapped
+
+
+class no_grad(_GradMode):  # noqa: N801 (PyTorch's name)
+    """PyTorch's ``no_grad``: results computed inside record no gradient history, and in-place
+    updates of parameters (``p -= lr * p.grad``) are allowed; inside ``mlir_nn.jit`` such an
+    update is traced as a parameter update of the step."""
+
+    enabled = False
+
+
+class enable_grad(_GradMode):  # noqa: N801 (PyTorch's name)
+    """Turn gradient recording back on inside ``no_grad``."""
+
+    enabled = True
+
+
+class ConcretizationError(RuntimeError):
+    """A traced tensor was turned into a Python value (``float``, ``bool``, ``.item()``, NumPy):
+    inside ``mlir_nn.jit`` it has no value until the compiled step runs."""
+
+
+def _concretization_error(what: str, t: Tensor) -> ConcretizationError:
+    where = describe(user_frame())
+    return ConcretizationError(
+        f"{what} of a traced tensor {t.label or ''}{fmt_shape(t.shape)}:{t.dtype} at {where}. Inside "
+        "mlir_nn.jit a tensor has no value until the compiled step runs, so Python cannot branch on it or "
+        "read it (the value seen while tracing would be frozen into the step). Keep it a tensor "
+        "(tensor ops such as maximum/minimum/clamp, comparisons as 0/1 masks), return it from the step and read "
+        "it after the call, or move this code outside the jitted function."
+    )
 
 
 def _default_dtype(data: Any) -> str:
@@ -153,6 +226,8 @@ class Tensor:
         self._attrs: dict[str, Any] = {}
         self._node: Node | None = None
         self._trace: Trace | None = None
+        self._requires_grad = True
+        self._base: Tensor | None = None  # the tensor this one is a detached view of
 
     @classmethod
     def _symbolic(cls, node: Node, trace: Trace, label: str = "") -> Tensor:
@@ -160,12 +235,17 @@ class Tensor:
         t._data, t._grad, t.label = None, None, label
         t._op, t._inputs, t._attrs = LEAF, (), {}
         t._node, t._trace = node, trace
+        t._requires_grad, t._base = True, None
         return t
 
     # ------------------------------------------------------------------ data access
 
     @property
-    def data(self) -> np.ndarray:
+    def data(self) -> Any:
+        """The values as a numpy array. Inside ``mlir_nn.jit`` (where values do not exist yet) it is
+        a detached view instead: ``p.data -= lr * p.grad`` is traced as an update of ``p``."""
+        if current_trace() is not None:
+            return self.detach()
         if self._data is None:
             raise RuntimeError(
                 f"tensor {self.label or ''} {fmt_shape(self.shape)} is being traced by mlir_nn.jit: "
@@ -175,15 +255,22 @@ class Tensor:
 
     @data.setter
     def data(self, value: Any) -> None:
+        if current_trace() is not None:
+            self.assign(value)
+            return
         array = _to_array(value, self.dtype)
         if self._data is not None and array.shape != self._data.shape:
             raise ShapeError(f"Tensor.data: new value has shape {array.shape}, expected {self._data.shape}")
         self._data = array
 
     @property
-    def grad(self) -> np.ndarray:
-        """The gradient as a numpy array (zeros before any backward)."""
-        if self._grad is None:
+    def grad(self) -> Any:
+        """The gradient as a numpy array (zeros before any backward); inside ``mlir_nn.jit``, the
+        traced gradient tensor of the step's ``backward()``."""
+        trace = current_trace()
+        if trace is not None and self._grad is not None and self._grad._trace is trace:
+            return self._grad
+        if self._grad is None or trace is not None:
             return np.zeros(self.shape, dtype=self.dtype)
         return self._grad.data
 
@@ -209,14 +296,100 @@ class Tensor:
     def ndim(self) -> int:
         return len(self.shape)
 
+    def _value(self, what: str) -> np.ndarray:
+        """The numpy value for a conversion to Python; a ConcretizationError while tracing."""
+        trace = current_trace()
+        if self._trace is not None or (trace is not None and trace.holds_state(self)):
+            raise _concretization_error(what, self)
+        return self._data if self._data is not None else self.data
+
     def numpy(self) -> np.ndarray:
-        return self.data
+        return self._value("Tensor.numpy()")
 
     def item(self) -> float:
-        return float(self.data)
+        """The value of a one-element tensor as a Python number."""
+        value = self._value("Tensor.item()")
+        if value.size != 1:
+            raise ValueError(f"item: tensor {fmt_shape(self.shape)} has {value.size} elements; expected exactly one")
+        return value.item()
 
     def __float__(self) -> float:
-        return float(self.data)
+        return float(self._one("float()"))
+
+    def __int__(self) -> int:
+        return int(self._one("int()"))
+
+    def __bool__(self) -> bool:
+        return bool(self._one("bool()"))
+
+    def _one(self, what: str) -> np.ndarray:
+        value = self._value(what)
+        if value.size != 1:
+            raise ValueError(f"{what} of a tensor with {value.size} elements {fmt_shape(self.shape)} is ambiguous; "
+                             "expected exactly one element (reduce it first, e.g. .sum() or .max())")
+        return value.reshape(())
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """NumPy sees the values (``np.asarray(t)``); a ConcretizationError while tracing."""
+        value = self._value("np.asarray()")
+        return value.astype(dtype) if dtype is not None and value.dtype != dtype else value
+
+    # ------------------------------------------------------------------ autograd controls
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether ``backward`` computes a gradient for this tensor (True by default, as tinynn)."""
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self._requires_grad = bool(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        self.requires_grad = requires_grad
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._op in (LEAF, "const")
+
+    def detach(self) -> Tensor:
+        """The same values with no gradient history; in-place updates of it update this tensor."""
+        if self._trace is not None:
+            t = Tensor._symbolic(self._node, self._trace, label=self.label)  # type: ignore[arg-type]
+        else:
+            t = Tensor.__new__(Tensor)
+            t._data, t._grad, t.label, t._node, t._trace = self._data, None, self.label, None, None
+            t._op, t._inputs, t._attrs = LEAF, (), {}
+            t._base = self._base if self._base is not None else self
+        t._requires_grad = False
+        return t
+
+    def _inplace(self, op: str, other: Any) -> Tensor:
+        """``self op= other``: an update of a leaf in place (traced as an update of a parameter); a
+        computed or traced tensor is rebound instead, as in micrograd (NotImplemented)."""
+        if self._trace is not None or self._op != LEAF:
+            return NotImplemented
+        if self._requires_grad and is_grad_enabled():
+            raise RuntimeError(
+                f"in-place {op} of {self.label or 'a tensor'} {fmt_shape(self.shape)} at {describe(user_frame())}: "
+                "it is a leaf that requires grad. Update parameters inside `with mlir_nn.no_grad():` (as PyTorch "
+                "does), or write `x = x + ...` for a new tensor")
+        with no_grad():
+            self.assign(apply(op, self, other))
+        return self
+
+    def __iadd__(self, other: Any) -> Tensor:
+        return self._inplace("add", other)
+
+    def __isub__(self, other: Any) -> Tensor:
+        return self._inplace("sub", other)
+
+    def __imul__(self, other: Any) -> Tensor:
+        return self._inplace("mul", other)
+
+    def __itruediv__(self, other: Any) -> Tensor:
+        return self._inplace("div", other)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -289,6 +462,16 @@ class Tensor:
     def sqrt(self) -> Tensor:
         return apply("sqrt", self)
 
+    def abs(self) -> Tensor:
+        return apply("abs", self)
+
+    def clamp(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002 (PyTorch's names)
+        """Values limited to [min, max] (either may be None), as ``maximum``/``minimum``."""
+        if min is None and max is None:
+            raise ValueError("clamp: give min, max or both")
+        out = self if min is None else apply("maximum", self, min)
+        return out if max is None else apply("minimum", out, max)
+
     def sum(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
         return apply("sum", self, axes=normalize_axes("sum", axis, self.ndim), keepdims=keepdims)
 
@@ -360,6 +543,7 @@ class Tensor:
     def __getitem__(self, key: Any) -> Tensor:
         return getitem(self, key)
 
+    # Comparisons give 0/1 masks of the operands' dtype (no gradient), as eq does.
     def __lt__(self, other: Any) -> Tensor:
         return apply("lt", self, other)
 
@@ -463,7 +647,7 @@ class Tensor:
         grads: dict[int, Tensor] = {id(self): self._seed(gradient)}
         for t in reversed(order):
             g = grads.pop(id(t), None)
-            if g is None:
+            if g is None or not t._requires_grad:
                 continue
             if trace is not None:
                 trace.save_grad(t)
@@ -477,7 +661,7 @@ class Tensor:
             if rule is None:
                 raise NotImplementedError(f"backward: op {t._op!r} has no gradient rule")
             for inp, ig in zip(t._inputs, rule(apply, list(t._inputs), t, g, t._attrs)):
-                if ig is None or inp._op == "const":
+                if ig is None or inp._op == "const" or not inp._requires_grad:
                     continue
                 grads[id(inp)] = ig if id(inp) not in grads else apply("add", grads[id(inp)], ig)
 
@@ -513,6 +697,16 @@ def stack(tensors: list[Any], dim: int = 0) -> Tensor:
     dtypes = [t.dtype for t in tensors if isinstance(t, Tensor)]
     dtype = np.result_type(*dtypes).name if dtypes else "float64"
     return apply("stack", *[t.astype(dtype) if isinstance(t, Tensor) else t for t in tensors])
+
+
+def maximum(a: Any, b: Any) -> Tensor:
+    """Elementwise maximum with broadcasting (ties share the gradient, as PyTorch)."""
+    return apply("maximum", a, b)
+
+
+def minimum(a: Any, b: Any) -> Tensor:
+    """Elementwise minimum with broadcasting (ties share the gradient, as PyTorch)."""
+    return apply("minimum", a, b)
 
 
 def _topo_tensors(root: Tensor) -> list[Tensor]:
@@ -585,8 +779,11 @@ def apply(op: str, *operands: Any, **attrs: Any) -> Tensor:
         value = definition.reference([t.data for t in tensors], attrs, tuple(result_type.shape))
         out = Tensor.__new__(Tensor)
         out._data = np.asarray(value, dtype=result_type.dtype)
-        out._grad, out.label, out._node, out._trace = None, "", None, None
-    out._op, out._inputs, out._attrs = op, tuple(tensors), attrs
+        out._grad, out.label, out._node, out._trace, out._base = None, "", None, None, None
+    if is_grad_enabled() and any(t._requires_grad for t in tensors if t._op != "const"):
+        out._op, out._inputs, out._attrs, out._requires_grad = op, tuple(tensors), attrs, True
+    else:  # nothing to differentiate: a detached leaf
+        out._op, out._inputs, out._attrs, out._requires_grad = LEAF, (), {}, False
     return out
 
 

@@ -69,7 +69,8 @@ def test_optimizer_state_dict_has_pytorchs_shape():
     assert sorted(state["state"]) == [0, 1, 2, 3]
     assert state["state"][0]["exp_avg"].shape == (5, 16) and state["state"][3]["exp_avg_sq"].shape == (3,)
     sgd = SGD(model.parameters(), lr=0.1)
-    assert sgd.state_dict() == {"state": {}, "param_groups": [{"lr": 0.1, "momentum": 0.0, "weight_decay": 0.0,
+    assert sgd.state_dict() == {"state": {}, "param_groups": [{"lr": 0.1, "momentum": 0.0, "dampening": 0.0,
+                                                                "weight_decay": 0.0, "nesterov": False,
                                                                 "params": [0, 1, 2, 3]}]}
 
 

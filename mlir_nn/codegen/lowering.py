@@ -292,6 +292,16 @@ def _matmul_relu_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.V
                          lambda acc, z: _relu_grad(b, z, acc), init=product)
 
 
+def _sign(b: FunctionBuilder, x: ir.Value) -> ir.Value:
+    negative = arith.select(arith.cmpf(arith.CmpFPredicate.OLT, x, b.scalar(0.0)), b.scalar(-1.0), b.scalar(0.0))
+    return arith.select(arith.cmpf(OGT, x, b.scalar(0.0)), b.scalar(1.0), negative)
+
+
+def _softplus(b: FunctionBuilder, x: ir.Value) -> ir.Value:
+    """max(x, 0) + log1p(exp(-|x|)): exp only sees non-positive arguments."""
+    return arith.addf(arith.maximumf(x, b.scalar(0.0)), math.log1p(math.exp(arith.negf(math.absf(x)))))
+
+
 LOWERINGS: dict[str, Rule] = {
     "add": _ewise(arith.addf),
     "sub": _ewise(arith.subf),
@@ -337,6 +347,12 @@ LOWERINGS: dict[str, Rule] = {
     "matmul_relu_grad": _matmul_relu_grad,
     # ------------------------------------------------------------ window ops (issue 22)
     **WINDOW_LOWERINGS,
+    # issue 21b: losses and masks
+    "sign": lambda b, n, xs: b.elementwise(n.shape, xs, [n.inputs[0].shape], lambda x: _sign(b, x)),
+    "abs": _ewise(math.absf),
+    "maximum": _ewise(arith.maximumf),
+    "minimum": _ewise(arith.minimumf),
+    "softplus": lambda b, n, xs: b.elementwise(n.shape, xs, [n.inputs[0].shape], lambda x: _softplus(b, x)),
 }
 
 

@@ -747,3 +747,35 @@ register("dropout", 1 + philox.KEY_CHUNKS + philox.OFFSET_CHUNKS, _dropout_infer
          "x * mask / (1 - p): the mask keeps element i (row-major) when word 0 of Philox-4x32-10 at counter "
          "(i, offset + slot) under the key is >= ceil(p * 2^32). Operands: x, 4 key chunks, 3 offset chunks "
          "(16 bits each, 0-d); attributes p and slot.")
+
+
+# ---------------------------------------------------------------------------- issue 21b: losses and masks
+# abs/sign (the comparisons are mlir_nn.ir.sequence_ops'), elementwise maximum/minimum (clamp) and a
+# stable softplus: what the losses of ``mlir_nn.losses`` are written with.
+
+
+register("sign", 1, _unary_infer, lambda a, at, s: np.sign(a[0]), lambda emit, xs, out, g, at: [None],
+         "-1, 0 or 1 by the sign of x (no gradient).")
+register("abs", 1, _unary_infer, lambda a, at, s: np.abs(a[0]),
+         lambda emit, xs, out, g, at: [emit("mul", g, emit("sign", xs[0]))],
+         "|x|; its gradient is sign(x) (0 at 0, as PyTorch).")
+
+
+def _extremum_vjp(winner: str) -> Vjp:
+    """PyTorch's maximum/minimum gradient: the winner takes it, ties share it evenly."""
+    def vjp(emit, xs, out, g, attrs):
+        a, b = xs
+        share_a = emit("add", emit(winner, a, b), emit("mul", 0.5, emit("eq", a, b)))
+        share_b = emit("sub", 1.0, share_a)
+        return [sum_to(emit, emit("mul", g, share_a), a.shape), sum_to(emit, emit("mul", g, share_b), b.shape)]
+
+    return vjp
+
+
+register("maximum", 2, _binary_infer("maximum"), lambda a, at, s: np.maximum(a[0], a[1]), _extremum_vjp("gt"),
+         "Elementwise max(x, y) with numpy broadcasting; ties share the gradient evenly.")
+register("minimum", 2, _binary_infer("minimum"), lambda a, at, s: np.minimum(a[0], a[1]), _extremum_vjp("lt"),
+         "Elementwise min(x, y) with numpy broadcasting; ties share the gradient evenly.")
+register("softplus", 1, _unary_infer, lambda a, at, s: np.logaddexp(np.zeros((), a[0].dtype), a[0]),
+         lambda emit, xs, out, g, at: [emit("mul", g, emit("sigmoid", xs[0]))],
+         "log(1 + exp(x)), computed as max(x, 0) + log1p(exp(-|x|)): finite for any finite x.")

@@ -35,6 +35,7 @@ from mlir_nn.backends import get_backend
 from mlir_nn.ir import BATCH, Graph
 from mlir_nn.jit.guards import StructureGuard
 from mlir_nn.jit.pipeline import StepPipeline
+from mlir_nn.jit.python_random import without_python_random
 from mlir_nn.jit.step import CompiledStep
 from mlir_nn.jit.tiered import tiered_default
 from mlir_nn.jit.trace import batch_is_shared, to_input_array, trace_step
@@ -58,11 +59,12 @@ class JitFunction:
     """A step function compiled per input signature (ndim, shape without batch, dtype)."""
 
     def __init__(self, fn: Callable[..., Any], backend: str | None = None, dynamic_batch: bool = True,
-                 optimize: bool = True, tiered: bool | None = None) -> None:
+                 optimize: bool = True, tiered: bool | None = None, allow_python_random: bool = False) -> None:
         backend = DEFAULT_BACKEND if backend is None else backend
         get_backend(backend)  # fail early on an unknown backend or one that cannot run here
         functools.update_wrapper(self, fn)
         self.fn, self.backend, self.dynamic_batch, self.optimize = fn, backend, dynamic_batch, optimize
+        self.allow_python_random = allow_python_random
         self.tiered = tiered_default() if tiered is None else tiered
         self.pipeline = StepPipeline(backend, optimize, self.tiered)
         self._signature_of_fn = inspect.signature(fn)
@@ -109,8 +111,9 @@ class JitFunction:
             return step
         with self._lock:
             if key not in self._cache:
-                graph, captured, single = trace_step(self.fn, arrays, self._arg_names(len(arrays)),
-                                                     self.dynamic_batch)
+                names = self._arg_names(len(arrays))
+                graph, captured, single = without_python_random(
+                    self.fn, lambda: trace_step(self.fn, arrays, names, self.dynamic_batch), self.allow_python_random)
                 self._guard.snapshot()  # the trace may have created optimizer state
                 batch = arrays[0].shape[0] if arrays and arrays[0].ndim else None
                 self._cache[key] = CompiledStep(graph, captured, single, self.pipeline, batch)
@@ -170,13 +173,22 @@ class JitFunction:
 
 
 def jit(fn: Callable[..., Any] | None = None, *, backend: str | None = None, dynamic_batch: bool = True,
-        optimize: bool = True, tiered: bool | None = None) -> Any:
+        optimize: bool = True, tiered: bool | None = None, allow_python_random: bool = False) -> Any:
     """Compile an eager-style step function; usable as ``jit(f)`` or ``@jit(backend=...)``.
 
     ``optimize=False`` skips the e-graph optimizer (the backend runs the traced graph).
     ``tiered`` (default: ``MLIR_NN_TIERED``, on) runs the first calls of a new cpu step on the
     reference interpreter while another process compiles it (``mlir_nn.jit.tiered``).
+
+    What a trace cannot capture is an error naming the user's line, never a frozen value: a
+    traced tensor turned into a Python value (``float(t)``, ``bool(t)``, ``if t > 0:``,
+    ``t.item()``, ``np.asarray(t)``: ``ConcretizationError``) and Python randomness (the
+    ``random`` module, NumPy's generators: ``PythonRandomError``, see
+    ``mlir_nn.jit.python_random``). ``allow_python_random=True`` says one draw at trace time,
+    frozen into the step, is intended.
     """
+    options = dict(backend=backend, dynamic_batch=dynamic_batch, optimize=optimize, tiered=tiered,
+                   allow_python_random=allow_python_random)
     if fn is None:
-        return lambda f: JitFunction(f, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize, tiered=tiered)
-    return JitFunction(fn, backend=backend, dynamic_batch=dynamic_batch, optimize=optimize, tiered=tiered)
+        return lambda f: JitFunction(f, **options)
+    return JitFunction(fn, **options)

@@ -13,7 +13,16 @@ from mlir_nn import engine
 from mlir_nn.engine import Tensor, apply
 from mlir_nn.ir import BATCH, ShapeError
 from mlir_nn.ir.shapes import fmt_shape, normalize_axes
-from mlir_nn.losses import cross_entropy, mse_loss
+from mlir_nn.losses import (
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    cross_entropy,
+    huber_loss,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+    smooth_l1_loss,
+)
 from mlir_nn.nn.generator import draw_inputs
 
 
@@ -265,3 +274,13 @@ def pad(input: Any, pad: Any, mode: str = "constant", value: float | None = None
 
 
 __all__ += ["adaptive_avg_pool2d", "avg_pool2d", "conv2d", "max_pool2d", "pad"]
+# ---------------------------------------------------------------------------- losses (issue 21b)
+
+
+def softplus(x: Any) -> Tensor:
+    """log(1 + exp(x)), finite for any finite x (PyTorch's ``threshold`` shortcut is not taken)."""
+    return apply("softplus", _tensor(x))
+
+
+__all__ += ["binary_cross_entropy", "binary_cross_entropy_with_logits", "huber_loss", "l1_loss", "nll_loss",
+            "smooth_l1_loss", "softplus"]  # losses (issue 21b)

@@ -46,6 +46,9 @@ def elementwise_zoo(width: int, dtype: str) -> Graph:
         n("one_hot", [last_class], classes=width), n("index", [stacked], index=1), stacked,
         # nn layers (issue 21a): s stands for every key and offset chunk (any value is taken mod 2**16)
         n("erf", [x]), n("numel", [x], axes=(0,)), n("dropout", [x] + [s] * 7, p=0.5, slot=3),
+        # losses and masks (issue 21b)
+        n("gt", [x, y]), n("ge", [x, b]), n("lt", [x, y]), n("sign", [x]), n("abs", [x]),
+        n("maximum", [x, b]), n("minimum", [x, y]), n("softplus", [x]),
     ]
     return Graph((x, y), (b, s), tuple(outs), name="elementwise_zoo")
 

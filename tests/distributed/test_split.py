@@ -109,8 +109,8 @@ def test_split_halves_meet_at_the_allreduce():
     assert "allreduce_mean" not in split.first.op_counts() and "allreduce_mean" not in split.second.op_counts()
     assert split.first.updates == ()  # nothing is written before the second half has read it
     assert len(split.reduced) == len(model.parameters())
-    # Adam's bias-correction powers need no reduction: computed before, written after
-    assert len(split.first_updates) == 2 * len(model.parameters())
+    # Adam's step counts need no reduction: computed before, written after
+    assert len(split.first_updates) == len(model.parameters())
 
 
 def test_distributed_optimizer_needs_init(monkeypatch):

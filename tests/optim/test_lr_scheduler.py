@@ -67,7 +67,7 @@ def test_the_eager_optimizer_uses_the_scheduled_lr():
     (lambda o: StepLR(o, step_size=0), ValueError, "StepLR: step_size must be a positive integer"),
     (lambda o: CosineAnnealingLR(o, T_max=0), ValueError, "CosineAnnealingLR: T_max must be positive"),
     (lambda o: LambdaLR(o, 0.5), TypeError, "LambdaLR: lr_lambda must be callable"),
-    (lambda o: ExponentialLR(o, 0.9, last_epoch=3), KeyError, "needs optimizer.initial_lr"),
+    (lambda o: ExponentialLR(o, 0.9, last_epoch=3), KeyError, "needs 'initial_lr' in every parameter group"),
 ])
 def test_bad_arguments(build, error, match):
     with pytest.raises(error, match=match):

@@ -135,7 +135,7 @@ def test_a_bad_optimizer_state_is_refused_and_changes_nothing(case):
 def test_an_sgd_checkpoint_does_not_load_into_adam_nor_the_reverse():
     opt = _trained_adam()
     sgd = SGD(opt.parameters, lr=0.1, momentum=0.9)
-    with pytest.raises(ValueError, match="has momentum, which Adam does not have"):
+    with pytest.raises(ValueError, match="has dampening, momentum, nesterov, which Adam does not have"):
         opt.load_state_dict(sgd.state_dict())
     with pytest.raises(ValueError, match="has betas, eps, which SGD does not have"):
         sgd.load_state_dict(opt.state_dict())
