@@ -11,7 +11,7 @@ from mlir_nn.codegen import LOWERINGS, emit_linalg, symbol_name
 from mlir_nn.distributed.split import COLLECTIVES
 from mlir_nn.ir import Graph, make_node
 from mlir_nn.ir.ops import OPS
-from tests.codegen.zoo import elementwise_zoo, matmul_zoo, sequence_zoo
+from tests.codegen.zoo import elementwise_zoo, matmul_zoo, sequence_zoo, window_zoo
 
 
 def mlir_opt() -> Path:
@@ -27,12 +27,13 @@ def test_every_registered_op_has_a_lowering():
 
 
 def test_zoos_cover_every_op():
-    zoos = (elementwise_zoo(3, "float32"), matmul_zoo(2, 3, "float32"), sequence_zoo("float32"))
+    zoos = (elementwise_zoo(3, "float32"), matmul_zoo(2, 3, "float32"), sequence_zoo("float32"), window_zoo("float32"))
     ops = {n.op for g in zoos for n in g.nodes}
     assert ops == set(OPS) - EAGER_ONLY - set(COLLECTIVES)
 
 
-@pytest.mark.parametrize("graph", [elementwise_zoo(3, "float64"), matmul_zoo(4, 5, "float32"), sequence_zoo("float32")],
+@pytest.mark.parametrize("graph", [elementwise_zoo(3, "float64"), matmul_zoo(4, 5, "float32"), sequence_zoo("float32"),
+                                   window_zoo("float32")],
                          ids=lambda g: g.name)
 def test_mlir_opt_parses_and_verifies_the_emitted_text(graph, tmp_path):
     path = tmp_path / "step.mlir"

@@ -108,3 +108,22 @@ def sequence_zoo(dtype: str) -> Graph:
         n("bmm", [x, swapped]),
     ]
     return Graph((x,), (table, rows, picks), tuple(outs), name="sequence_zoo")
+
+
+def window_zoo(dtype: str) -> Graph:
+    """The window ops (issue 22) and their gradients, traced from the engine's functions on an
+    (N, 2, 7, 7) image: a convolution, max, average and adaptive pooling and a pad."""
+    from mlir_nn.engine import Tensor, adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d, pad
+    from mlir_nn.jit import trace_step
+
+    weight = Tensor(np.ones((3, 2, 3, 3)), dtype=dtype)
+    second = Tensor(np.ones((3, 3, 3, 3)), dtype=dtype)  # its input gradient flows back to weight
+
+    def windows(x):
+        y = conv2d(conv2d(x, weight, padding=1), second, padding=1)
+        outs = [y, max_pool2d(y, 2), avg_pool2d(y, 3, stride=2), adaptive_avg_pool2d(y, (2, 3)), pad(y, (1, 0, 2, 1))]
+        sum(o.sum() for o in outs).backward()
+        return (*outs, weight.grad)
+
+    graph, _, _ = trace_step(windows, [np.zeros((2, 2, 7, 7), dtype)], ["x"])
+    return graph
