@@ -65,3 +65,11 @@ def test_gpu_artifacts_and_their_dry_check(tmp_path):
     run("make_gpu_artifacts.py", str(tmp_path / "artifacts"), "--cases", "op_mse")
     run("gpu_check.py", str(tmp_path / "results"), "--artifacts", str(tmp_path / "artifacts"), "--cases", "op_mse",
         "--dry-run")
+
+
+def test_grid(tmp_path):
+    out = run("grid.py", "--smoke", "--json", str(tmp_path / "grid.json"))
+    results = json.loads((tmp_path / "grid.json").read_text())
+    (row,) = results["points"].values()
+    assert {"compiled cpu", "numpy"} <= set(row["median_s"]) and "load_average_end" in results
+    assert "Model name" in results["cpu"] and "wrote" in out
