@@ -123,17 +123,29 @@ def _has_short_k(op: ir.Operation) -> bool:
     return not ir.ShapedType.is_dynamic_size(k) and k <= SHORT_K
 
 
+def _static_sizes(*sizes: int) -> bool:
+    return not any(ir.ShapedType.is_dynamic_size(d) for d in sizes)
+
+
 def _as_generic(op: ir.Operation) -> ir.Value:
     a, b, c = op.operands
     ta, tb = _transposes(op)
+    m, n, k = _sizes(op)
+    # A product over a dynamic batch with a small static k x n becomes vector code per row
+    # (``SMALL_VECTOR``) in the (m, k, n) order: per k, a broadcast of A[i, k] times the
+    # contiguous row B[k, :]. A static B stored transposed is copied to (k, n) first (a
+    # few KB, once per step): read as (n, k), each row's contraction was lowered to
+    # shuffles of B's columns, redone for every row.
+    row_vector = not ta and _static_sizes(n, k) and k * n <= SMALL_VECTOR_MAX
+    if row_vector and tb:
+        b, tb = transposed(b), False
     # matmul_maps use dims (m, n, k) = (0, 1, 2); choose the loop order, then renumber.
-    n = ir.RankedTensorType(c.type).shape[1]
-    row_update = not tb and (ir.ShapedType.is_dynamic_size(n) or n >= ROW_MIN)
+    row_update = not tb and (row_vector or ir.ShapedType.is_dynamic_size(n) or n >= ROW_MIN)
     # A transposed (k, m) and B (k, n), e.g. a weight gradient: k outermost, so that every
     # inner loop reads rows (A[k, m] is a scalar, B[k, :] and C[m, :] contiguous).
     order = [2, 0, 1] if ta and not tb else [0, 2, 1] if row_update else [0, 1, 2]
     position = {dim: i for i, dim in enumerate(order)}
-    maps = [dims_map(3, [position[d] for d in _operand_dims(m)]) for m in matmul_maps(ta, tb)]
+    maps = [dims_map(3, [position[d] for d in _operand_dims(amap)]) for amap in matmul_maps(ta, tb)]
     iterators = [REDUCTION if d == 2 else PARALLEL for d in order]
     fastmath = ir.Attribute.parse("#arith.fastmath<reassoc,contract>")
 
@@ -141,9 +153,9 @@ def _as_generic(op: ir.Operation) -> ir.Value:
     def product(x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
         return arith.addf(acc, arith.mulf(x, y, fastmath=fastmath), fastmath=fastmath)
 
-    sizes = _sizes(op)  # (m, n, k): indexed by matmul dim
+    sizes = (m, n, k)  # indexed by matmul dim
     inner = [sizes[d] for d in order[1:]]
-    if not any(ir.ShapedType.is_dynamic_size(d) for d in inner) and inner[0] * inner[1] <= SMALL_VECTOR_MAX:
+    if _static_sizes(*inner) and inner[0] * inner[1] <= SMALL_VECTOR_MAX:
         product.owner.attributes[SMALL_VECTOR] = ir.UnitAttr.get()
     return product
 
