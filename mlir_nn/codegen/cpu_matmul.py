@@ -65,6 +65,10 @@ PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 PARALLEL_MAP = "mlirnn.parallel_map"
 # Small products whose inner two loops have static sizes: vector code per outer iteration.
 SMALL_VECTOR = "mlirnn.small_vector"
+SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 8  # those over a dynamic batch: in blocks of rows
+# Those whose rows are the batch on threads: tasks of SMALL_TASK_ROWS rows when a row has at
+# least SMALL_TASK_MIN multiply-adds (a task then has >= 128K of them).
+SMALL_TASKS, SMALL_TASK_ROWS, SMALL_TASK_MIN = "mlirnn.small_tasks", 512, 256
 SMALL_VECTOR_MAX = 1 << 12  # elements of the inner loops' vector (LLVM took minutes over 4100-lane vectors)
 
 
@@ -127,7 +131,7 @@ def _static_sizes(*sizes: int) -> bool:
     return not any(ir.ShapedType.is_dynamic_size(d) for d in sizes)
 
 
-def _as_generic(op: ir.Operation) -> ir.Value:
+def _as_generic(op: ir.Operation, threads: bool) -> ir.Value:
     a, b, c = op.operands
     ta, tb = _transposes(op)
     m, n, k = _sizes(op)
@@ -156,7 +160,10 @@ def _as_generic(op: ir.Operation) -> ir.Value:
     sizes = (m, n, k)  # indexed by matmul dim
     inner = [sizes[d] for d in order[1:]]
     if _static_sizes(*inner) and inner[0] * inner[1] <= SMALL_VECTOR_MAX:
-        product.owner.attributes[SMALL_VECTOR] = ir.UnitAttr.get()
+        tag = SMALL_VECTOR if _static_sizes(sizes[order[0]]) else SMALL_ROWS
+        product.owner.attributes[tag] = ir.UnitAttr.get()
+        if tag == SMALL_ROWS and threads and order[0] == 0 and inner[0] * inner[1] >= SMALL_TASK_MIN:
+            product.owner.attributes[SMALL_TASKS] = ir.UnitAttr.get()
     return product
 
 
@@ -445,7 +452,8 @@ def _schedule_text(itemsize: int) -> str:
     mc, nc, kc = cache_blocks(itemsize)
     sizes = {"map_rows": PARALLEL_MAP_ROWS, "tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
              "row_panels": mc // tm, "col_panels": nc // tn,
-             "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS}
+             "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
+             "small_rows": SMALL_ROW_BLOCK, "small_task_rows": SMALL_TASK_ROWS}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))
@@ -502,7 +510,7 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
                     a, b, _ = op.operands
                     replacement = short_product(a, b, *_transposes(op), _sizes(op)[2])
                 else:
-                    replacement = _as_blocked(op, threads) if large else _as_generic(op)
+                    replacement = _as_blocked(op, threads) if large else _as_generic(op, threads)
             op.result.replace_all_uses_with(replacement)
             op.erase()
             if short:
