@@ -143,6 +143,10 @@ def _as_generic(op: ir.Operation, threads: bool) -> ir.Value:
     row_vector = not ta and _static_sizes(n, k) and k * n <= SMALL_VECTOR_MAX
     if row_vector and tb:
         b, tb = transposed(b), False
+    if row_vector and ir.ShapedType.is_dynamic_size(m) and _is_zero_fill(c):
+        # an accumulator of its own: CSE merges equal fills, which bufferization then copies
+        # apart (a memcpy of the whole (batch, n) output per product)
+        c = _zeros(dim_sizes(c), ir.RankedTensorType(c.type).element_type)
     # matmul_maps use dims (m, n, k) = (0, 1, 2); choose the loop order, then renumber.
     row_update = not tb and (row_vector or ir.ShapedType.is_dynamic_size(n) or n >= ROW_MIN)
     # A transposed (k, m) and B (k, n), e.g. a weight gradient: k outermost, so that every
