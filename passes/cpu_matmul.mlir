@@ -114,6 +114,14 @@ module attributes {transform.with_named_sequence} {
       transform.structured.vectorize %rest_row : !transform.any_op
     }
 
+    // Sums over the batch (`mlirnn.row_sum`, mlir_nn/codegen/row_sums.py): a vector per row, the totals
+    // carried in registers across the row loop (hoisted below).
+    %row_sums = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.row_sum} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %sum_rows, %sum_loop = transform.structured.tile_using_for %row_sums tile_sizes [1, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.structured.vectorize %sum_rows : !transform.any_op
+
     // Large element-wise ops (epilogues of products, updates): blocks of {map_rows} rows on threads.
     %maps = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.parallel_map} in %root
         : (!transform.any_op) -> !transform.any_op

@@ -37,6 +37,7 @@ from mlir.dialects.transform import interpreter
 
 from mlir_nn.backends.cpu_target import cache_blocks, register_block
 from mlir_nn.codegen.maps import dims_map, matmul_maps
+from mlir_nn.codegen.row_sums import tag_row_sums
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_ops
@@ -125,6 +126,14 @@ def _has_short_k(op: ir.Operation) -> bool:
     """k static and at most SHORT_K: a large product is then one pass (``short_products``)."""
     k = _sizes(op)[2]
     return not ir.ShapedType.is_dynamic_size(k) and k <= SHORT_K
+
+
+def _over_batch_rows(op: ir.Operation) -> bool:
+    """Whether a product's rows are the (dynamic) batch and its columns static: with a short k,
+    one element-wise pass merged with its epilogue pays at every width (no accumulator to
+    fill, no separate pass over the output)."""
+    m, n, _ = _sizes(op)
+    return ir.ShapedType.is_dynamic_size(m) and not ir.ShapedType.is_dynamic_size(n)
 
 
 def _static_sizes(*sizes: int) -> bool:
@@ -505,7 +514,7 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
     with module.context:
         for op in matmuls:
             large = _is_large(op)
-            short = large and _has_short_k(op)
+            short = (large or _over_batch_rows(op)) and _has_short_k(op)
             large = large and not short
             if large:
                 itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
@@ -522,7 +531,8 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
             elif large:
                 _epilogues_into_fresh_tensors(replacement)
             blocked += large
-        if (threads and spread_maps(module)) or matmuls:
+        sums = tag_row_sums(module)
+        if (threads and spread_maps(module)) or matmuls or sums:
             _apply_schedule(module, itemsize)
             start_accumulators_at_zero(module)
     return blocked, len(matmuls) - blocked
