@@ -17,16 +17,24 @@
   A product with fewer columns than a register block's (a 10-class output layer: 10 of 32
   columns with AVX-512) runs swapped, C^T = op(B)^T op(A)^T with all its rows in one
   register block, and is transposed back (``_swaps``);
-* a large product with a short static k is one element-wise pass merged with its
-  epilogue (``short_products``);
+* a large product, or one whose rows are the batch, with a short static k is one
+  element-wise pass merged with its epilogue (``short_products``);
 * a small product becomes a ``linalg.generic`` in the loop order whose innermost loop
   runs over contiguous memory: (k, m, n) when A is transposed and B is not (row
   updates of C), (m, k, n) when B is (k, n) (a row update, which LLVM vectorizes),
   (m, n, k) when B is transposed or rows are short (a dot product whose sum is marked
   ``reassoc`` so LLVM vectorizes the reduction). When its two inner loops have static
-  sizes (``mlirnn.small_vector``), the schedule tiles the outer loop (the batch) by one
-  and vectorizes each iteration into broadcasts and FMAs on vector registers: LLVM left
-  these loops scalar (the moons step's products took ~20 of its ~30 us).
+  sizes it is vector code: a static B stored transposed is copied to (k, n) first, so
+  that the order is (m, k, n) (per k, a broadcast of A[i, k] times the row B[k, :]; read as
+  (n, k), every row's contraction was lowered to shuffles of B's columns). With a static
+  outer loop (``mlirnn.small_vector``) the schedule vectorizes it one iteration at a time.
+  Over a dynamic batch (``mlirnn.small_rows``, the narrow layers of a large batch) it runs
+  in blocks of SMALL_ROW_BLOCK rows, one contraction each (each row of B feeds that many
+  independent FMA chains; a weight gradient's accumulator is loaded and stored once per
+  block), the last partial block row by row; when the batch is the rows and a row has
+  SMALL_TASK_MIN multiply-adds, in tasks of SMALL_TASK_ROWS rows on threads
+  (``mlirnn.small_tasks``). The moons MLP's step at batch 10000 went from 7.5 to 1 ms on
+  one core.
 """
 
 from __future__ import annotations
