@@ -74,7 +74,7 @@ PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 PARALLEL_MAP = "mlirnn.parallel_map"
 # Small products whose inner two loops have static sizes: vector code per outer iteration.
 SMALL_VECTOR = "mlirnn.small_vector"
-SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 8  # those over a dynamic batch: in blocks of rows
+SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 4  # those over a dynamic batch: in blocks of rows
 # Those whose rows are the batch on threads: tasks of SMALL_TASK_ROWS rows when a row has at
 # least SMALL_TASK_MIN multiply-adds (a task then has >= 128K of them).
 SMALL_TASKS, SMALL_TASK_ROWS, SMALL_TASK_MIN = "mlirnn.small_tasks", 512, 256
