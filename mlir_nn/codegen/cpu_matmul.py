@@ -76,8 +76,10 @@ PARALLEL_MAP = "mlirnn.parallel_map"
 SMALL_VECTOR = "mlirnn.small_vector"
 SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 4  # those over a dynamic batch: in blocks of rows
 # Those whose rows are the batch on threads: tasks of SMALL_TASK_ROWS rows when a row has at
-# least SMALL_TASK_MIN multiply-adds (a task then has >= 128K of them).
-SMALL_TASKS, SMALL_TASK_ROWS, SMALL_TASK_MIN = "mlirnn.small_tasks", 512, 256
+# least SMALL_TASK_MIN multiply-adds (a task then has >= 1M of them). Narrower ones, the moons
+# step's, stay on the calling thread: a task's coroutine frame is a heap allocation, and the
+# moons step calls no malloc.
+SMALL_TASKS, SMALL_TASK_ROWS, SMALL_TASK_MIN = "mlirnn.small_tasks", 512, 2048
 SMALL_VECTOR_MAX = 1 << 12  # elements of the inner loops' vector (LLVM took minutes over 4100-lane vectors)
 
 

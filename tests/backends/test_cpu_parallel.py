@@ -63,9 +63,9 @@ def _one_product(batch_rows: bool, k: int, m: int) -> Graph:
 
 def test_small_products_stay_on_the_calling_thread():
     # k over SHORT_K (not one pass with an epilogue); too little work per row of the batch for tasks
-    assert 17 > SHORT_K and 17 * 8 < SMALL_TASK_MIN <= 32 * 16
-    assert PARALLEL_FN not in compiled(_one_product(True, 17, 8)).stages["llvm"]
-    assert PARALLEL_FN in compiled(_one_product(True, 32, 16)).stages["llvm"]
+    assert 32 > SHORT_K and 32 * 32 < SMALL_TASK_MIN <= 64 * 32
+    assert PARALLEL_FN not in compiled(_one_product(True, 32, 32)).stages["llvm"]
+    assert PARALLEL_FN in compiled(_one_product(True, 64, 32)).stages["llvm"]
 
 
 def test_weight_gradients_go_to_threads_and_match_at_every_batch():

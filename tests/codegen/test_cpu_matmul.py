@@ -60,8 +60,8 @@ def test_blocked_products_match_the_reference_at_awkward_sizes(k, m, dtype):
     _assert_matches_reference(graph, executable, BATCHES, dtype)
 
 
-@pytest.mark.parametrize("k, m, dtype", [(32, 32, "float32"), (7, 13, "float32"), (1, 33, "float32"),
-                                         (13, 1, "float32"), (9, 5, "float64")])
+@pytest.mark.parametrize("k, m, dtype", [(32, 32, "float32"), (64, 32, "float32"), (7, 13, "float32"),
+                                         (1, 33, "float32"), (13, 1, "float32"), (9, 5, "float64")])
 def test_small_products_are_vector_code_and_match_the_reference(k, m, dtype):
     graph = matmul_zoo(k, m, dtype)
     module = emit_linalg(graph)
