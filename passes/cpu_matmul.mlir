@@ -84,6 +84,43 @@ module attributes {transform.with_named_sequence} {
     %small_rows, %small_loop = transform.structured.tile_using_for %small tile_sizes [1, 0, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     transform.structured.vectorize %small_rows : !transform.any_op
+    // (over a dynamic batch, `mlirnn.small_rows`: blocks of {small_rows} rows, one contraction each,
+    // so that each B[k, :] read feeds {small_rows} rows' independent FMA chains; the loop is peeled,
+    // its last partial block runs row by row)
+    // (`mlirnn.small_tasks`: first split into tasks of {small_task_rows} rows on threads)
+    %small_tasks = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_tasks} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %small_task, %small_forall = transform.structured.tile_using_forall %small_tasks tile_sizes [{small_task_rows}]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %blocked = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_rows} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %row_blocks, %block_loop = transform.structured.tile_using_for %blocked tile_sizes [{small_rows}, 0, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %block_for = transform.cast %block_loop : !transform.any_op to !transform.op<"scf.for">
+    %whole, %rest = transform.loop.peel %block_for : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
+    transform.foreach %whole, %rest : !transform.any_op, !transform.any_op {
+    ^bb0(%whole_loop: !transform.any_op, %rest_loop: !transform.any_op):
+      // (the peeled loop's block size folds to a constant: static slices)
+      transform.apply_patterns to %whole_loop {
+        transform.apply_patterns.canonicalization
+      } : !transform.any_op
+      %whole_block = transform.structured.match ops{["linalg.generic"]} in %whole_loop
+          : (!transform.any_op) -> !transform.any_op
+      transform.structured.vectorize %whole_block : !transform.any_op
+      %rest_block = transform.structured.match ops{["linalg.generic"]} in %rest_loop
+          : (!transform.any_op) -> !transform.any_op
+      %rest_row, %rest_rows = transform.structured.tile_using_for %rest_block tile_sizes [1, 0, 0]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      transform.structured.vectorize %rest_row : !transform.any_op
+    }
+
+    // Sums over the batch (`mlirnn.row_sum`, mlir_nn/codegen/row_sums.py): a vector per row, the totals
+    // carried in registers across the row loop (hoisted below).
+    %row_sums = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.row_sum} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %sum_rows, %sum_loop = transform.structured.tile_using_for %row_sums tile_sizes [1, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.structured.vectorize %sum_rows : !transform.any_op
 
     // Large element-wise ops (epilogues of products, updates): blocks of {map_rows} rows on threads.
     %maps = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.parallel_map} in %root

@@ -83,3 +83,11 @@ def test_cnn_step(tmp_path):
     results = json.loads((tmp_path / "cnn.json").read_text())
     assert set(results["points"]["lenet5 b4"]["median_s"]) == {"mlir-nn cpu", "torch eager"}
     assert "of peak" in out
+
+
+def test_grid(tmp_path):
+    out = run("grid.py", "--smoke", "--json", str(tmp_path / "grid.json"))
+    results = json.loads((tmp_path / "grid.json").read_text())
+    (row,) = results["points"].values()
+    assert {"compiled cpu", "numpy"} <= set(row["median_s"]) and "load_average_end" in results
+    assert "Model name" in results["cpu"] and "wrote" in out

@@ -18,7 +18,8 @@ import pytest
 
 from mlir_nn.backends.cpu import compile_kernel
 from mlir_nn.backends.reference import evaluate
-from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, PARALLEL_WORK_MIN
+from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, PARALLEL_WORK_MIN, SMALL_TASK_MIN
+from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.ir import Graph, make_node
 from mlir_nn.support.cpu_target import cache_blocks
 from tests.backends.test_cpu import compiled, make_step
@@ -61,7 +62,10 @@ def _one_product(batch_rows: bool, k: int, m: int) -> Graph:
 
 
 def test_small_products_stay_on_the_calling_thread():
-    assert PARALLEL_FN not in compiled(_one_product(True, 16, 16)).stages["llvm"]
+    # k over SHORT_K (not one pass with an epilogue); too little work per row of the batch for tasks
+    assert 32 > SHORT_K and 32 * 32 < SMALL_TASK_MIN <= 64 * 32
+    assert PARALLEL_FN not in compiled(_one_product(True, 32, 32)).stages["llvm"]
+    assert PARALLEL_FN in compiled(_one_product(True, 64, 32)).stages["llvm"]
 
 
 def test_weight_gradients_go_to_threads_and_match_at_every_batch():

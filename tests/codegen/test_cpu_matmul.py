@@ -15,7 +15,7 @@ import pytest
 from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, compile_kernel, lower
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
-from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, rewrite_matmuls
+from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, SMALL_ROW_BLOCK, SMALL_TASK_MIN, rewrite_matmuls
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
@@ -60,15 +60,20 @@ def test_blocked_products_match_the_reference_at_awkward_sizes(k, m, dtype):
     _assert_matches_reference(graph, executable, BATCHES, dtype)
 
 
-@pytest.mark.parametrize("k, m, dtype", [(32, 32, "float32"), (7, 13, "float32"), (1, 33, "float32"),
-                                         (13, 1, "float32"), (9, 5, "float64")])
+@pytest.mark.parametrize("k, m, dtype", [(32, 32, "float32"), (64, 32, "float32"), (7, 13, "float32"),
+                                         (1, 33, "float32"), (13, 1, "float32"), (9, 5, "float64")])
 def test_small_products_are_vector_code_and_match_the_reference(k, m, dtype):
     graph = matmul_zoo(k, m, dtype)
-    assert rewrite_matmuls(emit_linalg(graph))[0] == 0  # all loop kernels: too little static work to pack
     module = emit_linalg(graph)
-    rewrite_matmuls(module)
-    assert "vector.fma" in str(module) and "vector.contract" not in str(module)  # FMAs on vector registers
-    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES, dtype)
+    assert rewrite_matmuls(module)[0] == 0  # all loop kernels: too little static work to pack
+    text = str(module)
+    assert "vector.fma" in text and "vector.contract" not in text  # FMAs on vector registers
+    # over the batch: blocks of rows (a vector per block), the batch's rows as tasks on threads
+    # where a row has enough work (x @ w, g @ w^T, both linear ops, the ReLU-grad product)
+    assert f"vector<{SMALL_ROW_BLOCK}x" in text
+    assert text.count("= scf.forall") == (5 if k * m >= SMALL_TASK_MIN else 0)
+    # rows: no whole block, one, many, a partial last one, several tasks
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
 
 
 @pytest.mark.parametrize("k, m, dtype, swapped", [
