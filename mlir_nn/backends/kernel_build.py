@@ -38,7 +38,6 @@ def lower_tail(module: ir.Module, tail: Pipeline) -> None:
     """The pipeline's passes from the split on, with the hooks the cpu backend runs there."""
     run_pipeline(module, tail, {"convert-linalg-to-loops": strided_copies_as_loops})
     scalarize_lane_loads(module)
-    check_lowered_to_llvm(module, tail)
 
 
 def _name(op: ir.Operation) -> str:
@@ -85,6 +84,7 @@ def build(job: Job) -> str:
     with ir.Context():
         module = ir.Module.parse(job.chunk.text)
         lower_tail(module, job.tail)
+        check_lowered_to_llvm(module, job.tail)
         localize(module, job.chunk.public)
         mark_kernels(module, job.chunk.public)
         text = str(module)
