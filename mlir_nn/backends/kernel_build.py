@@ -10,6 +10,7 @@ Runs in the compiling process or in a worker (``kernel_pool``); imports MLIR.
 from __future__ import annotations
 
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,13 @@ def build(job: Job) -> str:
         text = str(module)
         compile_object(module, job.chunk.public[0], job.path, job.chunk.calls)
     return text
+
+
+def warm_up() -> None:
+    """Compile a trivial function: LLVM initializes its targets once per process."""
+    with tempfile.TemporaryDirectory() as tmp, ir.Context():
+        module = ir.Module.parse("llvm.func @warm_up() {\n  llvm.return\n}")
+        compile_object(module, "warm_up", Path(tmp) / "warm_up.o")
 
 
 _SYMBOL = re.compile(r"@([\w$.]+)")

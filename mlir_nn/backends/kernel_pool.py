@@ -7,7 +7,8 @@ text or the error. Workers start on the first compile that uses them and serve e
 later one in the process; they are stopped when it exits. ``$MLIR_NN_COMPILE_WORKERS``
 sets how many (default: one per CPU core, at most 8; 0 compiles in the calling process).
 A worker that dies or fails is not trusted: its job is redone in the calling process,
-which raises the real error.
+which raises the real error. One compile at a time uses the workers (a lock); a forked
+child starts its own.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import selectors
 import struct
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,18 +80,20 @@ class _Worker:
 
 
 _WORKERS: list[_Worker] = []
+_LOCK = threading.Lock()  # one compile at a time talks to the workers
 
 
 def start(count: int | None = None) -> None:
     """Start workers up to ``count`` (default ``worker_count()``) ahead of a compile; they import
     MLIR while the caller lowers."""
     count = worker_count() if count is None else count
-    _WORKERS[:] = [w for w in _WORKERS if w.alive()]
-    while len(_WORKERS) < count:
-        try:
-            _WORKERS.append(_Worker())
-        except OSError:  # no process: the caller compiles in its own
-            return
+    with _LOCK:
+        _WORKERS[:] = [w for w in _WORKERS if w.alive()]
+        while len(_WORKERS) < count:
+            try:
+                _WORKERS.append(_Worker())
+            except OSError:  # no process: the caller compiles in its own
+                return
 
 
 @atexit.register
@@ -100,7 +104,9 @@ def stop_all() -> None:
 
 
 def _forget_after_fork() -> None:
+    global _LOCK
     _WORKERS.clear()  # the parent's workers and pipes are not the child's
+    _LOCK = threading.Lock()  # another thread may have held it
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -112,9 +118,10 @@ def run(jobs: Sequence[Job]) -> list[str]:
     from mlir_nn.backends.kernel_build import build
 
     texts: list[str | None] = [None] * len(jobs)
-    workers = [w for w in _WORKERS if w.alive()][:len(jobs)]
-    if workers and len(jobs) > 1:
-        _on_workers(jobs, workers, texts)
+    with _LOCK:
+        workers = [w for w in _WORKERS if w.alive()][:len(jobs)]
+        if workers and len(jobs) > 1:
+            _on_workers(jobs, workers, texts)
     for i, job in enumerate(jobs):
         if texts[i] is None:
             texts[i] = build(job)
@@ -159,11 +166,13 @@ def _on_workers(jobs: Sequence[Job], workers: list[_Worker], texts: list[str | N
 
 def _serve() -> None:
     """The worker: build jobs from stdin until it closes; answers go to the original stdout
-    (anything LLVM prints goes to stderr)."""
-    from mlir_nn.backends.kernel_build import build
+    (anything LLVM prints goes to stderr). It first warms LLVM up (its targets and pass
+    registries: ~0.2 s on the first compile) while the caller is still lowering."""
+    from mlir_nn.backends.kernel_build import build, warm_up
 
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    warm_up()
     requests = sys.stdin.buffer
     while True:
         try:
