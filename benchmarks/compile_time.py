@@ -13,9 +13,9 @@
 
 Caches start empty: mlir-nn then also builds its two C helpers, which it does once per
 machine; ``--seed-machine-builds`` starts each cache with them (a new step on a machine
-where mlir-nn has run before). Each model's runs alternate between the frameworks (the order flips every repeat), so
-load that comes and goes hits both; results are ratios, with the CPU model and the load
-average noted.
+where mlir-nn has run before). Each model's runs alternate between the frameworks (the
+order flips every repeat), so load that comes and goes hits both; results are ratios, with
+the CPU model and the load average noted.
 
     python benchmarks/compile_time.py [--quick] [--repeats N] [--seed-machine-builds]
                                       [--json benchmarks/results/compile_time.json]
