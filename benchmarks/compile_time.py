@@ -17,7 +17,7 @@ where mlir-nn has run before). Each model's runs alternate between the framework
 order flips every repeat), so load that comes and goes hits both; results are ratios, with
 the CPU model and the load average noted.
 
-    python benchmarks/compile_time.py [--quick] [--repeats N] [--seed-machine-builds]
+    python benchmarks/compile_time.py [--quick | --smoke] [--repeats N] [--seed-machine-builds]
                                       [--json benchmarks/results/compile_time.json]
 """
 
@@ -97,8 +97,9 @@ def adam(ps, state, x, y):
     scale = 1e-3 * jnp.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
     ps = jax.tree.map(lambda p, m, v: p - scale * m / (jnp.sqrt(v) + 1e-8), ps, m, v)
     return ps, (m, v, t), loss
-zeros = jax.tree.map(jnp.zeros_like, params)
-state = (zeros, zeros, jnp.float32(0)) if optimizer == "adam" else ()
+def zeros():
+    return jax.tree.map(jnp.zeros_like, params)
+state = (zeros(), zeros(), jnp.float32(0)) if optimizer == "adam" else ()
 step = jax.jit(adam if optimizer == "adam" else sgd, donate_argnums=(0, 1))
 imported = time.perf_counter()
 params, state, loss = step(params, state, x, y)
@@ -213,19 +214,21 @@ def first_calls(models: list[tuple[int, int]], optimizers: list[str], repeats: i
     return rows
 
 
-def time_to_train(steps: int, repeats: int) -> dict:
+def time_to_train(steps: int, repeats: int, sizes: list[int]) -> dict:
     frameworks = [f for f in ("mlir-nn", "torch", "jax") if available(f)]
-    runs = interleaved(frameworks, AUTOENCODER, "adam", steps, repeats, tiered=True)
+    runs = interleaved(frameworks, sizes, "adam", steps, repeats, tiered=True)
     walls = {f: statistics.median(r["wall"] for r in runs[f]) for f in frameworks}
     for f, wall in walls.items():
         ratio = "" if "torch" not in walls else f"  ({wall / walls['torch']:.2f}x PyTorch)"
-        print(f"{steps} steps of the autoencoder, fresh process: {f:8} {wall:6.2f} s{ratio}", flush=True)
-    return {"steps": steps, "wall_s": walls, "load": os.getloadavg()[0]}
+        print(f"{steps} steps of MLP {'-'.join(map(str, sizes))}, Adam, fresh process: {f:8} {wall:6.2f} s{ratio}",
+              flush=True)
+    return {"steps": steps, "sizes": sizes, "wall_s": walls, "load": os.getloadavg()[0]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few models, Adam only, one repeat")
+    parser.add_argument("--smoke", action="store_true", help="one tiny model and 3 steps (the test suite's check)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per framework and model (default 3, quick 1)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "compile_time.json"))
@@ -237,8 +240,10 @@ def main() -> None:
     seed_folder = tempfile.TemporaryDirectory()
     if args.seed_machine_builds:
         seed_machine_builds(Path(seed_folder.name))
-    repeats = args.repeats or (1 if args.quick else 3)
-    if args.quick:
+    repeats = args.repeats or (1 if args.quick or args.smoke else 3)
+    if args.smoke:
+        models, optimizers, args.steps = [(1, 16)], ["sgd"], 3
+    elif args.quick:
         models, optimizers = [(1, 16), (4, 256), (8, 64)], ["adam"]
     else:
         models = [(d, w) for d in (1, 2, 4, 8, 16) for w in (16, 64, 256, 1024)]
@@ -248,7 +253,7 @@ def main() -> None:
     ratios = [r["ratio"] for r in rows]
     geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     print(f"first call, mlir-nn / JAX: geomean {geomean:.2f}, worst {max(ratios):.2f}")
-    train = time_to_train(args.steps, repeats)
+    train = time_to_train(args.steps, repeats, [16, 8, 16] if args.smoke else AUTOENCODER)
     results = {"cpu": cpu_model(), "cores": os.cpu_count(), "batch": BATCH, "repeats": repeats,
                "machine_builds_seeded": args.seed_machine_builds,
                "first_calls": rows, "geomean_ratio": geomean, "time_to_train": train,
