@@ -51,18 +51,21 @@ def _is_definition(op: ir.Operation) -> bool:
     return op.name == "llvm.mlir.global" and ("value" in op.attributes or bool(op.regions[0].blocks))
 
 
-def localize(module: ir.Module, public: tuple[str, ...]) -> None:
-    """Rename every definition but ``public`` to ``<first public>_<name>`` and make it internal
-    (the first public name is unique: a kernel's hash, or the step's name)."""
+def localize(module: ir.Module, public: tuple[str, ...]) -> ir.Module:
+    """``module`` with every definition but ``public`` renamed ``<first public>_<name>`` and
+    internal (the first public name is unique: a kernel's hash, or the step's name), so that
+    chunks link together. Renamed in the text, which is parsed again: renaming symbol by
+    symbol walks the whole module each time."""
     internal = ir.Attribute.parse("#llvm.linkage<internal>")
+    names = []
     for op in [op.operation for op in module.body.operations]:
-        if op.name not in _DEFINITIONS or not _is_definition(op) or _name(op) in public:
-            continue
-        old = _name(op)
-        new = f"{public[0]}_{old}"
-        ir.SymbolTable.replace_all_symbol_uses(old, new, module.operation)
-        op.attributes["sym_name"] = ir.StringAttr.get(new)
-        op.attributes["linkage"] = internal
+        if op.name in _DEFINITIONS and _is_definition(op) and _name(op) not in public:
+            names.append(_name(op))
+            op.attributes["linkage"] = internal
+    if not names:
+        return module
+    pattern = re.compile("@(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?![\w$.])")
+    return ir.Module.parse(pattern.sub(lambda m: f"@{public[0]}_{m.group(1)}", str(module)), module.context)
 
 
 def mark_kernels(module: ir.Module, kernels: tuple[str, ...]) -> None:
@@ -86,7 +89,7 @@ def build(job: Job) -> str:
         module = ir.Module.parse(job.chunk.text)
         lower_tail(module, job.tail)
         check_lowered_to_llvm(module, job.tail)
-        localize(module, job.chunk.public)
+        module = localize(module, job.chunk.public)
         mark_kernels(module, job.chunk.public)
         text = str(module)
         compile_object(module, job.chunk.public[0], job.path, job.chunk.calls)

@@ -120,8 +120,9 @@ def _top_level(op: ir.Operation, block: ir.Block) -> ir.Operation | None:
     return None
 
 
-def _pieces(block: ir.Block) -> list[list[ir.Operation]]:
-    """Runs of work ops of ``block`` whose results are used only inside the run, shortest first."""
+def _pieces(block: ir.Block) -> list[tuple[list[ir.Operation], ir.Operation]]:
+    """Runs of work ops of ``block`` whose results are used only inside the run, shortest
+    first, each with the op that follows it (a block ends in its terminator)."""
     ops = _ops(block)
     position = {op: i for i, op in enumerate(ops)}
     pieces, current, reach = [], [], -1
@@ -139,7 +140,7 @@ def _pieces(block: ir.Block) -> list[list[ir.Operation]]:
                 else:
                     reach = max(reach, position[user])
         if reach <= i:
-            pieces.append(current)
+            pieces.append((current, ops[i + 1]))
             current, reach = [], -1
     return pieces
 
@@ -236,8 +237,7 @@ def split_step(module: ir.Module) -> Split:
     with module.context:
         fn = entry_function(module)
         for block in _blocks(fn):
-            for piece in _pieces(block):
-                after = _following(piece[-1])
+            for piece, after in _pieces(block):
                 name, text, arguments = _outline(piece, ir.Module.create(piece[0].location))
                 kernels.setdefault(name, text)
                 with ir.InsertionPoint(after), after.location:
@@ -249,9 +249,3 @@ def split_step(module: ir.Module) -> Split:
                     declaration.operation.erase()
         step = "\n".join(str(op) for op in _ops(module.body))  # with its globals (constants)
         return Split(ir.StringAttr(fn.attributes["sym_name"]).value, step, kernels, declarations)
-
-
-def _following(op: ir.Operation) -> ir.Operation:
-    """The op after ``op`` in its block (a block always ends in its terminator)."""
-    ops = _ops(op.block)
-    return ops[ops.index(op) + 1]
