@@ -243,9 +243,10 @@ def split_step(module: ir.Module) -> Split:
                 with ir.InsertionPoint(after), after.location:
                     func.CallOp([], ir.FlatSymbolRefAttr.get(name), arguments)
                 if name not in declarations:
-                    with ir.InsertionPoint(module.body), fn.location:
+                    scratch = ir.Module.create(fn.location)  # printed in a module of its own: fast
+                    with ir.InsertionPoint(scratch.body), fn.location:
                         declaration = func.FuncOp(name, ([v.type for v in arguments], []), visibility="private")
                     declarations[name] = str(declaration)
-                    declaration.operation.erase()
-        step = "\n".join(str(op) for op in _ops(module.body))  # with its globals (constants)
+        # with its globals (constants); each op printed in its own scope, not the module's
+        step = "\n".join(op.get_asm(use_local_scope=True) for op in _ops(module.body))
         return Split(ir.StringAttr(fn.attributes["sym_name"]).value, step, kernels, declarations)
