@@ -47,15 +47,15 @@ class Split:
     declarations: dict[str, str]
 
     def chunks(self, count: int) -> list[Chunk]:
-        """The step and its kernels in at most ``count`` modules of about equal size."""
+        """The step and its kernels in at most ``count`` modules of about equal cost."""
         members = [(self.step_name, self.step)] + sorted(self.kernels.items())
-        members.sort(key=lambda m: -len(m[1]))
+        members.sort(key=lambda m: -_cost(m[1]))
         groups: list[list[tuple[str, str]]] = [[] for _ in range(max(1, min(count, len(members))))]
-        sizes = [0] * len(groups)
+        costs = [0] * len(groups)
         for member in members:
-            smallest = sizes.index(min(sizes))
-            groups[smallest].append(member)
-            sizes[smallest] += len(member[1])
+            cheapest = costs.index(min(costs))
+            groups[cheapest].append(member)
+            costs[cheapest] += _cost(member[1])
         return [self._chunk(sorted(group)) for group in groups]
 
     def _chunk(self, members: list[tuple[str, str]]) -> Chunk:
@@ -69,6 +69,12 @@ class Split:
             declarations = "".join(self.declarations[name] + "\n" for name in calls)
         text = "module {\n" + declarations + "\n".join(body for _, body in members) + "\n}\n"
         return Chunk(text, tuple(public), calls)
+
+
+def _cost(text: str) -> int:
+    """A kernel's LLVM work, roughly: its text's length, tripled for a parallel loop (whose body
+    the async lowering emits twice, besides a dispatcher)."""
+    return len(text) * (3 if "scf.forall" in text else 1)
 
 
 @dataclass(frozen=True)
