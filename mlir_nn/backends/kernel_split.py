@@ -36,6 +36,11 @@ _BARRIERS = frozenset({"func.call", "func.return", "scf.yield", "scf.if", "memre
                        "memref.alloca", "memref.dealloc", "memref.get_global"})
 
 
+# ops that refer to symbols of the step's module: work containing one stays in the step (the
+# intrinsics, loads and stores that set the FP state in a parallel loop's body move along)
+_SYMBOL_USERS = frozenset({"func.call", "llvm.call", "llvm.mlir.addressof", "memref.get_global"})
+
+
 @dataclass
 class Split:
     """The step's function (calling ``kernels``, with the module's other ops: its constant
@@ -113,7 +118,7 @@ def _stays(op: ir.Operation) -> bool:
 def _is_work(op: ir.Operation) -> bool:
     if _stays(op) or op.name in _CONSTANTS or op.name in _BARRIERS or op.name.startswith("llvm."):
         return False
-    return not any(o.name in ("func.call",) or o.name.startswith("llvm.") for o in _nested(op))
+    return not any(o.name in _SYMBOL_USERS for o in _nested(op))
 
 
 def _top_level(op: ir.Operation, block: ir.Block) -> ir.Operation | None:
