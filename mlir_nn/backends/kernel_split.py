@@ -1,14 +1,16 @@
 """The step split into kernels: each piece of work of the bufferized step becomes its own function.
 
-LLVM's cost grows faster than the size of a function, and a step is one long function. Right
-before ``SPLIT_PASS`` the step's body is cut into pieces: runs of consecutive ops that do
-work (a linalg op, a loop nest, a copy, a chain of vector ops ending in a store) and whose
+A step is one long function, which LLVM compiles on one core. Right before ``SPLIT_PASS``
+the step's body is cut into pieces: runs of consecutive ops that do work (a linalg op, a
+loop nest, a parallel loop, a copy, a chain of vector ops ending in a store) and whose
 results are used only inside the piece. Each piece moves into a function of its own,
-``k<hash of its text>``, that takes the values the piece reads (buffers, sizes) as arguments;
-constants are copied in, so the kernel's loops keep static bounds. The step calls the
-kernels where the pieces were. A kernel's name is its content, so the same product in
-another step or model is the same kernel (``kernel_cache``), and every kernel is lowered and
-compiled on its own, in parallel (``kernel_build``, ``kernel_pool``).
+``k<hash of its text>``, that takes the values the piece reads (buffers, sizes) as
+arguments; constants are copied in, so the kernel's loops keep static bounds. The step
+calls the kernels where the pieces were. A kernel's name is its content, so a repeated
+piece is one kernel. The step and its kernels are grouped into chunks that run the rest of
+the pipeline and LLVM on their own, in parallel (``kernel_build``, ``kernel_pool``).
+Buffers that share no memory with another argument of their kernel are marked ``noalias``
+(``NOALIAS``): without it LLVM versions each loop with runtime overlap checks.
 """
 
 from __future__ import annotations
