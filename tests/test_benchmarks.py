@@ -35,6 +35,16 @@ def test_step_time(tmp_path):
     assert "cold compile per stage" in out
 
 
+@pytest.mark.skipif(subprocess.run([sys.executable, "-c", "import jax"], capture_output=True).returncode != 0,
+                    reason="compile_time.py compares against JAX (the bench extra)")
+def test_compile_time(tmp_path):
+    out = run("compile_time.py", "--smoke", "--json", str(tmp_path / "compile_time.json"))
+    results = json.loads((tmp_path / "compile_time.json").read_text())
+    (row,) = results["first_calls"]
+    assert row["mlir_nn_s"] > 0 and row["jax_s"] > 0 and {"passes", "llvm", "other"} <= set(row["stages_s"])
+    assert "mlir-nn" in results["time_to_train"]["wall_s"] and "geomean" in out
+
+
 def test_egraph_moons():
     assert "optimize time" in run("egraph_moons.py", "1")
 

@@ -32,15 +32,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mlir_nn.backends import task_runtime, thin_call
+from mlir_nn.backends import kernel_pool, task_runtime, thin_call
+from mlir_nn.backends.compile_cache import LIBRARY as LIBRARY_NAME
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.memref_args import ArgumentBlock
-from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, jit, link_shared_object, load_shared_object
+from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, link_objects, load_shared_object
 from mlir_nn.backends.thread_pool import num_threads
 from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph
@@ -50,6 +51,9 @@ from mlir_nn.support.disk_cache import writable
 from mlir_nn.support.interrupts import interrupts_deferred
 from mlir_nn.support.pipelines import Pipeline, load_pipeline, shipped_dir
 from mlir_nn.support.version import __version__
+
+if TYPE_CHECKING:
+    from mlir_nn.backends.kernel_split import Split
 
 TARGET = "cpu"
 # what CpuExecutable.plain_entry returns: called with a step's arguments as given (anything
@@ -76,7 +80,8 @@ class Kernel:
 
 _MEMORY: dict[str, Kernel] = {}
 _BACKEND_SOURCES = ("backends/cpu.py", "support/cpu_target.py", "backends/lowering.py", "backends/native.py",
-                    "backends/memory_plan.py", "backends/input_guard.py")
+                    "backends/memory_plan.py", "backends/input_guard.py", "backends/kernel_split.py",
+                    "backends/kernel_build.py")
 PLAN_PASS = "buffer-deallocation-pipeline"  # the memory plan and the input check run right before it
 SCHEDULE = "cpu_matmul.mlir"  # the transform schedule mlir_nn.codegen.cpu_matmul applies
 PARALLEL_FN = "parallel_compute_fn"  # a parallel loop body outlined by the async-parallel-for pass
@@ -99,8 +104,19 @@ def codegen_digest() -> str:
 
 
 def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[object, dict[str, str], dict[str, float]]:
-    """Emit linalg, make updates in place and run ``pipeline``: (LLVM module, stages, timings)."""
-    module, stages, timings, _ = lower_with_plan(graph, pipeline, threads)
+    """Emit linalg, make updates in place and run ``pipeline``: (LLVM module, stages, timings).
+    A split step (``kernel_split``) is lowered here kernel by kernel into one module."""
+    from mlir import ir
+
+    from mlir_nn.backends.kernel_build import lower_tail
+
+    module, stages, timings, _, split = lower_with_plan(graph, pipeline, threads)
+    if split is not None:
+        start = time.perf_counter()
+        module = ir.Module.parse(split.chunks(1)[0].text, module.context)
+        lower_tail(module, tail_pipeline(pipeline))
+        timings["passes"] += time.perf_counter() - start
+        stages["llvm"] = str(module)
     return module, stages, timings
 
 
@@ -116,14 +132,25 @@ def check_environment(compiling: bool = True) -> None:
                               "(use backend='numpy' to run without one)")
 
 
-def lower_with_plan(graph: Graph, pipeline: Pipeline,
-                    threads: bool = True) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None]:
+def tail_pipeline(pipeline: Pipeline) -> Pipeline:
+    """The passes that each chunk of a split step runs by itself (``kernel_split.SPLIT_PASS`` on)."""
+    from mlir_nn.backends.kernel_split import SPLIT_PASS
+
+    cut = next((i for i, p in enumerate(pipeline.passes) if p.startswith(SPLIT_PASS)), len(pipeline.passes))
+    return Pipeline(pipeline.name, pipeline.passes[cut:])
+
+
+def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
+                    ) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None, Split | None]:
     """``lower`` and the step's memory plan (None when the pipeline has no ``PLAN_PASS``).
     Large products use threads when ``threads`` is set and the pipeline has the async
     passes. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
-    argument and an input check guards the body (``memory_plan``, ``input_guard``)."""
+    argument and an input check guards the body (``memory_plan``, ``input_guard``). A
+    pipeline with ``kernel_split.SPLIT_PASS`` stops there: the step is split into kernels
+    (the last item; ``stages`` then has no "llvm" text yet), else that item is None."""
     with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
         from mlir_nn.backends.input_guard import guard_inputs
+        from mlir_nn.backends.kernel_split import split_step
         from mlir_nn.backends.lowering import run_pipeline
         from mlir_nn.backends.memory_plan import plan_memory
         from mlir_nn.codegen import emit_linalg, symbol_name
@@ -154,11 +181,17 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline,
              PLAN_PASS: plan_and_guard,
              "convert-bufferization-to-memref": lambda m: flush_subnormals(m, symbol_name(graph)),
              "convert-linalg-to-loops": strided_copies_as_loops}
-    run_pipeline(module, pipeline, hooks)
-    scalarize_lane_loads(module)
+    tail = tail_pipeline(pipeline)
+    head = Pipeline(pipeline.name, pipeline.passes[:len(pipeline.passes) - len(tail.passes)])
+    run_pipeline(module, head if tail.passes else pipeline, hooks)
+    split = None
+    if tail.passes and plans:
+        split = split_step(module)
+    else:
+        scalarize_lane_loads(module)
+        stages["llvm"] = str(module)
     timings["passes"] = time.perf_counter() - start
-    stages["llvm"] = str(module)
-    return module, stages, timings, plans[-1] if plans else None
+    return module, stages, timings, plans[-1] if plans else None, split
 
 
 def batch_dims(graph: Graph) -> set[tuple[int, int]]:
@@ -209,35 +242,60 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
         from mlir_nn.codegen import symbol_name
 
-    name = symbol_name(graph)
+    kernel_pool.start()  # the workers import MLIR while this process lowers
     thin_call.prepare()  # their compilers run while this one does
     task_runtime.BUILD.prepare()
-    module, stages, timings, plan = lower_with_plan(graph, pipeline, threads)
-    check_lowered_to_llvm(module, pipeline)
+    module, stages, timings, plan, split = lower_with_plan(graph, pipeline, threads)
+    if split is None:
+        check_lowered_to_llvm(module, pipeline)
     if plan is None:
         raise LoweringError(f"pipeline {pipeline.name} has no {PLAN_PASS} pass: the cpu backend places the "
                             "step's buffers in its workspace and checks its inputs right before that pass")
-    start = time.perf_counter()
-    native, engine = jit(module, name)
-    timings["llvm"] = time.perf_counter() - start
-    if use_disk:
-        start = time.perf_counter()
-        _store(key, engine, name, stages, plan)
-        timings["cache-write"] = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as tmp:
+        library = Path(tmp) / LIBRARY_NAME
+        native = _build(graph, pipeline, module, stages, timings, split, library)
+        if use_disk:
+            start = time.perf_counter()
+            _store(key, library, symbol_name(graph), stages, plan)
+            timings["cache-write"] = time.perf_counter() - start
     kernel = Kernel(native, stages, plan, timings, "compiled", pipeline)
     _MEMORY[key] = kernel
     return kernel
 
 
-def _store(key: str, engine: object, name: str, stages: dict[str, str], plan: MemoryPlan) -> None:
+def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, str], timings: dict[str, float],
+           split: Split | None, library: Path) -> NativeFunction:
+    """Compile the lowered step (in chunks on the workers when it was split), link ``library``
+    and load it; adds the "llvm" stage and the time of each part."""
+    from mlir_nn.backends.kernel_build import Job, merge_texts
+    from mlir_nn.backends.kernel_split import Chunk
+    from mlir_nn.codegen import symbol_name
+
+    name = symbol_name(graph)
+    start = time.perf_counter()
+    if split is None:  # a pipeline without the split pass: lowered whole already
+        chunks = [Chunk(stages["llvm"], (name, "_mlir_ciface_" + name), ())]
+        tail = Pipeline(pipeline.name, ())
+    else:
+        chunks, tail = split.chunks(max(1, kernel_pool.worker_count())), tail_pipeline(pipeline)
+    jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o") for i, chunk in enumerate(chunks)]
+    texts = kernel_pool.run(jobs)
+    if split is not None:
+        stages["llvm"] = merge_texts(texts)
+    timings["llvm"] = time.perf_counter() - start
+    start = time.perf_counter()
+    link_objects([job.path for job in jobs], library)
+    native = load_shared_object(library, name)
+    timings["link"] = time.perf_counter() - start
+    return native
+
+
+def _store(key: str, library: Path, name: str, stages: dict[str, str], plan: MemoryPlan) -> None:
     """Write the disk-cache entry; a failure only costs the next process a recompile."""
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            library = Path(tmp) / "step.so"
-            link_shared_object(engine, library)
-            write_entry(key, library, {"symbol": name, "target": TARGET, "version": __version__,
-                                                  "memory_plan": plan.to_json()}, stages)
-    except (NativeError, OSError) as error:
+        write_entry(key, library, {"symbol": name, "target": TARGET, "version": __version__,
+                                   "memory_plan": plan.to_json()}, stages)
+    except OSError as error:
         warnings.warn(f"mlir-nn: could not write the compile cache entry: {error}", RuntimeWarning, stacklevel=3)
 
 

@@ -11,6 +11,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,22 +100,50 @@ def jit(module: ir.Module, name: str) -> tuple[NativeFunction, ExecutionEngine]:
     return NativeFunction(address, engine, packed_symbol(name)), engine
 
 
-def link_shared_object(engine: ExecutionEngine, path: Path) -> None:
-    """Dump the engine's object code and link it into ``path`` with the system C compiler."""
+def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Sequence[str] = ()) -> None:
+    """Compile the LLVM-dialect ``module`` at ``OPT_LEVEL`` into the object file ``path``.
+    ``placeholders`` are functions it calls that other objects define: the JIT, which only
+    compiles here, is told they exist, and the object keeps relocations to them."""
+    from mlir.execution_engine import ExecutionEngine
+
+    load_task_runtime()
+    try:
+        engine = ExecutionEngine(module, opt_level=OPT_LEVEL, shared_libs=runtime_libs(), enable_pic=True)
+        for name in placeholders:
+            engine.raw_register_runtime(name, ctypes.c_void_p(_PLACEHOLDER))
+        if not engine.raw_lookup(symbol):
+            raise NativeError(f"symbol {symbol} not found in the compiled code")
+        engine.dump_to_object_file(str(path))
+    except (RuntimeError, ValueError) as error:
+        raise NativeError(f"LLVM compile of {symbol} failed: {error}") from None
+
+
+_PLACEHOLDER = 0x1000  # an address the JIT's own link resolves placeholders to; never called
+
+
+def link_objects(objects: Sequence[Path], path: Path) -> None:
+    """Link object files into the shared object ``path`` with the system C compiler."""
     linker = shutil.which("cc") or shutil.which("gcc")
     if linker is None:
         raise NativeError("no C compiler/linker (cc or gcc) on PATH to build the cached shared object")
-    obj = path.with_suffix(".o")
-    engine.dump_to_object_file(str(obj))
     lib = runtime_lib_dir()
     # -Bsymbolic: calls inside the object bind to its own symbols (a step named "step" must
     # not call glibc's legacy step()). The task runtime's symbols resolve at load time.
-    command = [linker, "-shared", "-o", str(path), str(obj), f"-L{lib}", "-lmlir_c_runner_utils",
+    command = [linker, "-shared", "-o", str(path), *map(str, objects), f"-L{lib}", "-lmlir_c_runner_utils",
                f"-Wl,-rpath,{lib}", "-Wl,-Bsymbolic", "-lm"]
     result = subprocess.run(command, capture_output=True, text=True)
-    obj.unlink(missing_ok=True)
     if result.returncode != 0:
         raise NativeError(f"linking {path.name} failed: {result.stderr.strip()}")
+
+
+def link_shared_object(engine: ExecutionEngine, path: Path) -> None:
+    """Dump the engine's object code and link it into ``path`` with the system C compiler."""
+    obj = path.with_suffix(".o")
+    engine.dump_to_object_file(str(obj))
+    try:
+        link_objects([obj], path)
+    finally:
+        obj.unlink(missing_ok=True)
 
 
 def load_shared_object(path: Path, name: str) -> NativeFunction:

@@ -1,0 +1,267 @@
+"""Cold compile time against JAX, and how soon a fresh process has trained, against PyTorch and JAX.
+
+1. First call, cold: a fresh process with an empty compile cache and ``MLIR_NN_TIERED=0``
+   traces, optimizes and compiles an MLP training step (MSE loss, SGD or Adam, batch 128)
+   on its first call; JAX's first call of the same step under ``jax.jit`` (hand-written
+   SGD/Adam) is timed the same way. Imports are excluded for both. mlir-nn's time is also
+   given per stage (egraph, codegen, passes, llvm, link; "other" is the rest: tracing,
+   the executable, the call). MLPs: ``depth`` hidden layers of ``width`` units, input
+   ``width``, 10 outputs.
+2. Time to train: a fresh process (imports included, empty cache, mlir-nn with its default
+   tiers) until 200 steps of the autoencoder 784-256-64-16-64-256-784 (Adam, batch 128)
+   are done, against PyTorch eager and JAX.
+
+Caches start empty: mlir-nn then also builds its two C helpers, which it does once per
+machine; ``--seed-machine-builds`` starts each cache with them (a new step on a machine
+where mlir-nn has run before). Each model's runs alternate between the frameworks (the
+order flips every repeat), so load that comes and goes hits both; results are ratios, with
+the CPU model and the load average noted.
+
+    python benchmarks/compile_time.py [--quick | --smoke] [--repeats N] [--seed-machine-builds]
+                                      [--json benchmarks/results/compile_time.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCH = 128
+AUTOENCODER = [784, 256, 64, 16, 64, 256, 784]
+
+_SETUP = """
+import json, sys, time
+start = time.perf_counter()
+import numpy as np
+sizes, optimizer, steps = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+rng = np.random.default_rng(0)
+x = rng.standard_normal((BATCH, sizes[0])).astype(np.float32)
+y = rng.standard_normal((BATCH, sizes[-1])).astype(np.float32)
+""".replace("BATCH", str(BATCH))
+
+MLIR_NN = _SETUP + """
+import mlir_nn
+from mlir_nn.losses import mse_loss
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD, Adam
+from mlir_nn.trainer import train_step
+model = MLP(sizes[0], sizes[1:])
+opt = (Adam if optimizer == "adam" else SGD)(model.parameters(), lr=1e-3)
+step = mlir_nn.jit(train_step(model, opt, mse_loss))
+imported = time.perf_counter()
+step(x, y)
+first = time.perf_counter() - imported
+for _ in range(steps - 1):
+    step(x, y)
+compiled = step.lower(x, y)
+stages = {"egraph": compiled.optimize_report.seconds if compiled.optimize_report else 0.0}
+stages.update(compiled.executable.kernel.timings)
+print(json.dumps({"first": first, "total": time.perf_counter() - start, "stages": stages}))
+"""
+
+JAX = _SETUP + """
+import jax, jax.numpy as jnp
+key = jax.random.PRNGKey(0)
+params = []
+for n_in, n_out in zip(sizes, sizes[1:]):
+    key, k = jax.random.split(key)
+    bound = 1 / n_in ** 0.5
+    params.append((jax.random.uniform(k, (n_in, n_out), minval=-bound, maxval=bound), jnp.zeros(n_out)))
+def loss_fn(ps, x, y):
+    h = x
+    for i, (w, b) in enumerate(ps):
+        h = h @ w + b
+        if i < len(ps) - 1:
+            h = jax.nn.relu(h)
+    return jnp.mean((h - y) ** 2)
+def sgd(ps, state, x, y):
+    loss, grads = jax.value_and_grad(loss_fn)(ps, x, y)
+    return jax.tree.map(lambda p, g: p - 1e-3 * g, ps, grads), state, loss
+def adam(ps, state, x, y):
+    m, v, t = state
+    loss, grads = jax.value_and_grad(loss_fn)(ps, x, y)
+    t = t + 1
+    m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, m, grads)
+    v = jax.tree.map(lambda v, g: 0.999 * v + 0.001 * g * g, v, grads)
+    scale = 1e-3 * jnp.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
+    ps = jax.tree.map(lambda p, m, v: p - scale * m / (jnp.sqrt(v) + 1e-8), ps, m, v)
+    return ps, (m, v, t), loss
+def zeros():
+    return jax.tree.map(jnp.zeros_like, params)
+state = (zeros(), zeros(), jnp.float32(0)) if optimizer == "adam" else ()
+step = jax.jit(adam if optimizer == "adam" else sgd, donate_argnums=(0, 1))
+imported = time.perf_counter()
+params, state, loss = step(params, state, x, y)
+loss.block_until_ready()
+first = time.perf_counter() - imported
+for _ in range(steps - 1):
+    params, state, loss = step(params, state, x, y)
+loss.block_until_ready()
+print(json.dumps({"first": first, "total": time.perf_counter() - start, "stages": {}}))
+"""
+
+TORCH = _SETUP + """
+import torch
+layers = []
+for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+    layers.append(torch.nn.Linear(n_in, n_out))
+    if i < len(sizes) - 2:
+        layers.append(torch.nn.ReLU())
+model = torch.nn.Sequential(*layers)
+opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(model.parameters(), lr=1e-3)
+xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+imported = time.perf_counter()
+for i in range(steps):
+    loss = torch.nn.functional.mse_loss(model(xt), yt)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if i == 0:
+        first = time.perf_counter() - imported
+print(json.dumps({"first": first, "total": time.perf_counter() - start, "stages": {}}))
+"""
+
+PROGRAMS = {"mlir-nn": MLIR_NN, "jax": JAX, "torch": TORCH}
+
+
+MACHINE_BUILDS = ("thin-call", "task-runtime")  # C helpers that mlir-nn builds once per machine
+_SEED: list[Path] = []  # a cache folder holding only those, when --seed-machine-builds
+
+
+def seed_machine_builds(folder: Path) -> None:
+    """Build mlir-nn's once-per-machine C helpers into ``folder`` (a tiny step compiled there);
+    each run's cache then starts with them and without any step."""
+    env = dict(os.environ, MLIR_NN_CACHE_DIR=str(folder), MLIR_NN_TIERED="0",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run([sys.executable, "-c", MLIR_NN, "[2, 3, 1]", "sgd", "1"], check=True, capture_output=True, env=env)
+    _SEED.append(folder)
+
+
+def run_fresh(framework: str, sizes: list[int], optimizer: str, steps: int, tiered: bool) -> dict:
+    """One fresh process, with an empty compile cache (but for the seeded machine builds); its
+    report plus the wall time it took."""
+    with tempfile.TemporaryDirectory() as cache:
+        for seed in _SEED:
+            for name in MACHINE_BUILDS:
+                if (seed / name).is_dir():
+                    shutil.copytree(seed / name, Path(cache) / name)
+        env = dict(os.environ, MLIR_NN_CACHE_DIR=cache, MLIR_NN_TIERED="1" if tiered else "0",
+                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                   JAX_PLATFORMS="cpu")
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", PROGRAMS[framework], json.dumps(sizes), optimizer, str(steps)],
+                              capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{framework} {sizes} {optimizer} failed:\n{done.stderr[-2000:]}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report["wall"] = wall
+    return report
+
+
+def interleaved(frameworks: list[str], sizes: list[int], optimizer: str, steps: int, repeats: int,
+                tiered: bool) -> dict[str, list[dict]]:
+    runs: dict[str, list[dict]] = {f: [] for f in frameworks}
+    for r in range(repeats):
+        for framework in frameworks if r % 2 == 0 else frameworks[::-1]:
+            runs[framework].append(run_fresh(framework, sizes, optimizer, steps, tiered))
+    return runs
+
+
+def available(framework: str) -> bool:
+    module = {"mlir-nn": "numpy", "jax": "jax", "torch": "torch"}[framework]
+    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+def cpu_model() -> str:
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def first_calls(models: list[tuple[int, int]], optimizers: list[str], repeats: int) -> list[dict]:
+    rows = []
+    for optimizer in optimizers:
+        for depth, width in models:
+            sizes = [width] + [width] * depth + [10]
+            runs = interleaved(["mlir-nn", "jax"], sizes, optimizer, 1, repeats, tiered=False)
+            ours = statistics.median(r["first"] for r in runs["mlir-nn"])
+            jax = statistics.median(r["first"] for r in runs["jax"])
+            stages = {k: statistics.median(r["stages"].get(k, 0.0) for r in runs["mlir-nn"])
+                      for k in runs["mlir-nn"][0]["stages"]}
+            stages["other"] = max(0.0, ours - sum(stages.values()))
+            row = {"depth": depth, "width": width, "optimizer": optimizer, "mlir_nn_s": ours, "jax_s": jax,
+                   "ratio": ours / jax, "stages_s": stages, "load": os.getloadavg()[0]}
+            rows.append(row)
+            parts = " ".join(f"{k} {v:.2f}" for k, v in stages.items())
+            print(f"{optimizer:4} depth {depth:2} width {width:4}: mlir-nn {ours:6.2f} s  jax {jax:5.2f} s  "
+                  f"ratio {ours / jax:5.2f}  ({parts})  load {row['load']:.2f}", flush=True)
+    return rows
+
+
+def time_to_train(steps: int, repeats: int, sizes: list[int]) -> dict:
+    frameworks = [f for f in ("mlir-nn", "torch", "jax") if available(f)]
+    runs = interleaved(frameworks, sizes, "adam", steps, repeats, tiered=True)
+    walls = {f: statistics.median(r["wall"] for r in runs[f]) for f in frameworks}
+    for f, wall in walls.items():
+        ratio = "" if "torch" not in walls else f"  ({wall / walls['torch']:.2f}x PyTorch)"
+        print(f"{steps} steps of MLP {'-'.join(map(str, sizes))}, Adam, fresh process: {f:8} {wall:6.2f} s{ratio}",
+              flush=True)
+    return {"steps": steps, "sizes": sizes, "wall_s": walls, "load": os.getloadavg()[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a few models, Adam only, one repeat")
+    parser.add_argument("--smoke", action="store_true", help="one tiny model and 3 steps (the test suite's check)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per framework and model (default 3, quick 1)")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "compile_time.json"))
+    parser.add_argument("--seed-machine-builds", action="store_true",
+                        help="start each mlir-nn cache with the C helpers it builds once per machine")
+    args = parser.parse_args()
+    if not available("jax"):
+        sys.exit("compile_time.py compares against JAX: install it (the bench extra)")
+    seed_folder = tempfile.TemporaryDirectory()
+    if args.seed_machine_builds:
+        seed_machine_builds(Path(seed_folder.name))
+    repeats = args.repeats or (1 if args.quick or args.smoke else 3)
+    if args.smoke:
+        models, optimizers, args.steps = [(1, 16)], ["sgd"], 3
+    elif args.quick:
+        models, optimizers = [(1, 16), (4, 256), (8, 64)], ["adam"]
+    else:
+        models = [(d, w) for d in (1, 2, 4, 8, 16) for w in (16, 64, 256, 1024)]
+        optimizers = ["sgd", "adam"]
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; load average {os.getloadavg()}", flush=True)
+    rows = first_calls(models, optimizers, repeats)
+    ratios = [r["ratio"] for r in rows]
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    print(f"first call, mlir-nn / JAX: geomean {geomean:.2f}, worst {max(ratios):.2f}")
+    train = time_to_train(args.steps, repeats, [16, 8, 16] if args.smoke else AUTOENCODER)
+    results = {"cpu": cpu_model(), "cores": os.cpu_count(), "batch": BATCH, "repeats": repeats,
+               "machine_builds_seeded": args.seed_machine_builds,
+               "first_calls": rows, "geomean_ratio": geomean, "time_to_train": train,
+               "load_average_end": os.getloadavg()}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+    print(f"load average at end: {os.getloadavg()}; wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""The step split into kernels: each piece of work of the bufferized step becomes its own function.
+
+A step is one long function, which LLVM compiles on one core. Right before ``SPLIT_PASS``
+the step's body is cut into pieces: runs of consecutive ops that do work (a linalg op, a
+loop nest, a parallel loop, a copy, a chain of vector ops ending in a store) and whose
+results are used only inside the piece. Each piece moves into a function of its own,
+``k<hash of its text>``, that takes the values the piece reads (buffers, sizes) as
+arguments; constants are copied in, so the kernel's loops keep static bounds. The step
+calls the kernels where the pieces were. A kernel's name is its content, so a repeated
+piece is one kernel. The step and its kernels are grouped into chunks that run the rest of
+the pipeline and LLVM on their own, in parallel (``kernel_build``, ``kernel_pool``).
+Buffers that share no memory with another argument of their kernel are marked ``noalias``
+(``NOALIAS``): without it LLVM versions each loop with runtime overlap checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from mlir import ir
+from mlir.dialects import func
+
+from mlir_nn.backends.memory_plan import entry_function
+
+SPLIT_PASS = "scf-forall-to-parallel"  # the first pass that kernels run on their own
+KERNEL_PREFIX = "k"
+# on a kernel: positions, among its arguments in LLVM's calling convention (a memref is its
+# allocated and aligned pointers, offset, sizes and strides), of the aligned pointers that
+# kernel_build marks ``noalias``
+NOALIAS = "mlir_nn.noalias"
+# pure ops that stay where they are: the kernels take their results as arguments
+_STAY = frozenset({"memref.view", "memref.subview", "memref.collapse_shape", "memref.expand_shape", "memref.cast",
+                   "memref.reinterpret_cast", "memref.dim", "memref.extract_strided_metadata"})
+_CONSTANTS = frozenset({"arith.constant", "ub.poison"})  # copied into each kernel that reads them
+# ops that end a piece and stay in the step: they refer to symbols, set the FP state, or branch
+_BARRIERS = frozenset({"func.call", "func.return", "scf.yield", "scf.if", "memref.alloca_scope", "memref.alloc",
+                       "memref.alloca", "memref.dealloc", "memref.get_global"})
+
+
+# ops that refer to symbols of the step's module: work containing one stays in the step (the
+# intrinsics, loads and stores that set the FP state in a parallel loop's body move along)
+_SYMBOL_USERS = frozenset({"func.call", "llvm.call", "llvm.mlir.addressof", "memref.get_global"})
+
+
+@dataclass
+class Split:
+    """The step's function (calling ``kernels``, with the module's other ops: its constant
+    globals) and the text of each distinct kernel (``declarations``: how the step declares them)."""
+
+    step_name: str
+    step: str
+    kernels: dict[str, str]
+    declarations: dict[str, str]
+
+    def chunks(self, count: int) -> list[Chunk]:
+        """The step and its kernels in at most ``count`` modules of about equal cost."""
+        members = [(self.step_name, self.step)] + sorted(self.kernels.items())
+        members.sort(key=lambda m: -_cost(m[1]))
+        groups: list[list[tuple[str, str]]] = [[] for _ in range(max(1, min(count, len(members))))]
+        costs = [0] * len(groups)
+        for member in members:
+            cheapest = costs.index(min(costs))
+            groups[cheapest].append(member)
+            costs[cheapest] += _cost(member[1])
+        return [self._chunk(sorted(group)) for group in groups]
+
+    def _chunk(self, members: list[tuple[str, str]]) -> Chunk:
+        names = [name for name, _ in members]
+        public = list(names)
+        calls: tuple[str, ...] = ()
+        declarations = ""
+        if self.step_name in names:  # it calls every kernel: declare those compiled elsewhere
+            public.append("_mlir_ciface_" + self.step_name)
+            calls = tuple(name for name in self.kernels if name not in names)
+            declarations = "".join(self.declarations[name] + "\n" for name in calls)
+        text = "module {\n" + declarations + "\n".join(body for _, body in members) + "\n}\n"
+        return Chunk(text, tuple(public), calls)
+
+
+def _cost(text: str) -> int:
+    """A kernel's LLVM work, roughly: its text's length, tripled for a parallel loop (whose body
+    the async lowering emits twice, besides a dispatcher)."""
+    return len(text) * (3 if "scf.forall" in text else 1)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A module of kernels (perhaps with the step): ``public`` are its functions that others
+    call, ``calls`` the kernels it calls that other chunks define."""
+
+    text: str
+    public: tuple[str, ...]
+    calls: tuple[str, ...]
+
+
+def _ops(block: ir.Block) -> list[ir.Operation]:
+    return [op.operation for op in block.operations]
+
+
+def _nested(op: ir.Operation) -> list[ir.Operation]:
+    """``op`` and every op inside it."""
+    found: list[ir.Operation] = []
+
+    def visit(inner: ir.Operation) -> ir.WalkResult:
+        found.append(inner)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return found
+
+
+def _stays(op: ir.Operation) -> bool:
+    """Pure ops that stay in the step: views, sizes and index arithmetic (of the batch size)."""
+    if op.name in _STAY or op.name == "affine.apply":
+        return True
+    return op.name.startswith("arith.") and len(op.results) == 1 and isinstance(op.results[0].type, ir.IndexType)
+
+
+def _is_work(op: ir.Operation) -> bool:
+    if _stays(op) or op.name in _CONSTANTS or op.name in _BARRIERS or op.name.startswith("llvm."):
+        return False
+    return not any(o.name in _SYMBOL_USERS for o in _nested(op))
+
+
+def _top_level(op: ir.Operation, block: ir.Block) -> ir.Operation | None:
+    """The ancestor of ``op`` (itself included) that sits in ``block``, or None."""
+    while op is not None:
+        if op.block == block:
+            return op
+        parent = op.parent
+        op = parent.operation if parent is not None and parent.name != "builtin.module" else None
+    return None
+
+
+def _pieces(block: ir.Block) -> list[tuple[list[ir.Operation], ir.Operation]]:
+    """Runs of work ops of ``block`` whose results are used only inside the run, shortest
+    first, each with the op that follows it (a block ends in its terminator)."""
+    ops = _ops(block)
+    position = {op: i for i, op in enumerate(ops)}
+    pieces, current, reach = [], [], -1
+    for i, op in enumerate(ops):
+        if not _is_work(op):
+            if not _stays(op) and op.name not in _CONSTANTS:
+                current, reach = [], -1  # a barrier: an open piece stays where it is
+            continue
+        current.append(op)
+        for result in op.results:
+            for use in result.uses:
+                user = _top_level(use.owner.operation, block)
+                if user is None or not _is_work(user):
+                    reach = len(ops)  # read outside the block, or by an op that stays: never closes
+                else:
+                    reach = max(reach, position[user])
+        if reach <= i:
+            pieces.append((current, ops[i + 1]))
+            current, reach = [], -1
+    return pieces
+
+
+def _blocks(fn: ir.Operation) -> list[ir.Block]:
+    """The entry block and the then-blocks of its ``scf.if`` ops (the input guard's body)."""
+    entry = fn.regions[0].blocks[0]
+    blocks = [entry]
+    for op in _ops(entry):
+        if op.name == "scf.if":
+            blocks.append(op.regions[0].blocks[0])
+    return blocks
+
+
+def _inputs(piece: list[ir.Operation]) -> list[ir.Value]:
+    """Values the piece reads that are defined outside it, in first-use order."""
+    inside = {inner for op in piece for inner in _nested(op)}
+    seen: list[ir.Value] = []
+    for op in piece:
+        for inner in _nested(op):
+            for value in inner.operands:
+                owner = value.owner
+                defined_inside = (owner.operation in inside) if isinstance(owner, ir.OpView | ir.Operation) \
+                    else (owner.owner.operation in inside)
+                if not defined_inside and value not in seen:
+                    seen.append(value)
+    return seen
+
+
+_VIEWS = frozenset({"memref.subview", "memref.collapse_shape", "memref.expand_shape", "memref.cast",
+                    "memref.reinterpret_cast"})
+
+
+def _root(value: ir.Value) -> ir.Value:
+    """The buffer a memref value views: a step argument, an allocation or a workspace view."""
+    while isinstance(value.owner, ir.OpView | ir.Operation) and value.owner.name in _VIEWS:
+        value = value.owner.operands[0]
+    return value
+
+
+def _mark_noalias(kernel: func.FuncOp, arguments: list[ir.Value], single_op: bool) -> None:
+    """Mark the buffers that no other argument shares memory with (``NOALIAS``), so that LLVM
+    needs no runtime overlap checks. Distinct step arguments are distinct arrays (the backend
+    checks parameters, copies inputs that overlap one, allocates outputs); workspace views
+    used by one op are live together, so the memory plan gave them disjoint bytes (a piece of
+    several ops may read a buffer whose bytes a later op of it reuses: those stay unmarked)."""
+    roots = [_root(v) if isinstance(v.type, ir.MemRefType) else None for v in arguments]
+    marked, position = [], 0
+    for i, root in enumerate(roots):
+        shared = root is None or any(r is not None and r == root for j, r in enumerate(roots) if j != i)
+        view = root is not None and isinstance(root.owner, ir.OpView | ir.Operation)
+        if not shared and (single_op or not view):
+            marked.append(position + 1)  # the aligned pointer of its descriptor
+        position += 3 + 2 * ir.MemRefType(arguments[i].type).rank if root is not None else 1
+    if marked:
+        kernel.attributes[NOALIAS] = ir.DenseI64ArrayAttr.get(marked)
+
+
+def _outline(piece: list[ir.Operation], scratch: ir.Module) -> tuple[str, str, list[ir.Value]]:
+    """Move ``piece`` into a function of ``scratch``: (name, kernel module text, arguments)."""
+    values = _inputs(piece)
+    constants = [v for v in values if isinstance(v.owner, ir.OpView | ir.Operation) and v.owner.name in _CONSTANTS]
+    arguments = [v for v in values if v not in constants]
+    with ir.InsertionPoint(scratch.body), piece[0].location:
+        kernel = func.FuncOp("kernel", ([v.type for v in arguments], []))
+        entry = kernel.add_entry_block()
+        with ir.InsertionPoint(entry):
+            end = func.ReturnOp([])
+    replacement: list[tuple[ir.Value, ir.Value]] = list(zip(arguments, entry.arguments))
+    for value in constants:
+        copy = value.owner.operation.clone(ir.InsertionPoint(end))
+        replacement.append((value, copy.results[0]))
+    _mark_noalias(kernel, arguments, len(piece) == 1)
+    for op in piece:
+        op.move_before(end)
+    for op in piece:
+        for inner in _nested(op):
+            operands = inner.operands
+            for k in range(len(operands)):
+                for old, new in replacement:
+                    if operands[k] == old:
+                        operands[k] = new
+                        break
+    text = str(kernel)
+    name = KERNEL_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:24]
+    kernel.attributes["sym_name"] = ir.StringAttr.get(name)
+    return name, str(kernel), arguments
+
+
+def split_step(module: ir.Module) -> Split:
+    """Outline the work of the step in ``module`` into kernels (see the module docstring)."""
+    kernels: dict[str, str] = {}
+    declarations: dict[str, str] = {}
+    with module.context:
+        fn = entry_function(module)
+        for block in _blocks(fn):
+            for piece, after in _pieces(block):
+                name, text, arguments = _outline(piece, ir.Module.create(piece[0].location))
+                kernels.setdefault(name, text)
+                with ir.InsertionPoint(after), after.location:
+                    func.CallOp([], ir.FlatSymbolRefAttr.get(name), arguments)
+                if name not in declarations:
+                    scratch = ir.Module.create(fn.location)  # printed in a module of its own: fast
+                    with ir.InsertionPoint(scratch.body), fn.location:
+                        declaration = func.FuncOp(name, ([v.type for v in arguments], []), visibility="private")
+                    declarations[name] = str(declaration)
+        # with its globals (constants); each op printed in its own scope, not the module's
+        step = "\n".join(op.get_asm(use_local_scope=True) for op in _ops(module.body))
+        return Split(ir.StringAttr(fn.attributes["sym_name"]).value, step, kernels, declarations)

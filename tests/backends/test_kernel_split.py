@@ -1,0 +1,121 @@
+"""The step split into kernels: outlining, noalias marks, chunks, merged LLVM text, workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mlir import ir
+
+from mlir_nn.backends import kernel_pool
+from mlir_nn.backends.cpu import CpuExecutable, clear_memory_cache, compile_kernel, lower_with_plan
+from mlir_nn.backends.kernel_build import merge_texts
+from mlir_nn.backends.kernel_split import NOALIAS, split_step
+from mlir_nn.backends.reference import evaluate
+from mlir_nn.codegen import symbol_name
+from mlir_nn.support.pipelines import load_pipeline
+from tests.codegen.zoo import arguments, matmul_zoo
+
+# a bufferized step as the split sees it: a product into a workspace view, a copy of one half
+# of a parameter into its other half (two views of one buffer), and a second identical fill
+STEP = """
+func.func @step(%x: memref<4x8xf32>, %p: memref<16xf32>, %ws: memref<?xi8>) attributes {llvm.emit_c_interface} {
+  %c0 = arith.constant 0 : index
+  %c8 = arith.constant 8 : index
+  %zero = arith.constant 0.0 : f32
+  %a = memref.view %ws[%c0][] : memref<?xi8> to memref<4x8xf32>
+  linalg.fill ins(%zero : f32) outs(%a : memref<4x8xf32>)
+  linalg.copy ins(%x : memref<4x8xf32>) outs(%a : memref<4x8xf32>)
+  %lo = memref.subview %p[0] [8] [1] : memref<16xf32> to memref<8xf32, strided<[1]>>
+  %hi = memref.subview %p[8] [8] [1] : memref<16xf32> to memref<8xf32, strided<[1], offset: 8>>
+  memref.copy %lo, %hi : memref<8xf32, strided<[1]>> to memref<8xf32, strided<[1], offset: 8>>
+  %b = memref.view %ws[%c8][] : memref<?xi8> to memref<4x8xf32>
+  linalg.fill ins(%zero : f32) outs(%b : memref<4x8xf32>)
+  return
+}
+"""
+
+
+def _kernels_with(split, text: str) -> list[str]:
+    return [k for k in split.kernels.values() if text in k]
+
+
+def test_each_piece_of_work_becomes_a_kernel_called_by_the_step_and_same_pieces_share_one():
+    with ir.Context():
+        split = split_step(ir.Module.parse(STEP))
+        fills = _kernels_with(split, "linalg.fill")
+        assert len(fills) == 1 and "arith.constant 0.0" in fills[0]  # constants are copied in
+        assert len(split.kernels) == 3
+        assert split.step.count("call @k") == 4 and "linalg." not in split.step
+        for kernel in split.kernels.values():
+            ir.Module.parse(kernel)
+        for chunks in (split.chunks(1), split.chunks(3)):
+            assert sum(c.text.count("func.func @k") for c in chunks) == 3
+            for chunk in chunks:
+                ir.Module.parse(chunk.text)
+
+
+def test_views_of_one_buffer_are_not_marked_noalias_and_separate_buffers_are():
+    with ir.Context():
+        split = split_step(ir.Module.parse(STEP))
+    (halves,) = _kernels_with(split, "memref.copy")
+    (product,) = _kernels_with(split, "linalg.copy")
+    assert NOALIAS not in halves
+    assert f"{NOALIAS} = array<i64: 1, 8>" in product  # the aligned pointers of both (rank-2) descriptors
+
+
+def test_merged_llvm_text_has_each_definition_once_and_parses():
+    graph = matmul_zoo(7, 13, "float32")
+    kernel = compile_kernel(graph, use_disk=False)
+    with ir.Context() as context:
+        context.allow_unregistered_dialects = True
+        module = ir.Module.parse(kernel.stages["llvm"])
+        names = [ir.StringAttr(op.attributes["sym_name"]).value for op in module.body.operations]
+    assert len(names) == len(set(names)) and any(n.startswith("k") for n in names)
+    text = merge_texts([kernel.stages["llvm"], kernel.stages["llvm"]])
+    assert text.count(f"llvm.func @{symbol_name(graph)}(") == 1
+
+
+def _check(graph, kernel) -> None:
+    inputs, params = arguments(graph, 5, np.random.default_rng(0))
+    want, want_params = evaluate(graph, inputs, [p.copy() for p in params], 5)
+    got = CpuExecutable(graph, kernel).run(inputs, params)
+    for g, w in zip(got + params, want + want_params):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-5)
+
+
+def test_workers_and_the_calling_process_build_the_same_step(monkeypatch):
+    graph = matmul_zoo(33, 9, "float32")
+    pipeline = load_pipeline("cpu")
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "2")
+    kernel_pool.start()
+    on_workers = compile_kernel(graph, pipeline, use_disk=False)
+    _check(graph, on_workers)
+    clear_memory_cache()
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "0")
+    here = compile_kernel(graph, pipeline, use_disk=False)
+    assert here.stages["llvm"].count("llvm.func @k") == on_workers.stages["llvm"].count("llvm.func @k")
+    _check(graph, here)
+
+
+def test_a_dead_worker_costs_only_time(monkeypatch):
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "2")
+    kernel_pool.start()
+    for worker in kernel_pool._WORKERS:
+        worker.process.kill()
+        worker.process.wait()
+    clear_memory_cache()
+    graph = matmul_zoo(5, 3, "float64")
+    _check(graph, compile_kernel(graph, use_disk=False))
+
+
+def test_a_bad_worker_count_names_the_variable(monkeypatch):
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "many")
+    with pytest.raises(ValueError, match=kernel_pool.WORKERS_VARIABLE):
+        kernel_pool.worker_count()
+
+
+def test_a_pipeline_without_the_split_pass_is_lowered_whole():
+    pipeline = load_pipeline("cpu")
+    whole = type(pipeline)("whole", tuple(p for p in pipeline.passes if not p.startswith("scf-forall-to-parallel")))
+    *_, split = lower_with_plan(matmul_zoo(3, 2, "float32"), whole)
+    assert split is None
