@@ -147,7 +147,7 @@ def link_shared_object(engine: ExecutionEngine, path: Path) -> None:
 
 
 def load_shared_object(path: Path, name: str) -> NativeFunction:
-    """Load a shared object written by ``link_shared_object``."""
+    """Load a shared object written by ``link_objects``."""
     load_task_runtime()
     try:
         library = ctypes.CDLL(str(path))
