@@ -104,7 +104,8 @@ def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Seq
     """Compile the LLVM-dialect ``module`` at ``OPT_LEVEL`` into the object file ``path``.
     ``placeholders`` are functions it calls that other objects define: the JIT, which only
     compiles here, is told they exist, and the object keeps relocations to them."""
-    from mlir.execution_engine import ExecutionEngine
+    with interrupts_deferred():  # never half loaded (see support.interrupts)
+        from mlir.execution_engine import ExecutionEngine
 
     load_task_runtime()
     try:
@@ -134,16 +135,6 @@ def link_objects(objects: Sequence[Path], path: Path) -> None:
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise NativeError(f"linking {path.name} failed: {result.stderr.strip()}")
-
-
-def link_shared_object(engine: ExecutionEngine, path: Path) -> None:
-    """Dump the engine's object code and link it into ``path`` with the system C compiler."""
-    obj = path.with_suffix(".o")
-    engine.dump_to_object_file(str(obj))
-    try:
-        link_objects([obj], path)
-    finally:
-        obj.unlink(missing_ok=True)
 
 
 def load_shared_object(path: Path, name: str) -> NativeFunction:
