@@ -710,7 +710,8 @@ def _numel_reference(args, attrs, shape):
 
 
 register("numel", 1, _numel_infer, _numel_reference, lambda emit, xs, out, g, at: [None],
-         "The number of elements of x along axes (run-time batch included), a 0-d tensor of x's dtype.")
+         "The number of elements of x along axes (run-time batch included), a 0-d tensor of x's dtype; its users "
+         "divide by it less one (an unbiased variance), so a step holding one over the batch needs two rows.")
 
 
 def _dropout_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:

@@ -9,7 +9,7 @@ import numpy as np
 
 from mlir_nn.backends import Executable, get_backend
 from mlir_nn.engine import Tensor
-from mlir_nn.ir import Graph
+from mlir_nn.ir import BATCH, Graph
 from mlir_nn.ir.sequence_ops import check_indices
 from mlir_nn.jit.feeds import FedTensor
 from mlir_nn.jit.pipeline import Built, StepPipeline
@@ -37,6 +37,7 @@ class CompiledStep:
         self.pipeline = pipeline
         self.feeds = [t for t in captured if isinstance(t, FedTensor)]
         self.index_inputs = index_inputs(graph)
+        self.min_batch = min_batch(graph)
         self._batch_estimate = batch_estimate
         self._background: BackgroundCompile | None = None
         self._switch = threading.Lock()
@@ -64,7 +65,8 @@ class CompiledStep:
         self.stages.update(getattr(built.executable, "stages", {}))
         plain_entry = getattr(built.executable, "plain_entry", None)
         feeds = [(i, t.source) for i, t in enumerate(self.captured) if isinstance(t, FedTensor)]
-        plain = plain_entry is not None and not self.index_inputs  # index inputs are checked in run
+        # index inputs and a minimum batch are checked in run
+        plain = plain_entry is not None and not self.index_inputs and self.min_batch is None
         self.run_plain = plain_entry(self.captured, DATA_ATTRIBUTE, feeds) if plain else None
 
     @property
@@ -102,6 +104,8 @@ class CompiledStep:
             self.finish_compile(wait=False)
         for position, op, size in self.index_inputs:
             check_indices(f"{op} (step argument {self.graph.inputs[position].attr('name')})", arrays[position], size)
+        if self.min_batch is not None:
+            check_min_batch(self.graph, arrays, self.min_batch)
         return self.executable.run(arrays, self._param_arrays())
 
 
@@ -114,3 +118,25 @@ def index_inputs(graph: Graph) -> list[tuple[int, str, int]]:
         if node.op in ("take", "gather") and node.inputs[1] in positions:
             found.append((positions[node.inputs[1]], node.op, int(node.inputs[0].shape[node.attr("axis")])))
     return found
+
+
+def min_batch(graph: Graph) -> int | None:
+    """The smallest batch a step with run-time batch statistics can take, or None when any
+    batch will do. ``numel`` over the batch is what an unbiased variance divides by less one
+    (BatchNorm in training): it needs more than one value per channel, as PyTorch checks."""
+    need = None
+    for node in graph.nodes:
+        if node.op == "numel":
+            dims = [node.inputs[0].shape[a] for a in node.attr("axes")]
+            if BATCH in dims:
+                static = int(np.prod([d for d in dims if d != BATCH], dtype=np.int64))
+                need = max(need or 0, -(-2 // static))
+    return need if need is not None and need > 1 else None
+
+
+def check_min_batch(graph: Graph, arrays: list[np.ndarray], need: int) -> None:
+    """Raise before anything runs when the batch is smaller than ``need``."""
+    batch = next((a.shape[0] for a, node in zip(arrays, graph.inputs) if node.shape and node.shape[0] == BATCH), None)
+    if batch is not None and batch < need:
+        raise ValueError(f"{graph.name}: batch statistics (BatchNorm in training) need more than 1 value per "
+                         f"channel: expected a batch of at least {need}, got {batch}")

@@ -72,3 +72,30 @@ def test_buffers_are_state_not_parameters():
     assert [n for n, _ in bn.named_parameters()] == ["weight", "bias"]
     assert [n for n, _ in bn.named_buffers()] == ["running_mean", "running_var", "num_batches_tracked"]
     assert isinstance(bn.running_mean, Tensor) and not isinstance(bn.running_mean, nn.Parameter)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_a_compiled_batch_norm_step_refuses_a_batch_of_one(backend):
+    """Traced for any batch, BatchNorm1d in training needs two rows: a batch of one is an error
+    before the step runs (no NaN in running_var), and the step still runs at batch 2."""
+    import mlir_nn
+    from mlir_nn.optim import SGD
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    opt = SGD(model.parameters(), lr=0.1)
+
+    @mlir_nn.jit(backend=backend)
+    def step(x):
+        loss = (model(x) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    step(np.ones((5, 3), np.float32))
+    before = model.state_dict()
+    with pytest.raises(ValueError, match="expected a batch of at least 2, got 1"):
+        step(np.ones((1, 3), np.float32))
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+    assert np.isfinite(float(step(np.random.randn(2, 3).astype(np.float32))))
