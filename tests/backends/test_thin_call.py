@@ -218,8 +218,8 @@ INTERRUPT_NEXT_READ = []  # a SIGINT is raised while the next learning-rate read
 class SGDWithWatchedRate(SGD):
     """SGD whose learning rate a compiled step reads through a Python function of its own."""
 
-    def _update(self, p, grad):
-        p.assign(p - self._hyper("lr", p.dtype, self._rate) * grad)
+    def update(self, p, grad, state, group):
+        p -= self._hyper("lr", p.dtype, self._rate) * grad
 
     def _rate(self):
         if INTERRUPT_NEXT_READ:
