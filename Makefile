@@ -20,7 +20,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
 test: $(VENV)/.installed lint
-	MPLBACKEND=Agg $(PY) -m pytest -q
+	MPLBACKEND=Agg $(PY) -m pytest -q --durations=20
 
 # CUDA artifacts + NumPy references for benchmarks/gpu_check.py (compiled here, no GPU needed).
 gpu-artifacts: $(VENV)/.installed
