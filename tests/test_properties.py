@@ -58,7 +58,7 @@ def test_ctrl_c_at_random_points_never_tears_a_step(backend, delays):
     """Every parameter saw the same number of steps, however the interrupts fall."""
     np.random.seed(0)
     model = MLP(2, [2] * 6 + [1])
-    opt = Adam(model.parameters(), lr=1e-3, betas=(0.9999, 0.999))  # beta1 ** steps: distinct, far from 0
+    opt = Adam(model.parameters(), lr=1e-3)
     step = jit(train_step(model, opt), backend=backend)
     x, y = np.ones((2, 2), np.float32), np.ones((2, 1), np.float32)
     step(x, y)
@@ -74,5 +74,5 @@ def test_ctrl_c_at_random_points_never_tears_a_step(backend, delays):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, alarm)
-    powers = {float(slot["beta1_power"].data) for slot in opt.state.values()}  # equal after equal step counts
-    assert len(powers) == 1, f"parameters saw different numbers of steps: beta1 ** steps = {sorted(powers)}"
+    counts = {float(slot["step"].data) for slot in opt.state.values()}  # Adam's per-parameter step count
+    assert len(counts) == 1, f"parameters saw different numbers of steps: {sorted(counts)}"
