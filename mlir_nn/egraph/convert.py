@@ -1,8 +1,9 @@
 """Graph -> egglog terms, and the saturated e-graph -> plain Python e-classes -> Graph.
 
-``load`` adds every node of a graph to an EGraph as a let-bound term and records its
-shape; ``read_eclasses`` snapshots the e-graph (``EGraph.freeze``) into ``EClasses``, the
-form the extractor and cost model work on; ``build_graph`` turns one chosen e-node per
+``load`` adds every node of a graph to an EGraph in bulk (``mlir_nn.egraph.rows``: node i
+is ``node(i)``) with its shape and dtype; ``read_eclasses`` snapshots the e-graph (the
+Rust e-graph's frozen tables) into ``EClasses``, the form the extractor and cost model
+work on; ``build_graph`` turns one chosen e-node per
 e-class back into IR nodes (through ``make_node``, so every shape rule is checked again).
 """
 
@@ -11,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from egglog import EGraph, Vec, i64, set_
-from egglog.declarations import CallDecl, ClassMethodRef, InitRef, LitDecl, ValueDecl
+from egglog import EGraph, bindings
+from egglog.declarations import ClassMethodRef
 
-from mlir_nn.egraph.terms import BATCH_DIM, Term, dtype, shape
+from mlir_nn.egraph.rows import graph_rows, load_rows
+from mlir_nn.egraph.terms import BATCH_DIM, Term
 from mlir_nn.ir import Graph, Node, make_node
 from mlir_nn.ir.shapes import BATCH, Shape
 
@@ -47,10 +49,6 @@ LEAVES = ("input", "param")
 ClassId = Any  # an egglog e-class id (bindings.Value): hashable, opaque
 
 
-def dims_vec(dims: Shape) -> Vec[i64]:
-    return Vec[i64](*(BATCH_DIM if d == BATCH else int(d) for d in dims))
-
-
 def _has_spec(node: Node) -> bool:
     spec = SPECS.get(node.op)
     if spec is None:
@@ -61,57 +59,23 @@ def _has_spec(node: Node) -> bool:
     return required <= given <= names
 
 
-def _attr_arg(kind: str, value: Any) -> Any:
-    if kind == "dims":
-        return dims_vec(tuple(value))
-    if kind == "f64":
-        return float(value)
-    if kind == "i64":
-        return int(value)
-    return bool(value) if kind == "bool" else str(value)
-
-
 @dataclass
 class Loaded:
-    """What ``load`` put into the e-graph: leaves and opaque ops by index, root let names."""
+    """What ``load`` put into the e-graph: leaves and opaque ops by index, root node indices."""
 
     graph: Graph
     leaves: list[Node]
     opaque: list[tuple[str, tuple]] = field(default_factory=list)
-    roots: list[str] = field(default_factory=list)  # let names of outputs then updates
+    roots: list[int] = field(default_factory=list)  # indices of outputs then updates in graph.nodes
 
 
 def load(egraph: EGraph, graph: Graph) -> Loaded:
-    """Add the graph's nodes to ``egraph`` (each let-bound, with its shape and dtype)."""
-    leaves = list(graph.inputs + graph.params)
-    loaded = Loaded(graph, leaves)
-    leaf_index = {n: i for i, n in enumerate(leaves)}
-    terms: dict[Node, Term] = {}
-    shapes = []
-    for i, node in enumerate(graph.nodes):
-        args = [terms[x] for x in node.inputs]
-        if node.op in LEAVES:
-            term = Term.leaf(leaf_index[node])
-        elif node.op == "const":
-            term = Term.const(float(node.attr("value")), node.dtype)
-        elif _has_spec(node):
-            attrs = node.attr_dict
-            extra = [_attr_arg(kind, attrs.get(name, default)) for name, kind, default in SPECS[node.op]]
-            term = getattr(Term, node.op)(*args, *extra)
-        else:
-            loaded.opaque.append((node.op, node.attrs))
-            term = Term.opaque(len(loaded.opaque) - 1, Vec[Term](*args) if args else Vec[Term].empty())
-        terms[node] = egraph.let(f"n{i}", term)
-        shapes.append(set_(shape(terms[node])).to(dims_vec(node.shape)))
-        shapes.append(set_(dtype(terms[node])).to(node.dtype))
-    if shapes:
-        egraph.register(*shapes)
-    for k, out in enumerate(graph.outputs):
-        loaded.roots.append(f"o{k}")
-        egraph.let(f"o{k}", terms[out])
-    for k, (_, node) in enumerate(graph.updates):
-        loaded.roots.append(f"u{k}")
-        egraph.let(f"u{k}", terms[node])
+    """Add the graph's nodes to ``egraph`` (``node(i)`` is node i's term), with shapes and dtypes."""
+    loaded = Loaded(graph, list(graph.inputs + graph.params))
+    rows, interned = graph_rows(graph, SPECS, _has_spec, loaded.leaves, loaded.opaque)
+    load_rows(egraph, rows, interned)
+    index = {n: i for i, n in enumerate(graph.nodes)}
+    loaded.roots = [index[n] for n in graph.outputs] + [index[n] for _, n in graph.updates]
     return loaded
 
 
@@ -137,50 +101,86 @@ class EClasses:
         return sum(len(v) for v in self.nodes.values())
 
 
-def _lit(arg: Any) -> Any:
-    expr = arg.expr
-    if isinstance(expr, LitDecl):
-        return expr.value
-    if isinstance(expr, CallDecl) and isinstance(expr.callable, InitRef):  # Vec[i64](...)
-        return tuple(BATCH if a.expr.value == BATCH_DIM else a.expr.value for a in expr.args)
-    raise TypeError(f"unexpected e-graph literal {expr!r}")
+class _Decoder:
+    """Values of a frozen e-graph as Python values, by egglog sort (literals memoized)."""
+
+    def __init__(self, egraph: bindings.EGraph) -> None:
+        self.egraph = egraph
+        self.memo: dict[tuple[str, Any], Any] = {}
+
+    def __call__(self, sort: str, value: Any) -> Any:
+        if sort == TERM_SORT:
+            return value
+        key = (sort, value)
+        if key not in self.memo:
+            self.memo[key] = self._decode(sort, value)
+        return self.memo[key]
+
+    def _decode(self, sort: str, value: Any) -> Any:
+        eg = self.egraph
+        if sort == "bool":
+            return eg.value_to_bool(value)
+        if sort == "i64":
+            return eg.value_to_i64(value)
+        if sort == "f64":
+            return eg.value_to_f64(value)
+        if sort == "String":
+            return eg.value_to_string(value)
+        if sort == TERMS_SORT:
+            return tuple(eg.value_to_vec(value))
+        if sort == DIMS_SORT:
+            return tuple(BATCH if d == BATCH_DIM else d for d in map(eg.value_to_i64, eg.value_to_vec(value)))
+        raise TypeError(f"unexpected e-graph sort {sort!r}")
 
 
-def _enode(call: CallDecl, loaded: Loaded) -> ENode:
-    assert isinstance(call.callable, ClassMethodRef)
-    op = call.callable.method_name
-    args = call.args
+TERM_SORT = "mlir_nn.egraph.terms.Term"
+TERMS_SORT = f"egglog.builtins.Vec[{TERM_SORT}]"
+DIMS_SORT = "egglog.builtins.Vec[egglog.builtins.i64]"
+
+
+def _constructors(egraph: EGraph) -> dict[str, str]:
+    """egglog function name -> ``Term`` method name, for the constructors in use."""
+    refs = egraph._state.callable_ref_to_egg_fn  # noqa: SLF001 (egglog 13's name table)
+    return {name: ref.method_name for ref, (name, _) in refs.items()
+            if isinstance(ref, ClassMethodRef) and ref.ident.name == Term.__name__}
+
+
+def _enode(op: str, args: list[Any], loaded: Loaded) -> ENode:
     if op == "leaf":
-        return ENode("leaf", (("index", args[0].expr.value),), ())
+        return ENode("leaf", (("index", args[0]),), ())
     if op == "const":
-        return ENode("const", (("value", args[0].expr.value), ("dtype", args[1].expr.value)), ())
+        return ENode("const", (("value", args[0]), ("dtype", args[1])), ())
     if op == "opaque":
-        name, attrs = loaded.opaque[args[0].expr.value]
-        vec = args[1].expr
-        children = tuple(a.expr.value for a in vec.args) if isinstance(vec, CallDecl) else ()
-        return ENode(name, (("opaque", attrs),), children)
-    operands = [a for a in args if isinstance(a.expr, ValueDecl)]
+        name, attrs = loaded.opaque[args[0]]
+        return ENode(name, (("opaque", attrs),), tuple(args[1]))
     spec = SPECS[op]
-    attrs = []
-    for (name, _, default), arg in zip(spec, args[len(operands):]):
-        value = _lit(arg)
-        if value != default or default is REQUIRED:
-            attrs.append((name, value))
-    return ENode(op, tuple(attrs), tuple(a.expr.value for a in operands))
+    arity = len(args) - len(spec)
+    attrs = tuple((name, value) for (name, _, default), value in zip(spec, args[arity:])
+                  if value != default or default is REQUIRED)
+    return ENode(op, attrs, tuple(args[:arity]))
 
 
 def read_eclasses(egraph: EGraph, loaded: Loaded) -> EClasses:
     """Snapshot the Term e-classes, their shapes and the roots' e-classes."""
-    frozen = egraph.freeze().decl
-    nodes = {
-        cid: [_enode(call, loaded) for call in calls]
-        for cid, (tp, calls) in frozen.e_classes.items()
-        if tp.ident.name == Term.__name__
-    }
-    shapes = {call.args[0].expr.value: _lit(result) for call, result in frozen.sets.items()
-              if call.callable.ident.name == "shape"}
-    roots = [frozen.let_bindings["$" + name].expr.value for name in loaded.roots]
-    return EClasses(nodes, shapes, roots)
+    raw = egraph._egraph  # noqa: SLF001 (the Rust e-graph's snapshot is ~100x faster than EGraph.freeze)
+    frozen = raw.freeze()
+    decode = _Decoder(raw)
+    methods = _constructors(egraph)
+    nodes: dict[ClassId, list[ENode]] = {}
+    shapes: dict[ClassId, Shape] = {}
+    by_index: dict[int, ClassId] = {}
+    for name, function in frozen.functions.items():
+        sorts = function.input_sorts
+        if name in methods:
+            op = methods[name]
+            for row in function.rows:
+                args = [decode(sort, v) for sort, v in zip(sorts, row.inputs)]
+                nodes.setdefault(row.output, []).append(_enode(op, args, loaded))
+        elif name == "mlirnn_node":
+            by_index.update((raw.value_to_i64(row.inputs[0]), row.output) for row in function.rows)
+        elif name == "mlir_nn_egraph_terms_shape":
+            shapes.update((row.inputs[0], decode(DIMS_SORT, row.output)) for row in function.rows)
+    return EClasses(nodes, shapes, [by_index[i] for i in loaded.roots])
 
 
 def build_graph(eclasses: EClasses, choice: dict[ClassId, ENode], loaded: Loaded) -> Graph:

@@ -2,6 +2,8 @@
 
 Static attributes are primitive constructor arguments (Bool, f64, String, Vec[i64]), so
 rules can match on them. Dimensions are i64 with the batch symbol "N" written as -1.
+The graph is loaded in bulk (``mlir_nn.egraph.rows``): ``node(i)`` names the traced graph's
+i-th node, and attribute values are interned in lookup tables (``dims_attr(k)``, ...).
 Input and parameter nodes become ``leaf(i)`` (``i`` indexes the graph's declarations),
 and an op without a constructor here becomes ``opaque(key, args)``: rules never match
 it, so it passes through the optimizer unchanged.
@@ -14,7 +16,7 @@ rejects with an error: an unsound rewrite cannot go unnoticed.
 
 from __future__ import annotations
 
-from egglog import BoolLike, Expr, String, StringLike, Vec, f64Like, function, i64, i64Like
+from egglog import Bool, BoolLike, Expr, String, StringLike, Vec, f64, f64Like, function, i64, i64Like
 
 BATCH_DIM = -1  # "N" as an egglog i64
 
@@ -108,3 +110,28 @@ def shape(t: Term) -> Vec[i64]:
 @function
 def dtype(t: Term) -> String:
     """The e-class's element type ("float32", ...), so rules can build constants of it."""
+
+
+@function(egg_fn="mlirnn_node")
+def node(index: i64Like) -> Term:
+    """The traced graph's node ``index``; loading unions it with the node's term."""
+
+
+@function(egg_fn="mlirnn_dims_attr")
+def dims_attr(key: i64Like) -> Vec[i64]:
+    """Interned dimension tuples (attributes and shapes), by key."""
+
+
+@function(egg_fn="mlirnn_f64_attr")
+def f64_attr(key: i64Like) -> f64:
+    """Interned float attributes, by key."""
+
+
+@function(egg_fn="mlirnn_bool_attr")
+def bool_attr(key: i64Like) -> Bool:
+    """The two flags, by key (0, 1)."""
+
+
+@function(egg_fn="mlirnn_str_attr")
+def str_attr(key: i64Like) -> String:
+    """Interned string attributes and dtype names, by key."""
