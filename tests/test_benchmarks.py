@@ -101,3 +101,8 @@ def test_grid(tmp_path):
     (row,) = results["points"].values()
     assert {"compiled cpu", "numpy"} <= set(row["median_s"]) and "load_average_end" in results
     assert "Model name" in results["cpu"] and "wrote" in out
+
+
+def test_egraph_depth():
+    out = run("egraph_depth.py", "--quick")
+    assert "ms/layer" in out and " 40 " in out and "saturated" in out

@@ -10,7 +10,8 @@ graph is returned unchanged. So is the input when the optimized graph is not che
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,11 +31,23 @@ NodeCost = Callable[[ClassId, ENode], float | None]
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on saturation: iterations, e-nodes in the e-graph, wall-clock seconds."""
+    """Bounds on saturation: iterations, e-nodes in the e-graph, wall-clock seconds.
+
+    ``nodes`` None scales the e-node budget with the traced graph: ``NODES_PER_NODE`` e-nodes
+    per traced node, at least ``MIN_NODES`` (a fixed budget would stop deep models' rewrites
+    halfway down)."""
 
     iterations: int = 16
-    nodes: int = 20_000
+    nodes: int | None = None
     seconds: float = 5.0
+
+    NODES_PER_NODE = 4
+    MIN_NODES = 20_000
+
+    def node_budget(self, traced_nodes: int) -> int:
+        if self.nodes is not None:
+            return self.nodes
+        return max(self.MIN_NODES, self.NODES_PER_NODE * traced_nodes)
 
 
 def default_batch(graph: Graph) -> int:
@@ -46,8 +59,9 @@ def _count(egraph: EGraph) -> int:
     return sum(n for fn, n in egraph.all_function_sizes() if str(fn).startswith(Term.__name__ + "."))
 
 
-def saturate(egraph: EGraph, names: list[str], limits: Limits, report: Report) -> None:
+def saturate(egraph: EGraph, names: list[str], limits: Limits, report: Report, traced_nodes: int) -> None:
     """Run the rulesets one iteration at a time until saturated or a limit is hit."""
+    budget = limits.node_budget(traced_nodes)
     modules = [RULESETS[n] for n in names]
     rule_names = {rule.decl: name for m in modules for name, rule in m.RULES}
     schedule = modules[0].RULESET
@@ -66,7 +80,7 @@ def saturate(egraph: EGraph, names: list[str], limits: Limits, report: Report) -
                 report.rules_applied[rule_names[decl]] = report.rules_applied.get(rule_names[decl], 0) + n
         if not result.updated:
             break
-        if _count(egraph) > limits.nodes:
+        if _count(egraph) > budget:
             report.stop_reason = "node limit"
             break
         if time.perf_counter() - start > limits.seconds:
@@ -93,12 +107,24 @@ def build_egraph(graph: Graph, names: list[str], limits: Limits, report: Report)
     if unknown:
         raise ValueError(f"unknown ruleset(s) {unknown}; known: {', '.join(RULESETS)}")
     egraph = EGraph()
-    loaded = convert.load(egraph, graph)
+    with _stage(report, "load"):
+        loaded = convert.load(egraph, graph)
     if names:
-        saturate(egraph, names, limits, report)
+        with _stage(report, "saturate"):
+            saturate(egraph, names, limits, report, len(graph.nodes))
     else:
         report.stop_reason = "no rules"
     return egraph, loaded
+
+
+@contextmanager
+def _stage(report: Report, name: str) -> Iterator[None]:
+    """Add the time spent in the block to the report's ``name`` stage."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.stage_seconds[name] = report.stage_seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[str] | None = None,
@@ -122,9 +148,11 @@ def optimize_here(graph: Graph, batch_estimate: int | None = None, *, rulesets: 
     try:
         egraph, loaded = build_egraph(graph, names, limits, report)
         itemsize = max(np.dtype(n.dtype).itemsize for n in graph.nodes) if graph.nodes else 4
-        optimized, eclasses = extract_graph(egraph, loaded, lambda ec: node_cost_fn(ec, model, itemsize))
+        with _stage(report, "extract"):
+            optimized, eclasses = extract_graph(egraph, loaded, lambda ec: node_cost_fn(ec, model, itemsize))
         report.egraph_nodes, report.egraph_classes = eclasses.num_nodes, len(eclasses.nodes)
-        verify(optimized)
+        with _stage(report, "verify"):
+            verify(optimized)
     except Exception as e:  # any failure: report it and keep the traced graph
         report.error = f"{type(e).__name__}: {e}"
         report.stop_reason = "error"

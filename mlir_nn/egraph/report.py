@@ -15,6 +15,7 @@ class Report:
     egraph_classes: int = 0
     stop_reason: str = "not run"  # saturated | iteration limit | node limit | time limit | error
     seconds: float = 0.0
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # load, saturate, extract, verify
     nodes_before: int = 0
     nodes_after: int = 0
     kernels_before: int = 0
@@ -29,6 +30,7 @@ class Report:
         lines = [
             f"egraph: {self.stop_reason} after {self.iterations} iterations in {self.seconds * 1e3:.1f} ms, "
             f"{self.egraph_nodes} e-nodes in {self.egraph_classes} e-classes",
+            "stages: " + ", ".join(f"{name} {t * 1e3:.1f} ms" for name, t in self.stage_seconds.items()),
             f"nodes: {self.nodes_before} -> {self.nodes_after} compute nodes, "
             f"{self.kernels_before} -> {self.kernels_after} kernels",
             f"estimated cost (batch {self.batch_estimate}): {self.cost_before:,.0f} -> {self.cost_after:,.0f}"

@@ -54,10 +54,15 @@ class Graph:
     updates: tuple[tuple[str, Node], ...] = ()
     name: str = "step"
     _nodes: tuple[Node, ...] = field(init=False, repr=False, compare=False)
+    _params_by_name: dict[str, Node] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         roots = list(self.outputs) + [n for _, n in self.updates]
         object.__setattr__(self, "_nodes", tuple(topo_order(roots)))
+        by_name: dict[str, Node] = {}
+        for p in self.params:
+            by_name.setdefault(p.attr("name"), p)
+        object.__setattr__(self, "_params_by_name", by_name)
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -65,10 +70,10 @@ class Graph:
         return self._nodes
 
     def param_by_name(self, name: str) -> Node:
-        for p in self.params:
-            if p.attr("name") == name:
-                return p
-        raise KeyError(f"graph has no parameter {name!r}")
+        try:
+            return self._params_by_name[name]
+        except KeyError:
+            raise KeyError(f"graph has no parameter {name!r}") from None
 
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -7,6 +7,8 @@ every batch size, the short last mini-batch included.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 Dim = int | str
@@ -81,7 +83,7 @@ def resolve(shape: Shape, batch: int | None) -> tuple[int, ...]:
 
 def numel(shape: Shape, batch_estimate: int = 1) -> int:
     """Element count, counting the batch symbol as ``batch_estimate``."""
-    return int(np.prod([batch_estimate if d == BATCH else d for d in shape], dtype=np.int64))
+    return math.prod(batch_estimate if d == BATCH else int(d) for d in shape)
 
 
 def dtype_name(dtype: np.dtype | str) -> str:

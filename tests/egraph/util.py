@@ -46,16 +46,22 @@ def trace_mlp(widths: list[int], batch: int, *extra: str, dtype: str = F64):
 
 
 def random_arguments(graph: Graph, batch: int, rng: np.random.Generator):
-    """Random inputs and parameters (Adam's second moments, powers and fed hyperparameters kept in range)."""
+    """Random inputs and parameters, optimizer state and hyperparameters kept in their domains
+    (step counts >= 1, moments >= 0, betas, eps and lr in (0, 1)), so no sqrt or power sees a
+    value it is undefined for."""
     inputs = [rng.standard_normal(resolve(n.shape, batch)) for n in graph.inputs]
     params = []
     for p in graph.params:
-        value = rng.standard_normal(resolve(p.shape, batch))
+        shape = resolve(p.shape, batch)
         label = p.attr("label") or ""
-        if label.endswith("exp_avg_sq"):
-            value = np.abs(value)
-        elif label.endswith("_power") or label.startswith(("Adam.", "SGD.")):
-            value = rng.uniform(0.1, 0.9, value.shape)  # powers and hyperparameters (betas, eps, lr) in range
+        if label.endswith(".step"):
+            value = rng.integers(1, 10, shape).astype(np.float64)
+        elif label.endswith(".state"):
+            value = np.abs(rng.standard_normal(shape))  # momentum buffers and Adam's moments
+        elif label.startswith(("Adam.", "SGD.")):
+            value = rng.uniform(0.1, 0.9, shape)  # fed hyperparameters
+        else:
+            value = rng.standard_normal(shape)
         params.append(value)
     return inputs, params
 
@@ -66,6 +72,7 @@ def assert_same(original: Graph, optimized: Graph, batch: int = 7, seed: int = 0
     want = evaluate(original, inputs, params, batch)
     got = evaluate(optimized, inputs, params, batch)
     for w, g in zip(want[0] + want[1], got[0] + got[1]):
+        assert np.all(np.isfinite(w)), "the reference result is not finite: the arguments are out of the ops' domains"
         np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * max(1.0, float(np.max(np.abs(w), initial=0))))
 
 
