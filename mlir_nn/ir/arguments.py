@@ -44,9 +44,11 @@ def input_error(graph: Graph, index: int, array: np.ndarray) -> ValueError:
 
 
 def check_arguments(graph: Graph, inputs: list[np.ndarray], params: list[np.ndarray],
-                    check_values: bool = True) -> int | None:
+                    check_values: bool = True, labels: dict[int, int] | None = None) -> int | None:
     """Validate shapes, dtypes and (unless the backend's code does) input values; return the
-    bound batch size (or None)."""
+    bound batch size (or None). With ``check_values``, the inputs at the positions of
+    ``labels`` ({position: classes}; by default the graph's ``one_hot`` inputs) must be
+    class labels."""
     if len(inputs) != len(graph.inputs):
         raise TypeError(f"{graph.name}: expected {len(graph.inputs)} inputs, got {len(inputs)}")
     if len(params) != len(graph.params):
@@ -84,4 +86,7 @@ def check_arguments(graph: Graph, inputs: list[np.ndarray], params: list[np.ndar
                 raise ValueError(f"{graph.name}: parameter {name} is read-only; it must be writable")
     if batch is not None and batch < 1:
         raise ShapeError(f"{graph.name}: the batch is empty (batch size 0)")
+    if check_values:
+        for position, classes in (label_inputs(graph) if labels is None else labels).items():
+            check_labels(inputs[position], classes)
     return batch

@@ -7,9 +7,9 @@ Layout::
     cubin/<name>.cubin   one cubin per gpu.module (kernel module)
     ptx/<name>.ptx       the same kernels as PTX (for inspection and the ABI check)
 
-The signature names the step's inputs and parameters (shapes with "N" for the batch),
-its outputs and which parameter each trailing result updates. The plan is the host
-program of ``mlir_nn.runtime.plan``. Reading checks the format, the arch and every
+The signature names the step's inputs and parameters (shapes with "N" for the batch;
+label inputs with their number of classes), its outputs and which parameter each trailing
+result updates. The plan is the host program of ``mlir_nn.runtime.plan``. Reading checks the format, the arch and every
 binary's hash, so a truncated or edited file is an error, never run.
 """
 
@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlir_nn.ir import Graph
+from mlir_nn.ir.arguments import label_inputs
+
 FORMAT = "mlirnn-cuda"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: label inputs carry their class count, so the runtime checks them
 
 
 class ArtifactError(ValueError):
@@ -104,14 +107,17 @@ class Artifact:
         return cls.from_bytes(data, str(path))
 
 
-def signature_of(graph: Any) -> dict[str, Any]:
-    """What the runtime needs of a Graph: names, shapes ("N" = batch) and dtypes."""
+def signature_of(graph: Graph) -> dict[str, Any]:
+    """What the runtime needs of a Graph: names, shapes ("N" = batch) and dtypes, and for
+    inputs that are class labels their number of classes."""
     def leaf(n: Any) -> dict[str, Any]:
         return {"name": n.attr("name"), "shape": list(n.shape), "dtype": n.dtype}
 
+    labels = label_inputs(graph)
+    inputs = [leaf(n) | ({"classes": labels[i]} if i in labels else {}) for i, n in enumerate(graph.inputs)]
     return {
         "name": graph.name,
-        "inputs": [leaf(n) for n in graph.inputs],
+        "inputs": inputs,
         "params": [leaf(n) for n in graph.params],
         "outputs": [{"shape": list(n.shape), "dtype": n.dtype} for n in graph.outputs],
         "updates": [name for name, _ in graph.updates],

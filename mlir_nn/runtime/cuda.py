@@ -44,6 +44,28 @@ from mlir_nn.runtime.plan import ITEMSIZE, BoundPlan, Copy, Launch, PlanError, V
 CTYPES = {"i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float, "f64": ctypes.c_double}
 
 
+def signature_labels(signature: dict[str, Any]) -> dict[int, int]:
+    """{input position: classes} of the signature's label inputs."""
+    return {i: d["classes"] for i, d in enumerate(signature["inputs"]) if "classes" in d}
+
+
+class ArgumentCheck:
+    """An artifact's signature as the checks its arguments must pass before anything reaches
+    the device: shapes, dtypes, finite inputs, class labels, C-contiguous parameters."""
+
+    def __init__(self, signature: dict[str, Any]) -> None:
+        self.signature = signature
+        self.graph = signature_graph(signature)
+        self.labels = signature_labels(signature)
+
+    def __call__(self, inputs: list[np.ndarray], params: list[np.ndarray], layout: bool = True) -> None:
+        check_arguments(self.graph, inputs, params, labels=self.labels)
+        if layout:
+            for p, d in zip(params, self.signature["params"]):
+                if not p.flags.c_contiguous:  # refused before the step, so no parameter is half-written
+                    raise ValueError(f"{self.graph.name}: parameter {d['name']} must be a C-contiguous array")
+
+
 def signature_graph(signature: dict[str, Any]) -> Graph:
     """A Graph with the artifact's inputs and parameters, for ``check_arguments``."""
     def leaf(op: str, d: dict[str, Any]) -> Any:
@@ -101,7 +123,8 @@ class CudaStep:
         self.device = device or Device()
         check_arch(artifact.arch, self.device)
         sig = artifact.signature
-        self.graph = signature_graph(sig)
+        self.check = ArgumentCheck(sig)  # (inputs, params): refuses bad arguments before the device sees them
+        self.graph = self.check.graph
         self.n_inputs, self.n_outputs = len(sig["inputs"]), len(sig["outputs"])
         plan_args = artifact.plan["args"]
         if len(plan_args) != self.n_inputs + len(sig["params"]):
@@ -119,15 +142,6 @@ class CudaStep:
         self.modules = {name: self.device.load_module(image, name) for name, image in artifact.cubins.items()}
         self.functions: dict[tuple[str, str], Any] = {}
         self.stream: Any = None  # where graphs are captured and replayed
-
-    # ------------------------------------------------------------------ checks
-
-    def check(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> None:
-        """Refuse bad arguments before anything reaches the device (shapes, dtypes, values, layout)."""
-        check_arguments(self.graph, inputs, params)
-        for p, d in zip(params, self.artifact.signature["params"]):
-            if not p.flags.c_contiguous:  # refused before the step, so no parameter is half-written
-                raise ValueError(f"{self.graph.name}: parameter {d['name']} must be a C-contiguous array")
 
     # ------------------------------------------------------------------ parameters
 
@@ -194,7 +208,7 @@ class CudaStep:
     def step(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """One step on device-resident parameters; returns the outputs."""
         self._require_params()
-        check_arguments(self.graph, inputs, self._param_templates)
+        self.check(inputs, self._param_templates, layout=False)
         return self.execute(self.bind([tuple(a.shape) for a in inputs]), inputs)
 
     def execute(self, bound: _Bound, inputs: list[np.ndarray]) -> list[np.ndarray]:
