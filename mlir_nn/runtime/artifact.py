@@ -9,8 +9,9 @@ Layout::
 
 The signature names the step's inputs and parameters (shapes with "N" for the batch;
 label inputs with their number of classes), its outputs and which parameter each trailing
-result updates. The plan is the host program of ``mlir_nn.runtime.plan``. Reading checks the format, the arch and every
-binary's hash, so a truncated or edited file is an error, never run.
+result updates. The plan is the host program of ``mlir_nn.runtime.plan``. Reading checks
+the format, the arch and every binary's hash, so a truncated or edited file is an error,
+never run.
 """
 
 from __future__ import annotations
