@@ -3,6 +3,7 @@
 Each example compiles a new step, so examples are few and drawn deterministically."""
 
 import signal
+import sys
 
 import numpy as np
 import pytest
@@ -76,3 +77,76 @@ def test_ctrl_c_at_random_points_never_tears_a_step(backend, delays):
         signal.signal(signal.SIGALRM, alarm)
     counts = {float(slot["step"].data) for slot in opt.state.values()}  # Adam's per-parameter step count
     assert len(counts) == 1, f"parameters saw different numbers of steps: {sorted(counts)}"
+
+
+def _lines_run_by(call) -> list[tuple[str, int]]:
+    """The (file, line) of every Python line ``call()`` executes in this thread, in order."""
+    lines = []
+
+    def tracer(frame, event, arg):
+        if event == "line":
+            lines.append((frame.f_code.co_filename, frame.f_lineno))
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        call()
+    finally:
+        sys.settrace(None)
+    return lines
+
+
+def _signals_delivered() -> None:
+    """A Python call: a SIGINT still pending is handled here at the latest."""
+
+
+def _ctrl_c_on_line(call, line: int) -> bool:
+    """Run ``call()`` with a SIGINT raised when it reaches its ``line``-th Python line (the
+    handler runs where Python next checks for signals, as for a real Ctrl-C); whether a
+    KeyboardInterrupt came out."""
+    seen = 0
+
+    def tracer(frame, event, arg):
+        nonlocal seen
+        if seen >= line:
+            return None
+        seen += event == "line"
+        if seen == line:
+            signal.raise_signal(signal.SIGINT)
+        return tracer
+
+    try:
+        sys.settrace(tracer)
+        try:
+            call()
+        finally:
+            sys.settrace(None)
+        _signals_delivered()
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_ctrl_c_on_every_line_of_a_step_never_tears_it_nor_is_lost(backend):
+    """A Ctrl-C landing on any Python line a step runs (its own code, the optimizer's
+    hyperparameter sources that the native call reads, NumPy's Python code: every line at
+    its first, middle and last run) raises KeyboardInterrupt, and every parameter saw the
+    same number of steps."""
+    np.random.seed(0)
+    model = MLP(2, [2] * 3 + [1])
+    opt = Adam(model.parameters(), lr=1e-3)
+    step = jit(train_step(model, opt), backend=backend)
+    x, y = np.ones((2, 2), np.float32), np.ones((2, 1), np.float32)
+    step(x, y)  # compiled (blocking) before lines are counted
+    lines = _lines_run_by(lambda: step(x, y))
+    runs: dict[tuple[str, int], list[int]] = {}
+    for position, site in enumerate(lines, start=1):
+        runs.setdefault(site, []).append(position)
+    chosen = {p for positions in runs.values() for p in (positions[0], positions[len(positions) // 2], positions[-1])}
+    for line in sorted(chosen):
+        file, number = lines[line - 1]
+        where = f"Ctrl-C on line {line} of {len(lines)} ({file.rsplit('/', 1)[-1]}:{number})"
+        assert _ctrl_c_on_line(lambda: step(x, y), line), f"{where} was lost"
+        counts = sorted(float(slot["step"].data) for slot in opt.state.values())
+        assert len(set(counts)) == 1, f"{where}: step counts {counts}"

@@ -351,7 +351,6 @@ static int check_params(ThinCall *self, PyObject *const *params, PyObject *const
     return 1;
 }
 
-/* Write the watched feeds' current values into their 0-d parameters; 0 if one fails. */
 /* Write every hyperparameter feed from its Python source: 0, or -1 with the source's error set
  * (never cleared: a KeyboardInterrupt that lands in a source is the caller's to see). */
 static int refresh_feeds(ThinCall *self) {
