@@ -100,10 +100,10 @@ def _signals_delivered() -> None:
     """A Python call: a SIGINT still pending is handled here at the latest."""
 
 
-def _ctrl_c_on_line(call, line: int) -> bool:
+def _ctrl_c_on_line(call, line: int) -> bool | None:
     """Run ``call()`` with a SIGINT raised when it reaches its ``line``-th Python line (the
     handler runs where Python next checks for signals, as for a real Ctrl-C); whether a
-    KeyboardInterrupt came out."""
+    KeyboardInterrupt came out, None if the call ended before that line."""
     seen = 0
 
     def tracer(frame, event, arg):
@@ -124,7 +124,7 @@ def _ctrl_c_on_line(call, line: int) -> bool:
         _signals_delivered()
     except KeyboardInterrupt:
         return True
-    return False
+    return False if seen >= line else None
 
 
 @pytest.mark.parametrize("backend", ["numpy", "cpu"])
@@ -144,9 +144,13 @@ def test_ctrl_c_on_every_line_of_a_step_never_tears_it_nor_is_lost(backend):
     for position, site in enumerate(lines, start=1):
         runs.setdefault(site, []).append(position)
     chosen = {p for positions in runs.values() for p in (positions[0], positions[len(positions) // 2], positions[-1])}
+    reached = 0
     for line in sorted(chosen):
         file, number = lines[line - 1]
         where = f"Ctrl-C on line {line} of {len(lines)} ({file.rsplit('/', 1)[-1]}:{number})"
-        assert _ctrl_c_on_line(lambda: step(x, y), line), f"{where} was lost"
+        interrupted = _ctrl_c_on_line(lambda: step(x, y), line)
+        assert interrupted is not False, f"{where} was lost"
+        reached += interrupted is True  # None: this call ran fewer lines (a cache or warning path differed)
         counts = sorted(float(slot["step"].data) for slot in opt.state.values())
         assert len(set(counts)) == 1, f"{where}: step counts {counts}"
+    assert reached >= 0.9 * len(chosen)
