@@ -51,6 +51,7 @@ def test_each_piece_of_work_becomes_a_kernel_called_by_the_step_and_same_pieces_
         assert split.step.count("call @k") == 4 and "linalg." not in split.step
         for kernel in split.kernels.values():
             ir.Module.parse(kernel)
+        assert split.chunks(1)[0].whole and not any(chunk.whole for chunk in split.chunks(3))
         for chunks in (split.chunks(1), split.chunks(3)):
             assert sum(c.text.count("func.func @k") for c in chunks) == 3
             for chunk in chunks:
