@@ -51,18 +51,19 @@ def _is_definition(op: ir.Operation) -> bool:
     return op.name == "llvm.mlir.global" and ("value" in op.attributes or bool(op.regions[0].blocks))
 
 
-def localize(module: ir.Module, public: tuple[str, ...]) -> ir.Module:
-    """``module`` with every definition but ``public`` renamed ``<first public>_<name>`` and
-    internal (the first public name is unique: a kernel's hash, or the step's name), so that
-    chunks link together. Renamed in the text, which is parsed again: renaming symbol by
-    symbol walks the whole module each time."""
+def localize(module: ir.Module, public: tuple[str, ...], rename: bool = True) -> ir.Module:
+    """``module`` with every definition but ``public`` internal and, with ``rename``, renamed
+    ``<first public>_<name>`` (the first public name is unique: a kernel's hash, or the step's
+    name), so that the LLVM texts of chunks merge into one module. Renamed in the text, which
+    is parsed again: renaming symbol by symbol walks the whole module each time. A step's only
+    chunk keeps its names (0.7 s of printing, matching and parsing for the autoencoder)."""
     internal = ir.Attribute.parse("#llvm.linkage<internal>")
     names = []
     for op in [op.operation for op in module.body.operations]:
         if op.name in _DEFINITIONS and _is_definition(op) and _name(op) not in public:
             names.append(_name(op))
             op.attributes["linkage"] = internal
-    if not names:
+    if not names or not rename:
         return module
     pattern = re.compile("@(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?![\w$.])")
     return ir.Module.parse(pattern.sub(lambda m: f"@{public[0]}_{m.group(1)}", str(module)), module.context)
@@ -89,7 +90,7 @@ def build(job: Job) -> str:
         module = ir.Module.parse(job.chunk.text)
         lower_tail(module, job.tail)
         check_lowered_to_llvm(module, job.tail)
-        module = localize(module, job.chunk.public)
+        module = localize(module, job.chunk.public, rename=not job.chunk.whole)
         mark_kernels(module, job.chunk.public)
         text = str(module)
         compile_object(module, job.chunk.public[0], job.path, job.chunk.calls)

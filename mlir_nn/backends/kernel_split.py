@@ -5,7 +5,8 @@ the step's body is cut into pieces: runs of consecutive ops that do work (a lina
 loop nest, a parallel loop, a copy, a chain of vector ops ending in a store) and whose
 results are used only inside the piece. Each piece moves into a function of its own,
 ``k<hash of its text>``, that takes the values the piece reads (buffers, sizes) as
-arguments; constants are copied in, so the kernel's loops keep static bounds. The step
+arguments; constants are copied in, so the kernel's loops keep static bounds. A small op
+whose results several pieces read (``_shared``) stays in the step and is passed to each. The step
 calls the kernels where the pieces were. A kernel's name is its content, so a repeated
 piece is one kernel. The step and its kernels are grouped into chunks that run the rest of
 the pipeline and LLVM on their own, in parallel (``kernel_build``, ``kernel_pool``).
@@ -63,9 +64,9 @@ class Split:
             cheapest = costs.index(min(costs))
             groups[cheapest].append(member)
             costs[cheapest] += _cost(member[1])
-        return [self._chunk(sorted(group)) for group in groups]
+        return [self._chunk(sorted(group), len(groups) == 1) for group in groups]
 
-    def _chunk(self, members: list[tuple[str, str]]) -> Chunk:
+    def _chunk(self, members: list[tuple[str, str]], whole: bool = False) -> Chunk:
         names = [name for name, _ in members]
         public = list(names)
         calls: tuple[str, ...] = ()
@@ -75,7 +76,7 @@ class Split:
             calls = tuple(name for name in self.kernels if name not in names)
             declarations = "".join(self.declarations[name] + "\n" for name in calls)
         text = "module {\n" + declarations + "\n".join(body for _, body in members) + "\n}\n"
-        return Chunk(text, tuple(public), calls)
+        return Chunk(text, tuple(public), calls, whole)
 
 
 def _cost(text: str) -> int:
@@ -87,11 +88,13 @@ def _cost(text: str) -> int:
 @dataclass(frozen=True)
 class Chunk:
     """A module of kernels (perhaps with the step): ``public`` are its functions that others
-    call, ``calls`` the kernels it calls that other chunks define."""
+    call, ``calls`` the kernels it calls that other chunks define; ``whole``: the only chunk of
+    its step (no other chunk's names to clash with)."""
 
     text: str
     public: tuple[str, ...]
     calls: tuple[str, ...]
+    whole: bool = False
 
 
 def _ops(block: ir.Block) -> list[ir.Operation]:
@@ -133,14 +136,31 @@ def _top_level(op: ir.Operation, block: ir.Block) -> ir.Operation | None:
     return None
 
 
+def _shared(ops: list[ir.Operation], block: ir.Block) -> set[ir.Operation]:
+    """Work ops without regions whose results several later work ops read (a read of a zero
+    start vector that CSE shared between the bias-gradient sums of every layer): they stay
+    in the step, where they are, and the pieces that read them take their results as
+    arguments. A piece that held one would reach to its last reader: one kernel of all the
+    work in between (136 ops, 6 s of LLVM)."""
+    found = set()
+    for op in ops:
+        if op.regions or not op.results or not _is_work(op):
+            continue
+        users = {_top_level(use.owner.operation, block) for result in op.results for use in result.uses}
+        if len({user for user in users if user is not None and _is_work(user)}) >= 2:
+            found.add(op)
+    return found
+
+
 def _pieces(block: ir.Block) -> list[tuple[list[ir.Operation], ir.Operation]]:
     """Runs of work ops of ``block`` whose results are used only inside the run, shortest
     first, each with the op that follows it (a block ends in its terminator)."""
     ops = _ops(block)
     position = {op: i for i, op in enumerate(ops)}
+    shared = _shared(ops, block)
     pieces, current, reach = [], [], -1
     for i, op in enumerate(ops):
-        if not _is_work(op):
+        if not _is_work(op) or op in shared:
             if not _stays(op) and op.name not in _CONSTANTS:
                 current, reach = [], -1  # a barrier: an open piece stays where it is
             continue
@@ -170,18 +190,21 @@ def _blocks(fn: ir.Operation) -> list[ir.Block]:
 
 def _inputs(piece: list[ir.Operation]) -> list[ir.Value]:
     """Values the piece reads that are defined outside it, in first-use order."""
-    inside = {inner for op in piece for inner in _nested(op)}
-    seen: list[ir.Value] = []
-    for op in piece:
-        for inner in _nested(op):
-            for value in inner.operands:
-                owner = value.owner
-                defined_inside = (owner.operation in inside) if isinstance(owner, ir.OpView | ir.Operation) \
-                    else (owner.owner.operation in inside)
-                if not defined_inside and value not in seen:
-                    seen.append(value)
-    return seen
+    nested = [inner for op in piece for inner in _nested(op)]
+    inside = set(nested)
+    seen: dict[ir.Value, None] = {}
+    for inner in nested:
+        for value in inner.operands:
+            if value in seen:
+                continue
+            owner = value.owner
+            defined = owner.operation if isinstance(owner, ir.OpView | ir.Operation) else owner.owner.operation
+            if defined not in inside:
+                seen[value] = None
+    return list(seen)
 
+
+_PLACEHOLDER_NAME = "kernel"  # a kernel's name while its text is hashed
 
 _VIEWS = frozenset({"memref.subview", "memref.collapse_shape", "memref.expand_shape", "memref.cast",
                     "memref.reinterpret_cast"})
@@ -218,29 +241,26 @@ def _outline(piece: list[ir.Operation], scratch: ir.Module) -> tuple[str, str, l
     constants = [v for v in values if isinstance(v.owner, ir.OpView | ir.Operation) and v.owner.name in _CONSTANTS]
     arguments = [v for v in values if v not in constants]
     with ir.InsertionPoint(scratch.body), piece[0].location:
-        kernel = func.FuncOp("kernel", ([v.type for v in arguments], []))
+        kernel = func.FuncOp(_PLACEHOLDER_NAME, ([v.type for v in arguments], []))
         entry = kernel.add_entry_block()
         with ir.InsertionPoint(entry):
             end = func.ReturnOp([])
-    replacement: list[tuple[ir.Value, ir.Value]] = list(zip(arguments, entry.arguments))
+    replacement: dict[ir.Value, ir.Value] = dict(zip(arguments, entry.arguments))
     for value in constants:
-        copy = value.owner.operation.clone(ir.InsertionPoint(end))
-        replacement.append((value, copy.results[0]))
+        replacement[value] = value.owner.operation.clone(ir.InsertionPoint(end)).results[0]
     _mark_noalias(kernel, arguments, len(piece) == 1)
     for op in piece:
         op.move_before(end)
     for op in piece:
         for inner in _nested(op):
             operands = inner.operands
-            for k in range(len(operands)):
-                for old, new in replacement:
-                    if operands[k] == old:
-                        operands[k] = new
-                        break
-    text = str(kernel)
+            for k, operand in enumerate(operands):
+                new = replacement.get(operand)
+                if new is not None:
+                    operands[k] = new
+    text = str(kernel)  # printed once: the name, which hashes the rest, is put into the text
     name = KERNEL_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:24]
-    kernel.attributes["sym_name"] = ir.StringAttr.get(name)
-    return name, str(kernel), arguments
+    return name, text.replace(f"func.func @{_PLACEHOLDER_NAME}(", f"func.func @{name}(", 1), arguments
 
 
 def split_step(module: ir.Module) -> Split:

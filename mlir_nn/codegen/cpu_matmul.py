@@ -31,7 +31,9 @@
   Over a dynamic batch (``mlirnn.small_rows``, the narrow layers of a large batch) it runs
   in blocks of SMALL_ROW_BLOCK rows, one contraction each (each row of B feeds that many
   independent FMA chains; a weight gradient's accumulator is loaded and stored once per
-  block), the last partial block row by row; when the batch is the rows and a row has
+  block), the last partial block row by row; a sum over the batch whose accumulator has
+  more than SMALL_CARRY_MAX elements (it is carried through the batch loop) is split into
+  chunks of its rows, one product each (``_in_chunks``); when the batch is the rows and a row has
   SMALL_TASK_MIN multiply-adds, in tasks of SMALL_TASK_ROWS rows on threads
   (``mlirnn.small_tasks``). The moons MLP's step at batch 10000 went from 7.5 to 1 ms on
   one core.
@@ -81,6 +83,11 @@ SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 4  # those over a dynamic bat
 # moons step calls no malloc.
 SMALL_TASKS, SMALL_TASK_ROWS, SMALL_TASK_MIN = "mlirnn.small_tasks", 512, 2048
 SMALL_VECTOR_MAX = 1 << 12  # elements of the inner loops' vector (LLVM took minutes over 4100-lane vectors)
+# A sum over the batch carries its accumulator through the batch loop: larger ones are split
+# into chunks of at most this many elements, which stay in registers. A 256 x 10 weight gradient
+# carried whole took LLVM 5 s; in chunks of 256 elements it compiles in a fraction of that and
+# its step (256-10, batch 128, one core) went from about 60 to 33 us (512: 80 us, spilled).
+SMALL_CARRY_MAX = 256
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -171,6 +178,22 @@ def _as_generic(op: ir.Operation, threads: bool) -> ir.Value:
     # A transposed (k, m) and B (k, n), e.g. a weight gradient: k outermost, so that every
     # inner loop reads rows (A[k, m] is a scalar, B[k, :] and C[m, :] contiguous).
     order = [2, 0, 1] if ta and not tb else [0, 2, 1] if row_update else [0, 1, 2]
+    sizes = (m, n, k)  # indexed by matmul dim
+    inner = [sizes[d] for d in order[1:]]
+    tags: list[str] = []
+    if _static_sizes(*inner) and inner[0] * inner[1] <= SMALL_VECTOR_MAX:
+        tags.append(SMALL_VECTOR if _static_sizes(sizes[order[0]]) else SMALL_ROWS)
+        if tags[0] == SMALL_ROWS and threads and order[0] == 0 and inner[0] * inner[1] >= SMALL_TASK_MIN:
+            tags.append(SMALL_TASKS)
+    # k (the batch) outermost: the whole of C is carried through the batch loop
+    if tags[:1] != [SMALL_ROWS] or order[0] != 2 or inner[0] * inner[1] <= SMALL_CARRY_MAX:
+        return _looped(a, b, c, ta, tb, order, tags)
+    return _in_chunks(a, b, c, ta, tb, order, tags, _chunks(inner[0], inner[1]))
+
+
+def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: list[int],
+            tags: list[str]) -> ir.Value:
+    """C + op(A) op(B) as a ``linalg.generic`` with loops in ``order`` (of matmul dims m, n, k)."""
     position = {dim: i for i, dim in enumerate(order)}
     maps = [dims_map(3, [position[d] for d in _operand_dims(amap)]) for amap in matmul_maps(ta, tb)]
     iterators = [REDUCTION if d == 2 else PARALLEL for d in order]
@@ -180,14 +203,51 @@ def _as_generic(op: ir.Operation, threads: bool) -> ir.Value:
     def product(x: ir.Value, y: ir.Value, acc: ir.Value) -> ir.Value:
         return arith.addf(acc, arith.mulf(x, y, fastmath=fastmath), fastmath=fastmath)
 
-    sizes = (m, n, k)  # indexed by matmul dim
-    inner = [sizes[d] for d in order[1:]]
-    if _static_sizes(*inner) and inner[0] * inner[1] <= SMALL_VECTOR_MAX:
-        tag = SMALL_VECTOR if _static_sizes(sizes[order[0]]) else SMALL_ROWS
+    for tag in tags:
         product.owner.attributes[tag] = ir.UnitAttr.get()
-        if tag == SMALL_ROWS and threads and order[0] == 0 and inner[0] * inner[1] >= SMALL_TASK_MIN:
-            product.owner.attributes[SMALL_TASKS] = ir.UnitAttr.get()
     return product
+
+
+def _chunks(size: int, lanes: int) -> list[tuple[int, int]]:
+    """(offset, length) chunks of ``size`` about equal, each with at most SMALL_CARRY_MAX / ``lanes``
+    (at least one)."""
+    count = min(size, -(-size * lanes // SMALL_CARRY_MAX))
+    step = -(-size // count)
+    return [(start, min(step, size - start)) for start in range(0, size, step)]
+
+
+def _along(value: ir.Value, axis: int | None, offset: int, length: int) -> ir.Value:
+    """``value`` sliced to ``length`` at ``offset`` along ``axis`` (None: all of it)."""
+    if axis is None:
+        return value
+    sizes = dim_sizes(value)
+    sizes[axis] = length
+    offsets: list[int | ir.Value] = [0] * len(sizes)
+    offsets[axis] = offset
+    return _part(value, offsets, sizes)
+
+
+def _in_chunks(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: list[int], tags: list[str],
+               chunks: list[tuple[int, int]]) -> ir.Value:
+    """``_looped`` split along its middle loop into ``chunks``, so that the vector code of each
+    carries at most SMALL_CARRY_MAX elements through the outer (batch) loop: chunks of C's
+    rows or columns written into it, or of k accumulated one after the other."""
+    dim = order[1]
+    a_map, b_map, c_map = (_operand_dims(amap) for amap in matmul_maps(ta, tb))
+    axes = [dims.index(dim) if dim in dims else None for dims in (a_map, b_map, c_map)]
+    total = c
+    for offset, length in chunks:
+        a_part, b_part = _along(a, axes[0], offset, length), _along(b, axes[1], offset, length)
+        if axes[2] is None:  # a chunk of k: accumulated into the whole C
+            total = _looped(a_part, b_part, total, ta, tb, order, tags)
+            continue
+        part = _looped(a_part, b_part, _along(total, axes[2], offset, length), ta, tb, order, tags)
+        sizes = dim_sizes(total)
+        sizes[axes[2]] = length
+        offsets: list[int | ir.Value] = [0] * len(sizes)
+        offsets[axes[2]] = offset
+        total = _put(part, total, offsets, sizes)
+    return total
 
 
 def _static(sizes: list[int | ir.Value]) -> list[int]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 from mlir import ir
 
 from mlir_nn.backends import kernel_pool
-from mlir_nn.backends.cpu import CpuExecutable, clear_memory_cache, compile_kernel, lower_with_plan
-from mlir_nn.backends.kernel_build import merge_texts
+from mlir_nn.backends.cpu import CpuExecutable, clear_memory_cache, compile_kernel, lower_with_plan, tail_pipeline
+from mlir_nn.backends.kernel_build import Job, build, merge_texts
 from mlir_nn.backends.kernel_split import NOALIAS, split_step
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import symbol_name
@@ -48,6 +51,7 @@ def test_each_piece_of_work_becomes_a_kernel_called_by_the_step_and_same_pieces_
         assert split.step.count("call @k") == 4 and "linalg." not in split.step
         for kernel in split.kernels.values():
             ir.Module.parse(kernel)
+        assert split.chunks(1)[0].whole and not any(chunk.whole for chunk in split.chunks(3))
         for chunks in (split.chunks(1), split.chunks(3)):
             assert sum(c.text.count("func.func @k") for c in chunks) == 3
             for chunk in chunks:
@@ -61,6 +65,46 @@ def test_views_of_one_buffer_are_not_marked_noalias_and_separate_buffers_are():
     (product,) = _kernels_with(split, "linalg.copy")
     assert NOALIAS not in halves
     assert f"{NOALIAS} = array<i64: 1, 8>" in product  # the aligned pointers of both (rank-2) descriptors
+
+
+# two sums over rows that start from one (CSE-shared) read of a zero vector
+SHARED_READ = """
+func.func @step(%x: memref<?x8xf64>, %zero: memref<8xf64>, %s: memref<8xf64>, %t: memref<8xf64>)
+    attributes {llvm.emit_c_interface} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %pad = arith.constant 0.0 : f64
+  %rows = memref.dim %x, %c0 : memref<?x8xf64>
+  %start = vector.transfer_read %zero[%c0], %pad {in_bounds = [true]} : memref<8xf64>, vector<8xf64>
+  %sum = scf.for %i = %c0 to %rows step %c1 iter_args(%acc = %start) -> (vector<8xf64>) {
+    %row = vector.transfer_read %x[%i, %c0], %pad {in_bounds = [true]} : memref<?x8xf64>, vector<8xf64>
+    %next = arith.addf %acc, %row : vector<8xf64>
+    scf.yield %next : vector<8xf64>
+  }
+  vector.transfer_write %sum, %s[%c0] {in_bounds = [true]} : vector<8xf64>, memref<8xf64>
+  %squares = scf.for %i = %c0 to %rows step %c1 iter_args(%acc = %start) -> (vector<8xf64>) {
+    %row = vector.transfer_read %x[%i, %c0], %pad {in_bounds = [true]} : memref<?x8xf64>, vector<8xf64>
+    %next = vector.fma %row, %row, %acc : vector<8xf64>
+    scf.yield %next : vector<8xf64>
+  }
+  vector.transfer_write %squares, %t[%c0] {in_bounds = [true]} : vector<8xf64>, memref<8xf64>
+  return
+}
+"""
+
+
+def test_a_value_that_several_pieces_read_stays_in_the_step_and_each_piece_is_a_kernel():
+    with ir.Context():
+        split = split_step(ir.Module.parse(SHARED_READ))
+    assert split.step.count("vector.transfer_read") == 1  # the shared read, where it was
+    assert split.step.count("call @k") == 2 and "scf.for" not in split.step
+    for kernel in split.kernels.values():
+        assert kernel.count("scf.for") == 1
+        assert "vector<8xf64>" in kernel.split("{")[0]  # the read's value is an argument
+    tail = tail_pipeline(load_pipeline("cpu"))
+    with tempfile.TemporaryDirectory() as folder:
+        for i, chunk in enumerate(split.chunks(3)):  # each lowers and compiles on its own
+            assert "llvm.func" in build(Job(chunk, tail, Path(folder) / f"{i}.o"))
 
 
 def test_merged_llvm_text_has_each_definition_once_and_parses():

@@ -9,13 +9,21 @@ Tolerances as in tests/backends/test_cpu_parallel.py.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, compile_kernel, lower
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
-from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, SMALL_ROW_BLOCK, SMALL_TASK_MIN, rewrite_matmuls
+from mlir_nn.codegen.cpu_matmul import (
+    PACK_ROWS_STEP,
+    SMALL_CARRY_MAX,
+    SMALL_ROW_BLOCK,
+    SMALL_TASK_MIN,
+    rewrite_matmuls,
+)
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
@@ -74,6 +82,20 @@ def test_small_products_are_vector_code_and_match_the_reference(k, m, dtype):
     assert text.count("= scf.forall") == (5 if k * m >= SMALL_TASK_MIN else 0)
     # rows: no whole block, one, many, a partial last one, several tasks
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
+
+
+@pytest.mark.parametrize("k, m, dtype", [(100, 13, "float32"), (40, 33, "float64")])
+def test_batch_sums_with_a_large_accumulator_run_in_chunks_and_match_the_reference(k, m, dtype):
+    """A product summed over the batch (x^T g) whose (k, m) accumulator would be carried whole
+    through the batch loop is split into chunks of its rows, each at most SMALL_CARRY_MAX."""
+    graph = matmul_zoo(k, m, dtype)
+    module = emit_linalg(graph)
+    assert rewrite_matmuls(module)[0] == 0
+    element = "f32" if dtype == "float32" else "f64"
+    rows = {int(r) for r in re.findall(rf"vector<(\d+)x{m}x{element}>", str(module))}
+    chunks = sorted(r for r in rows if SMALL_ROW_BLOCK < r < k)  # a chunk of x^T g's rows (k of them)
+    assert chunks and max(chunks) * m <= SMALL_CARRY_MAX, rows
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK,), dtype)
 
 
 @pytest.mark.parametrize("k, m, dtype, swapped", [
