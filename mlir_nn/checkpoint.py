@@ -128,6 +128,8 @@ class _Reader:
                 shape, fortran, dtype = _header(f)
                 if dtype.kind not in "biuf":
                     raise self.fail(f"entry {info.filename} holds {dtype}; a checkpoint holds numeric arrays only")
+                if any(d < 0 for d in shape):
+                    raise self.fail(f"entry {info.filename} claims shape {shape}; a dimension cannot be negative")
                 size = int(np.prod(shape, dtype=object)) * dtype.itemsize
                 if size != info.file_size - f.tell():
                     raise self.fail(f"entry {info.filename} claims shape {shape} of {dtype} ({size} bytes), but "
