@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from mlir_nn.optim.scheduler_state import checked_state
+
 if TYPE_CHECKING:
     from mlir_nn.optim.optimizers import Optimizer
 
@@ -51,7 +53,8 @@ class LRScheduler:
         return {k: v for k, v in vars(self).items() if k != "optimizer" and not callable(v)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.__dict__.update({k: list(v) if k in ("base_lrs", "_last_lr") else v for k, v in state.items()})
+        """Restore a ``state_dict()``, checked whole first (``scheduler_state``)."""
+        self.__dict__.update(checked_state(f"{type(self).__name__}.load_state_dict", self.state_dict(), state))
 
 
 
@@ -246,4 +249,5 @@ class ReduceLROnPlateau:
         return {k: v for k, v in vars(self).items() if k != "optimizer"}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.__dict__.update({k: list(v) if k in ("min_lrs", "_last_lr") else v for k, v in state.items()})
+        """Restore a ``state_dict()``, checked whole first (``scheduler_state``)."""
+        self.__dict__.update(checked_state(f"{type(self).__name__}.load_state_dict", self.state_dict(), state))
