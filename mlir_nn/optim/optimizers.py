@@ -343,6 +343,7 @@ class Optimizer:
                     value = tuple(value) if isinstance(value, list) else value
                     check = getattr(type(self), key, None)
                     values[key] = (check.check(cls, key, value) if isinstance(check, Hyperparameter) else
+                                   non_negative(cls, key, value) if key in SCHEDULE_KEYS else  # rates, momenta
                                    real(cls, key, value) if isinstance(value, numbers.Real)
                                    and not isinstance(value, bool) else value)
             checked.append(values)

@@ -119,6 +119,12 @@ BAD_OPTIMIZER_STATES = {
     "a negative step count": (lambda s: s["state"][0].update(step=np.float32(-1)),
                               r"step of parameter 0 must hold a whole number >= 0 \(a count\); it has -1.0"),
     "a fractional step count": (lambda s: s["state"][3].update(step=np.float32(2.5)), "it has 2.5"),
+    # a schedule's keys in a group were written as given: its next step failed with a raw TypeError
+    "a schedule's rate as text": (lambda s: s["param_groups"][0].update(initial_lr="x"),
+                                  "Adam: initial_lr must be a real number, got str 'x'"),
+    "a schedule's momentum as None": (lambda s: s["param_groups"][0].update(base_momentum=None),
+                                      "Adam: base_momentum must be a real number"),
+    "a negative schedule rate": (lambda s: s["param_groups"][0].update(max_lr=-1.0), "Adam: max_lr must be >= 0"),
 }
 
 
