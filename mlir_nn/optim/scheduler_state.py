@@ -1,7 +1,8 @@
 """A learning-rate schedule's saved state, checked whole against the schedule's own before
 anything is written: the same names (never ``optimizer``), each value of the same kind
 (bool, integer, number that is not NaN, the same string, a list of the same length), the
-learning rates finite and >= 0, ``last_epoch`` >= -1. A bad checkpoint changes nothing,
+learning rates finite and >= 0, ``last_epoch`` >= -1, the settings in the ranges the
+constructor accepts (a period of 0 divided by zero at the next ``step()``). A bad checkpoint changes nothing,
 instead of failing (or dividing by zero) at a later ``step()``."""
 
 from __future__ import annotations
@@ -14,9 +15,16 @@ from typing import Any
 RATES = ("base_lrs", "_last_lr", "min_lrs")  # lists of learning rates, one per group
 
 
-def checked_state(name: str, own: Mapping[str, Any], state: Any) -> dict[str, Any]:
-    """``state`` as values of the kinds of ``own`` (the schedule's ``state_dict()``); a
-    ValueError naming ``name`` and the entry otherwise."""
+POSITIVE, NON_NEGATIVE, FRACTION = "a number > 0", "a number >= 0", "a number in [0, 1)"
+_INSIDE = {POSITIVE: lambda v: v > 0, NON_NEGATIVE: lambda v: v >= 0, FRACTION: lambda v: 0 <= v < 1}
+
+
+def checked_state(
+    name: str, own: Mapping[str, Any], state: Any, settings: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """``state`` as values of the kinds of ``own`` (the schedule's ``state_dict()``), each of
+    ``settings`` ({name: POSITIVE, NON_NEGATIVE or FRACTION}, what the constructor accepts) in
+    its range; a ValueError naming ``name`` and the entry otherwise."""
     if not isinstance(state, Mapping):
         raise ValueError(f"{name}: expected a dict of {sorted(own)}, got {type(state).__name__}")
     missing, unknown = sorted(set(own) - set(state)), sorted(map(str, set(state) - set(own)))
@@ -27,6 +35,9 @@ def checked_state(name: str, own: Mapping[str, Any], state: Any) -> dict[str, An
     for key in RATES:
         if key in checked and not all(math.isfinite(r) and r >= 0 for r in checked[key]):
             raise ValueError(f"{name}: {key} must hold finite learning rates >= 0, got {checked[key]!r}")
+    for key, inside in (settings or {}).items():
+        if not _INSIDE[inside](checked[key]):
+            raise ValueError(f"{name}: {key} must be {inside}, got {checked[key]!r}")
     if checked.get("last_epoch", -1) < -1:
         raise ValueError(f"{name}: last_epoch must be >= -1, got {checked['last_epoch']}")
     return checked

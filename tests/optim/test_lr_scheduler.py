@@ -150,6 +150,12 @@ BAD_SCHEDULE_STATES = [
      r"_phases\[0\]\[4\] is 'oops'"),
     ("ReduceLROnPlateau", {"mode": "sideways"}, "mode is 'sideways'; expected 'min'"),
     ("ReduceLROnPlateau", {"min_lrs": [float("inf")]}, "min_lrs must hold finite learning rates"),
+    # settings outside the constructor's ranges: a period of 0 divided by zero at the next step
+    ("StepLR", {"step_size": 0}, r"step_size must be a number > 0, got 0"),
+    ("CosineAnnealingLR", {"T_max": 0}, r"T_max must be a number > 0, got 0"),
+    ("OneCycleLR", {"total_steps": -1}, r"total_steps must be a number > 0, got -1"),
+    ("ReduceLROnPlateau", {"factor": 2.0}, r"factor must be a number in \[0, 1\), got 2.0"),
+    ("ReduceLROnPlateau", {"patience": -1}, r"patience must be a number >= 0, got -1"),
 ]
 
 
