@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -223,6 +224,17 @@ def test_load_names_the_file_and_the_problem(entries, match, tmp_path):
     with pytest.raises(CheckpointError, match=match) as error:
         mlir_nn.load(path)
     assert str(error.value).startswith(f"load: {path}")
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo", "folder"])
+def test_load_refuses_what_is_not_a_regular_file_without_reading_it(special, tmp_path):
+    """Loading /dev/zero read forever, and a pipe waited for a writer forever."""
+    if special == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    path = special if special.startswith("/") else str(tmp_path / special)
+    with pytest.raises(CheckpointError, match=f"load: {path} is not a regular file"):
+        mlir_nn.load(path)
 
 
 def test_load_refuses_damaged_and_missing_files(tmp_path):
