@@ -315,6 +315,9 @@ class Module:
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> IncompatibleKeys:
         """Copy ``state`` into the parameters and buffers in place; every entry is checked
         before any is written. Values may be NumPy arrays or anything ``np.asarray`` reads."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"{type(self).__name__}.load_state_dict: expected a dict of names to arrays (a "
+                            f"state_dict()), got {type(state).__name__}")
         named = dict(self._state_entries())
         missing = [k for k in named if k not in state]
         unexpected = [k for k in state if k not in named]
