@@ -9,7 +9,7 @@ the validation loss, writes output/char_gpt_loss.png and samples text at the end
     python examples/char_gpt.py [steps]
 """
 
-import sys
+import argparse
 import time
 from pathlib import Path
 from pydoc_data.topics import topics
@@ -124,4 +124,9 @@ def main(steps: int = 1000, seed: int = 0, verbose: bool = True) -> float:
 
 
 if __name__ == "__main__":
-    main(steps=int(sys.argv[1]) if len(sys.argv) > 1 else 1000)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("steps", nargs="?", type=int, default=1000, help="training steps (default 1000)")
+    count = parser.parse_args().steps
+    if count < 1:
+        parser.error(f"steps must be a positive integer, got {count}")
+    main(steps=count)

@@ -5,8 +5,8 @@ Writes output/digits_training.png (loss and accuracy per epoch, training and val
 and output/digits_confusion.png (the test set's confusion matrix).
 """
 
+import argparse
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -71,4 +71,9 @@ def main(n_epochs: int = 60, seed: int = 0, verbose: bool = True) -> float:
 
 
 if __name__ == "__main__":
-    main(n_epochs=int(sys.argv[1]) if len(sys.argv) > 1 else 60)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("epochs", nargs="?", type=int, default=60, help="training epochs (default 60)")
+    count = parser.parse_args().epochs
+    if count < 1:
+        parser.error(f"epochs must be a positive integer, got {count}")
+    main(n_epochs=count)

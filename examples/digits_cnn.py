@@ -9,6 +9,7 @@ output/digits_cnn_filters.png (the first layer's learned 3x3 filters).
     python examples/digits_cnn.py [EPOCHS]
 """
 
+import argparse
 import random
 import sys
 import time
@@ -98,4 +99,9 @@ def main(n_epochs: int = 20, seed: int = 0, verbose: bool = True) -> float:
 
 
 if __name__ == "__main__":
-    main(n_epochs=int(sys.argv[1]) if len(sys.argv) > 1 else 20)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("epochs", nargs="?", type=int, default=20, help="training epochs (default 20)")
+    count = parser.parse_args().epochs
+    if count < 1:
+        parser.error(f"epochs must be a positive integer, got {count}")
+    main(n_epochs=count)

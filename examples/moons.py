@@ -1,5 +1,6 @@
 """The seed's end-to-end example: an MLP learns the two moons, one compiled step per batch."""
 
+import argparse
 import random
 import time
 
@@ -10,6 +11,7 @@ from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
 from mlir_nn.trainer import Trainer
 
+argparse.ArgumentParser(description=__doc__).parse_args()  # --help; it takes no arguments
 random.seed(42)
 np.random.seed(42)
 

@@ -11,7 +11,8 @@ checkpoint intact and a reader never sees a partial file (a killed save may leav
 Loading is driven by the structure and checked before anything is read: only entries the
 structure names are read, each must be a stored (uncompressed) numeric ``.npy`` whose
 header agrees with its size in the archive, so memory stays bounded by the file's size;
-no pickle, never code. Every problem is a ``CheckpointError`` (a ``ValueError``) naming
+no pickle, never code. A path that is not a regular file (``/dev/zero``, a pipe) is refused
+before it is opened. Every problem is a ``CheckpointError`` (a ``ValueError``) naming
 the file; a missing file is a ``FileNotFoundError``.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import stat
 import zipfile
 from collections.abc import Mapping
 from typing import Any, BinaryIO
@@ -128,6 +130,8 @@ class _Reader:
                 shape, fortran, dtype = _header(f)
                 if dtype.kind not in "biuf":
                     raise self.fail(f"entry {info.filename} holds {dtype}; a checkpoint holds numeric arrays only")
+                if any(d < 0 for d in shape):
+                    raise self.fail(f"entry {info.filename} claims shape {shape}; a dimension cannot be negative")
                 size = int(np.prod(shape, dtype=object)) * dtype.itemsize
                 if size != info.file_size - f.tell():
                     raise self.fail(f"entry {info.filename} claims shape {shape} of {dtype} ({size} bytes), but "
@@ -209,7 +213,10 @@ def _header(f: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
 def load(path: str | os.PathLike) -> Any:
     """Read what ``save`` wrote: the same nested dicts, lists and numpy arrays."""
     name = os.fspath(path)
-    with open(name, "rb") as f:  # a missing file: FileNotFoundError naming it
+    if not stat.S_ISREG(os.stat(name).st_mode):  # a missing file: FileNotFoundError naming it
+        raise CheckpointError(f"load: {name} is not a regular file (a folder, device or pipe, which reading could "
+                              "wait on forever); a checkpoint is a file that mlir_nn.save wrote")
+    with open(name, "rb") as f:
         try:
             archive = zipfile.ZipFile(f)
         except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:

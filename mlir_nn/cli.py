@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", choices=("cpu", "cuda"), default=None,
                    help="code to generate (default cpu, or cuda for --emit gpu, ptx or cubin); with cuda and no "
                         "--emit, -o FILE gets the .mlirnn artifact")
-    c.add_argument("--arch", default="sm_90", help="CUDA arch for --target cuda: sm_80, sm_86, sm_89 or sm_90 "
+    c.add_argument("--arch", default=None, help="CUDA arch for --target cuda: sm_80, sm_86, sm_89 or sm_90 "
                                                    "(default sm_90)")
     c.add_argument("--simt-check", action="store_true",
                    help="with --target cuda: run every kernel at --batch on the SIMT interpreter (CPU) against the "
@@ -218,6 +218,11 @@ def check_target(args: argparse.Namespace, emit: str | None) -> bool:
         raise UsageError("argument --pipeline: the CPU pass pipeline is not used with --target cuda")
     if not cuda and args.simt_check:
         raise UsageError("argument --simt-check: checks CUDA kernels; needs --target cuda")
+    if not cuda and args.arch is not None:
+        raise UsageError(f"argument --arch: {args.arch} is a CUDA arch; needs --target cuda")
+    if args.optimizer != "sgd" and args.momentum:
+        raise UsageError(f"argument --momentum: SGD's momentum; --optimizer {args.optimizer} has none")
+    args.arch = args.arch or "sm_90"
     if cuda and emit in ("tensor", "optimized"):
         return False  # the graph stages come before any target's code
     if cuda:

@@ -14,7 +14,7 @@ import numpy as np
 
 from mlir_nn.engine import Tensor, apply, current_trace, minimum
 from mlir_nn.ir import ShapeError
-from mlir_nn.ir.shapes import fmt_shape
+from mlir_nn.ir.shapes import DTypeError, fmt_shape
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -34,9 +34,18 @@ def _check_reduction(name: str, reduction: str) -> None:
         raise ValueError(f"{name}: reduction must be one of {', '.join(map(repr, REDUCTIONS))}, got {reduction!r}")
 
 
+def _same_dtype(name: str, target: Tensor, pred: Tensor, role: str = "input", labels: str = "") -> None:
+    """A target of another dtype than the prediction (a step argument: arrays become tensors of
+    their own dtype) is refused in the loss's words, not by an op the user never called."""
+    if target.dtype != pred.dtype:
+        raise DTypeError(f"{name}: the target is {target.dtype}, the {role} {pred.dtype}; pass {labels}the target "
+                         f"as {pred.dtype}")
+
+
 def _pair(name: str, pred: Any, target: Any) -> tuple[Tensor, Tensor]:
     pred = pred if isinstance(pred, Tensor) else Tensor(pred)
     target = target if isinstance(target, Tensor) else Tensor(target, dtype=pred.dtype)
+    _same_dtype(name, target, pred)
     if pred.shape != target.shape:
         raise ShapeError(f"{name}: input shape {fmt_shape(pred.shape)} differs from target shape "
                          f"{fmt_shape(target.shape)}; expected equal shapes")
@@ -52,7 +61,9 @@ def mse_loss(pred: Any, target: Any, reduction: str = "mean") -> Tensor:
     _check_reduction("mse_loss", reduction)
     if reduction == "mean":  # the op checks the shapes
         pred = pred if isinstance(pred, Tensor) else Tensor(pred)
-        return apply("mse", pred, target if isinstance(target, Tensor) else Tensor(target, dtype=pred.dtype))
+        target = target if isinstance(target, Tensor) else Tensor(target, dtype=pred.dtype)
+        _same_dtype("mse_loss", target, pred)
+        return apply("mse", pred, target)
     pred, target = _pair("mse_loss", pred, target)
     d = pred - target
     return _reduced("mse_loss", d * d, reduction)
@@ -137,6 +148,7 @@ def _log_prob_loss(name: str, log_probs: Tensor, target: Any, weight: Any, ignor
         raise ShapeError(f"{name}: input must have shape (batch, classes), got {fmt_shape(log_probs.shape)}")
     n, classes = log_probs.shape
     target = _as_tensor(target, log_probs.dtype)
+    _same_dtype(name, target, log_probs, role, "class labels as integers (np.int64) or ")
     w = None if weight is None else _as_tensor(weight, log_probs.dtype)
     if w is not None and w.shape != (classes,):
         raise ShapeError(f"{name}: weight has shape {fmt_shape(w.shape)}, expected ({classes},), one per class")

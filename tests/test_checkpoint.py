@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -188,10 +189,14 @@ def _structure(root, fmt="mlir-nn-checkpoint/1"):
     return _npy(np.frombuffer(json.dumps({"format": fmt, "root": root}).encode(), np.uint8))
 
 
-def _huge_header():
+def _header(shape):
     header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10 ** 12,)})
-    return header.getvalue() + b"\0" * 64
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": shape})
+    return header.getvalue()
+
+
+def _huge_header():
+    return _header((10 ** 12,)) + b"\0" * 64
 
 
 @pytest.mark.parametrize("entries,match", [
@@ -209,12 +214,27 @@ def _huge_header():
     ({"__structure__.npy": _structure({"array": "a0"}), "a0.npy": _huge_header()}, r"claims shape \(1000000000000,\)"),
     ({"__structure__.npy": _structure({"array": "a0"}), "a0.npy": _npy(np.ones(4))[:-8]}, "holds 24 bytes"),
     ({"__structure__.npy": _structure({"array": "a0"}), "a0.npy": b"not an npy"}, "entry a0.npy is corrupt"),
+    ({"__structure__.npy": _structure({"array": "a0"}), "a0.npy": _header((-2, -3)) + b"\0" * 48},
+     r"claims shape \(-2, -3\); a dimension cannot be negative"),
+    ({"__structure__.npy": _structure({"array": "a0"}), "a0.npy": _header((-1, 0))},
+     r"claims shape \(-1, 0\); a dimension cannot be negative"),
 ])
 def test_load_names_the_file_and_the_problem(entries, match, tmp_path):
     path = _archive(tmp_path / "bad.npz", entries)
     with pytest.raises(CheckpointError, match=match) as error:
         mlir_nn.load(path)
     assert str(error.value).startswith(f"load: {path}")
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo", "folder"])
+def test_load_refuses_what_is_not_a_regular_file_without_reading_it(special, tmp_path):
+    """Loading /dev/zero read forever, and a pipe waited for a writer forever."""
+    if special == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    path = special if special.startswith("/") else str(tmp_path / special)
+    with pytest.raises(CheckpointError, match=f"load: {path} is not a regular file"):
+        mlir_nn.load(path)
 
 
 def test_load_refuses_damaged_and_missing_files(tmp_path):

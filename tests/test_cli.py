@@ -103,6 +103,8 @@ def exit_and_stderr(args, capsys):
     (["--target", "cuda", "--emit", "linalg"], "--emit"),
     (["--target", "cpu", "--emit", "ptx"], "--emit"),
     (["--simt-check"], "--simt-check"),
+    (["--arch", "sm_80"], "--arch"),  # a CUDA arch for cpu code was ignored
+    (["--optimizer", "adam", "--momentum", "0.9"], "--momentum"),  # Adam has no momentum: it was ignored
     (["--target", "cuda", "--pipeline", "{tmp}/partial.pipeline", "-o", "{tmp}/s.mlirnn"], "--pipeline"),
     (["--target", "cuda", "--arch", "sm_1", "-o", "{tmp}/s.mlirnn"], "--arch"),
 ])

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -69,3 +71,14 @@ def test_digits_cnn_example_smoke_run_learns_and_writes_its_plots(tmp_path):
     assert "on backend 'cpu'" in result.stdout
     for name in ("digits_cnn_training.png", "digits_cnn_confusion.png", "digits_cnn_filters.png"):
         assert (tmp_path / "output" / name).stat().st_size > 1000
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
+def test_every_example_answers_help_without_training(script, tmp_path):
+    """``--help`` was a ValueError traceback (char_gpt, digits, digits_cnn) or trained for half a
+    minute (moons)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="Agg")
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--help"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("usage: "), result.stderr[-2000:]
+    assert not (tmp_path / "output").exists()

@@ -6,8 +6,8 @@ import torch
 
 import mlir_nn
 from mlir_nn.engine import Tensor
-from mlir_nn.ir import ShapeError
-from mlir_nn.losses import cross_entropy
+from mlir_nn.ir import DTypeError, ShapeError
+from mlir_nn.losses import cross_entropy, l1_loss, mse_loss, nll_loss
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
 from mlir_nn.trainer import train_step
@@ -158,6 +158,25 @@ def test_a_compiled_step_refuses_bad_labels_and_writes_nothing(backend):
     for a, b in zip(before, model.parameters()):
         np.testing.assert_array_equal(a, b.data)
     assert np.isfinite(step(x, np.array([2, 2, 0], np.float32)))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+@pytest.mark.parametrize("loss,target,match", [
+    (cross_entropy, np.array([0.0, 2.0]), "cross_entropy: the target is float64, the logits float32; pass class "
+                                          r"labels as integers \(np.int64\) or the target as float32"),
+    (cross_entropy, np.full((2, 3), 1 / 3), "cross_entropy: the target is float64, the logits float32"),
+    (nll_loss, np.array([0.0, 2.0]), "nll_loss: the target is float64, the input float32"),
+    (mse_loss, np.zeros((2, 3)), "mse_loss: the target is float64, the input float32; pass the target as float32"),
+    (l1_loss, np.zeros((2, 3)), "l1_loss: the target is float64, the input float32"),
+])
+def test_a_step_argument_of_another_dtype_is_refused_in_the_losss_words(backend, loss, target, match):
+    """A float64 target beside float32 predictions was refused by an op the user never called
+    (``mul: operands have different dtypes``); eager code casts an array, a step argument keeps its dtype."""
+    model = MLP(4, [3])
+    step = mlir_nn.jit(lambda x, y: loss(model(x), y), backend=backend)
+    with pytest.raises(DTypeError, match=match):
+        step(np.ones((2, 4), np.float32), target)
+    assert np.isfinite(float(loss(model(Tensor(np.ones((2, 4), np.float32))), target).data))  # eager: cast
 
 
 def max_softmax_step(w: Tensor):

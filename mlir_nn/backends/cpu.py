@@ -123,8 +123,11 @@ def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[objec
 def check_environment(compiling: bool = True) -> None:
     """What a cpu step needs, checked at its first call rather than calls later, when its
     tasks first run or its background compile is found to have failed: a valid
-    ``MLIR_NN_NUM_THREADS`` and (``compiling``) a writable cache folder and a C compiler."""
+    ``MLIR_NN_NUM_THREADS`` and ``MLIR_NN_COMPILE_WORKERS`` (a split step's compile reads it,
+    in the background process of a tiered step) and (``compiling``) a writable cache folder
+    and a C compiler."""
     num_threads()
+    kernel_pool.worker_count()
     if compiling:
         writable()
         if shutil.which("cc") is None and shutil.which("gcc") is None:

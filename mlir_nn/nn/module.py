@@ -31,6 +31,7 @@ from mlir_nn.engine import Tensor, state_array
 from mlir_nn.ir.shapes import dtype_name
 from mlir_nn.jit.guards import structure_changed
 from mlir_nn.runtime import residency
+from mlir_nn.support.domains import check_domain
 
 _SETTING_TYPES = (bool, int, float, str, type(None))
 
@@ -63,6 +64,7 @@ class Module:
     ``__init__`` and compute in ``forward``; calling the module runs ``forward``."""
 
     training: bool
+    STATE_DOMAINS: dict[str, str] = {}  # this module's state entries -> the values a loaded one may hold
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Module:
         """Create the registries before any ``__init__`` runs (a subclass that forgets
@@ -313,6 +315,9 @@ class Module:
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> IncompatibleKeys:
         """Copy ``state`` into the parameters and buffers in place; every entry is checked
         before any is written. Values may be NumPy arrays or anything ``np.asarray`` reads."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"{type(self).__name__}.load_state_dict: expected a dict of names to arrays (a "
+                            f"state_dict()), got {type(state).__name__}")
         named = dict(self._state_entries())
         missing = [k for k in named if k not in state]
         unexpected = [k for k in state if k not in named]
@@ -322,6 +327,11 @@ class Module:
         checked = {name: state_array(state[name], f"{type(self).__name__}.load_state_dict: {name}", t.dtype,
                                      t.shape)
                    for name, t in named.items() if name in state}
+        for prefix, module in self.named_modules():
+            for local, domain in module.STATE_DOMAINS.items():
+                name = f"{prefix}.{local}" if prefix else local
+                if name in checked:
+                    check_domain(checked[name], domain, f"{type(self).__name__}.load_state_dict: {name}")
         for name, value in checked.items():
             named[name].data[...] = value
         residency.written([named[name].data for name in checked])  # device copies are stale now

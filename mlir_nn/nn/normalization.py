@@ -17,6 +17,7 @@ from mlir_nn.engine import Tensor
 from mlir_nn.nn import functional as F
 from mlir_nn.nn.linear import as_input, positive
 from mlir_nn.nn.module import Module, Parameter
+from mlir_nn.support.domains import COUNT, NON_NEGATIVE
 
 
 class LayerNorm(Module):
@@ -45,6 +46,8 @@ class LayerNorm(Module):
 
 
 class BatchNorm1d(Module):
+    STATE_DOMAINS = {"running_var": NON_NEGATIVE, "num_batches_tracked": COUNT}
+
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, dtype: Any = np.float32) -> None:
         super().__init__()

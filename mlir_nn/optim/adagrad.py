@@ -10,6 +10,7 @@ import numpy as np
 from mlir_nn.engine import Tensor
 from mlir_nn.jit.guards import TrackedDict
 from mlir_nn.optim.optimizers import Hyperparameter, Optimizer, non_negative
+from mlir_nn.support.domains import COUNT, NON_NEGATIVE
 
 
 class Adagrad(Optimizer):
@@ -19,6 +20,7 @@ class Adagrad(Optimizer):
 
     HYPERPARAMETERS = ("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps")
     STATE = {"step": "scalar", "sum": "param"}
+    STATE_DOMAINS = {"step": COUNT, "sum": NON_NEGATIVE}
 
     lr_decay = Hyperparameter(non_negative)
     weight_decay = Hyperparameter(non_negative)

@@ -14,12 +14,16 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from mlir_nn.optim.scheduler_state import FRACTION, NON_NEGATIVE, POSITIVE, checked_state
+
 if TYPE_CHECKING:
     from mlir_nn.optim.optimizers import Optimizer
 
 
 class LRScheduler:
     """Base class: ``lr_at(epoch, base_lr)`` gives a group's learning rate of an epoch from its ``initial_lr``."""
+
+    SETTINGS: dict[str, str] = {}  # the ranges of the settings a loaded state must respect
 
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
         self.optimizer = optimizer
@@ -51,12 +55,16 @@ class LRScheduler:
         return {k: v for k, v in vars(self).items() if k != "optimizer" and not callable(v)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.__dict__.update({k: list(v) if k in ("base_lrs", "_last_lr") else v for k, v in state.items()})
+        """Restore a ``state_dict()``, checked whole first (``scheduler_state``)."""
+        name = f"{type(self).__name__}.load_state_dict"
+        self.__dict__.update(checked_state(name, self.state_dict(), state, self.SETTINGS))
 
 
 
 class StepLR(LRScheduler):
     """lr = base_lr * gamma ** (epoch // step_size)."""
+
+    SETTINGS = {"step_size": POSITIVE}
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
         if not isinstance(step_size, int) or step_size < 1:
@@ -81,6 +89,8 @@ class ExponentialLR(LRScheduler):
 
 class CosineAnnealingLR(LRScheduler):
     """lr = eta_min + (base_lr - eta_min) * (1 + cos(pi * epoch / T_max)) / 2."""
+
+    SETTINGS = {"T_max": POSITIVE}
 
     def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1) -> None:
         if T_max <= 0:
@@ -111,6 +121,8 @@ class OneCycleLR(LRScheduler):
     initial_lr / final_div_factor (``three_phase``: back down to the initial rate first), while
     the momentum moves the opposite way between max_momentum and base_momentum. Step it after
     every batch."""
+
+    SETTINGS = {"total_steps": POSITIVE}
 
     def __init__(self, optimizer: Optimizer, max_lr: float | list[float], total_steps: int | None = None,
                  epochs: int | None = None, steps_per_epoch: int | None = None, pct_start: float = 0.3,
@@ -193,6 +205,9 @@ class ReduceLROnPlateau:
     reduction, ``cooldown`` epochs pass before counting again; rates stop at ``min_lr`` and
     changes smaller than ``eps`` are skipped."""
 
+    SETTINGS = {"factor": FRACTION, "patience": NON_NEGATIVE, "cooldown": NON_NEGATIVE, "eps": NON_NEGATIVE,
+                "threshold": NON_NEGATIVE}
+
     def __init__(self, optimizer: Optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
                  threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0,
                  min_lr: float | list[float] = 0.0, eps: float = 1e-8) -> None:
@@ -246,4 +261,6 @@ class ReduceLROnPlateau:
         return {k: v for k, v in vars(self).items() if k != "optimizer"}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.__dict__.update({k: list(v) if k in ("min_lrs", "_last_lr") else v for k, v in state.items()})
+        """Restore a ``state_dict()``, checked whole first (``scheduler_state``)."""
+        name = f"{type(self).__name__}.load_state_dict"
+        self.__dict__.update(checked_state(name, self.state_dict(), state, self.SETTINGS))

@@ -26,6 +26,7 @@ from mlir_nn.engine import Tensor, current_trace, enable_grad, no_grad, state_ar
 from mlir_nn.jit.feeds import FedTensor
 from mlir_nn.jit.guards import TrackedDict, TrackedList, structure_changed
 from mlir_nn.runtime import residency
+from mlir_nn.support.domains import COUNT, NON_NEGATIVE, check_domain
 
 
 def real(owner: str, name: str, value: Any) -> float:
@@ -201,6 +202,7 @@ class Optimizer:
 
     HYPERPARAMETERS: tuple[str, ...] = ("lr",)  # what state_dict saves in its param group, in order
     STATE: dict[str, str] = {}  # a parameter's state names -> "param" (its shape) or "scalar"; {}: any
+    STATE_DOMAINS: dict[str, str] = {"step": COUNT}  # state names -> the values a loaded one may hold
 
     lr = Hyperparameter(non_negative)
 
@@ -341,6 +343,7 @@ class Optimizer:
                     value = tuple(value) if isinstance(value, list) else value
                     check = getattr(type(self), key, None)
                     values[key] = (check.check(cls, key, value) if isinstance(check, Hyperparameter) else
+                                   non_negative(cls, key, value) if key in SCHEDULE_KEYS else  # rates, momenta
                                    real(cls, key, value) if isinstance(value, numbers.Real)
                                    and not isinstance(value, bool) else value)
             checked.append(values)
@@ -381,8 +384,14 @@ class Optimizer:
                 return existing[key].shape
             return np.shape(value) if np.shape(value) in (p.shape, ()) else p.shape
 
-        return [(key, state_array(value, f"{name}: state {key} of parameter {index}", p.dtype, shape_of(key, value)))
-                for key, value in slot.items()]
+        checked = []
+        for key, value in slot.items():
+            what = f"{name}: state {key} of parameter {index}"
+            array = state_array(value, what, p.dtype, shape_of(key, value))
+            if key in self.STATE_DOMAINS:
+                check_domain(array, self.STATE_DOMAINS[key], what)
+            checked.append((key, array))
+        return checked
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient; ``closure`` (re-evaluating the loss)
@@ -486,6 +495,7 @@ class Adam(Optimizer):
 
     HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
     STATE = {"step": "scalar", "exp_avg": "param", "exp_avg_sq": "param"}
+    STATE_DOMAINS = {"step": COUNT, "exp_avg_sq": NON_NEGATIVE}
 
     betas = Hyperparameter(betas_pair)
     eps = Hyperparameter(non_negative)

@@ -7,6 +7,7 @@ from typing import Any
 
 from mlir_nn.engine import Tensor
 from mlir_nn.optim.optimizers import Hyperparameter, Optimizer, flag, non_negative, zeros_like
+from mlir_nn.support.domains import COUNT, NON_NEGATIVE
 
 
 class RMSprop(Optimizer):
@@ -17,6 +18,7 @@ class RMSprop(Optimizer):
 
     HYPERPARAMETERS = ("lr", "alpha", "eps", "weight_decay", "momentum", "centered")
     STATE = {"step": "scalar", "square_avg": "param", "momentum_buffer": "param", "grad_avg": "param"}
+    STATE_DOMAINS = {"step": COUNT, "square_avg": NON_NEGATIVE}
 
     alpha = Hyperparameter(non_negative)
     eps = Hyperparameter(non_negative)

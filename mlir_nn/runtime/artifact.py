@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,8 @@ class Artifact:
     @classmethod
     def read(cls, path: str | Path) -> Artifact:
         try:
+            if not stat.S_ISREG(Path(path).stat().st_mode):  # /dev/zero would be read forever, a pipe waited on
+                raise ArtifactError(f"cannot read artifact {path}: not a regular file (a folder, device or pipe)")
             data = Path(path).read_bytes()
         except OSError as e:
             raise ArtifactError(f"cannot read artifact {path}: {e.strerror}") from None

@@ -108,6 +108,7 @@ def test_when_no_compile_process_can_start_the_first_call_compiles_in_this_one(m
 
 @pytest.mark.parametrize("setting,error,match", [
     ({"MLIR_NN_NUM_THREADS": "abc"}, ValueError, "MLIR_NN_NUM_THREADS='abc': expected a positive integer"),
+    ({"MLIR_NN_COMPILE_WORKERS": "abc"}, ValueError, "MLIR_NN_COMPILE_WORKERS must be a number of processes"),
     ({"PATH": ""}, NativeError, r"no C compiler \(cc or gcc\) on PATH"),
     ({"MLIR_NN_CACHE_DIR": "{tmp}/file"}, NotADirectoryError, "cannot create its cache folder"),
 ])

@@ -159,6 +159,9 @@ def test_load_state_dict_validates_everything_before_writing():
         ours.load_state_dict({**before, "0.bias": np.full(5, np.nan)})
     with pytest.raises(KeyError, match=r"missing keys \['2.weight'\], unexpected keys \['x'\]"):
         ours.load_state_dict({"0.weight": before["0.weight"], "0.bias": before["0.bias"], "x": 1})
+    for bad in ([("0.bias", np.zeros(5))], "0.bias", None):  # was a KeyError listing the items or letters
+        with pytest.raises(TypeError, match=r"load_state_dict: expected a dict of names to arrays \(a state_dict"):
+            ours.load_state_dict(bad)
     for k, v in ours.state_dict().items():
         np.testing.assert_array_equal(v, before[k])
     result = ours.load_state_dict({"0.bias": np.zeros(5)}, strict=False)

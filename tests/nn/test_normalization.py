@@ -99,3 +99,19 @@ def test_a_compiled_batch_norm_step_refuses_a_batch_of_one(backend):
     for name, value in model.state_dict().items():
         np.testing.assert_array_equal(value, before[name], err_msg=name)
     assert np.isfinite(float(step(np.random.randn(2, 3).astype(np.float32))))
+
+
+@pytest.mark.parametrize("entry,value,match", [
+    ("1.running_var", np.array([1.0, -0.5, 1.0, 1.0]), "1.running_var must hold numbers >= 0; it has -0.5"),
+    ("1.num_batches_tracked", np.array(-1.0), r"1.num_batches_tracked must hold a whole number >= 0 \(a count\)"),
+    ("1.num_batches_tracked", np.array(2.5), "it has 2.5"),
+])
+def test_batch_norm_statistics_outside_their_domain_are_refused_and_change_nothing(entry, value, match):
+    """A negative running variance is NaN in eval mode (the square root of a negative); a count of
+    -1 divides by zero in the cumulative average (momentum None)."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, momentum=None))
+    before = model.state_dict()
+    with pytest.raises(ValueError, match=match):
+        model.load_state_dict({**before, "0.bias": np.ones(4), entry: value})
+    for key, array in model.state_dict().items():
+        np.testing.assert_array_equal(array, before[key])

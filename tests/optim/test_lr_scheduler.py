@@ -7,7 +7,16 @@ import torch
 import mlir_nn
 from mlir_nn.engine import Tensor
 from mlir_nn.nn import MLP
-from mlir_nn.optim import SGD, Adam, CosineAnnealingLR, ExponentialLR, LambdaLR, StepLR
+from mlir_nn.optim import (
+    SGD,
+    Adam,
+    CosineAnnealingLR,
+    ExponentialLR,
+    LambdaLR,
+    OneCycleLR,
+    ReduceLROnPlateau,
+    StepLR,
+)
 from mlir_nn.trainer import train_step
 
 SCHEDULES = {
@@ -99,3 +108,63 @@ def test_a_schedule_changes_the_lr_of_a_compiled_step_without_recompiling(backen
             s.step()
     assert len(set(lrs)) >= 4  # the learning rate really moved
     assert len(step._cache) == 1  # one trace and compile served every learning rate
+
+
+RESUMABLE = {
+    "StepLR": lambda opt: StepLR(opt, step_size=2),
+    "CosineAnnealingLR": lambda opt: CosineAnnealingLR(opt, T_max=10),
+    "OneCycleLR": lambda opt: OneCycleLR(opt, max_lr=0.5, total_steps=10),
+    "ReduceLROnPlateau": lambda opt: ReduceLROnPlateau(opt, patience=0),
+}
+
+
+def _stepped(name):
+    opt = SGD([Tensor(np.zeros(2))], lr=0.2, momentum=0.9)
+    schedule = RESUMABLE[name](opt)
+    for _ in range(3):
+        schedule.step(1.0) if name == "ReduceLROnPlateau" else schedule.step()
+    return opt, schedule
+
+
+@pytest.mark.parametrize("name", sorted(RESUMABLE))
+def test_every_schedule_resumes_from_a_checkpoint_file(name, tmp_path):
+    """Through the file, tuples come back as lists and are accepted as the schedule's own."""
+    opt, schedule = _stepped(name)
+    mlir_nn.save(schedule.state_dict(), tmp_path / "s.npz")
+    fresh_opt, fresh = _stepped(name)
+    fresh.load_state_dict(mlir_nn.load(tmp_path / "s.npz"))
+    assert fresh.state_dict() == schedule.state_dict()
+
+
+BAD_SCHEDULE_STATES = [
+    ("StepLR", {"optimizer": {}}, "has unknown optimizer; a checkpoint of another schedule"),
+    ("StepLR", {"T_max": 10}, "has unknown T_max"),
+    ("CosineAnnealingLR", {"T_max": None}, r"T_max is None; expected an integer"),
+    ("StepLR", {"gamma": float("nan")}, "gamma is nan; expected a number"),
+    ("StepLR", {"last_epoch": "x"}, "last_epoch is 'x'; expected an integer"),
+    ("StepLR", {"last_epoch": -7}, "last_epoch must be >= -1"),
+    ("StepLR", {"base_lrs": [0.1, 0.2]}, r"base_lrs is \[0.1, 0.2\]; expected a list of 1"),
+    ("StepLR", {"base_lrs": [-0.1]}, "base_lrs must hold finite learning rates >= 0"),
+    ("OneCycleLR", {"_phases": [[2.0, "initial_lr", "max_lr", "max_momentum", "oops"], [9, "max_lr", "min_lr",
+                                                                                     "base_momentum", "max_momentum"]]},
+     r"_phases\[0\]\[4\] is 'oops'"),
+    ("ReduceLROnPlateau", {"mode": "sideways"}, "mode is 'sideways'; expected 'min'"),
+    ("ReduceLROnPlateau", {"min_lrs": [float("inf")]}, "min_lrs must hold finite learning rates"),
+    # settings outside the constructor's ranges: a period of 0 divided by zero at the next step
+    ("StepLR", {"step_size": 0}, r"step_size must be a number > 0, got 0"),
+    ("CosineAnnealingLR", {"T_max": 0}, r"T_max must be a number > 0, got 0"),
+    ("OneCycleLR", {"total_steps": -1}, r"total_steps must be a number > 0, got -1"),
+    ("ReduceLROnPlateau", {"factor": 2.0}, r"factor must be a number in \[0, 1\), got 2.0"),
+    ("ReduceLROnPlateau", {"patience": -1}, r"patience must be a number >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize("name,change,match", BAD_SCHEDULE_STATES)
+def test_a_bad_schedule_state_is_refused_and_changes_nothing(name, change, match):
+    """It was written as given (the optimizer reference included): later steps failed or
+    divided by zero, or a list of the wrong length was silently cut."""
+    opt, schedule = _stepped(name)
+    before = schedule.state_dict()
+    with pytest.raises(ValueError, match=match):
+        schedule.load_state_dict({**before, **change})
+    assert schedule.state_dict() == before and schedule.optimizer is opt

@@ -113,6 +113,18 @@ BAD_OPTIMIZER_STATES = {
     "an SGD group": (lambda s: s["param_groups"][0].update(momentum=0.9), "has momentum, which Adam does not have"),
     "an unknown top-level key": (lambda s: s.update(extra=1), "got \\['extra', 'param_groups', 'state'\\]"),
     "a slot that is a list": (lambda s: s["state"].update({0: [1, 2]}), "state of parameter 0 has list"),
+    # outside their domains the next step silently computes NaN (sqrt of a negative) or divides by zero
+    "a negative second moment": (lambda s: s["state"][1]["exp_avg_sq"].fill(-1.0),
+                                 "exp_avg_sq of parameter 1 must hold numbers >= 0; it has -1.0"),
+    "a negative step count": (lambda s: s["state"][0].update(step=np.float32(-1)),
+                              r"step of parameter 0 must hold a whole number >= 0 \(a count\); it has -1.0"),
+    "a fractional step count": (lambda s: s["state"][3].update(step=np.float32(2.5)), "it has 2.5"),
+    # a schedule's keys in a group were written as given: its next step failed with a raw TypeError
+    "a schedule's rate as text": (lambda s: s["param_groups"][0].update(initial_lr="x"),
+                                  "Adam: initial_lr must be a real number, got str 'x'"),
+    "a schedule's momentum as None": (lambda s: s["param_groups"][0].update(base_momentum=None),
+                                      "Adam: base_momentum must be a real number"),
+    "a negative schedule rate": (lambda s: s["param_groups"][0].update(max_lr=-1.0), "Adam: max_lr must be >= 0"),
 }
 
 
