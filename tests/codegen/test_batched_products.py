@@ -78,3 +78,34 @@ def test_bmm_hypothesis_shapes(batch, m, k, n, flip):
     a = rng.standard_normal((batch, m, k))
     b = rng.standard_normal((batch, n, k) if flip else (batch, k, n))
     _close(*_compiled(lambda x, y: x @ (y.transpose(1, 2) if flip else y), a, b))
+
+
+def test_bmm_over_a_dynamic_batch_equals_pytorch():
+    """One compiled step over inputs of 3 and then 5 rows: the batch loop's count is the run-time batch."""
+    rng = np.random.default_rng(11)
+    weight = rng.standard_normal((7, 13))
+    w = Tensor(weight)
+
+    class _Holder:
+        def parameters(self):
+            return [w]
+
+    holder = _Holder()
+
+    def step(x):
+        holder.parameters()
+        h = x * w
+        out = h @ h.transpose(1, 2)
+        (out * out).sum().backward()
+        grad = w._grad
+        w.grad = None
+        return [out, grad]
+
+    compiled = mlir_nn.jit(step, backend="cpu", tiered=False)
+    for rows in (3, 5):
+        x = rng.standard_normal((rows, 7, 13))
+        tw = torch.tensor(weight, requires_grad=True)
+        h = torch.tensor(x) * tw
+        out = h @ h.transpose(1, 2)
+        (out * out).sum().backward()
+        _close(compiled(x), [out.detach().numpy(), tw.grad.numpy()])
