@@ -1,4 +1,5 @@
-"""Lowerings of the sequence-model ops (``mlir_nn.ir.sequence_ops``), each one linalg.generic.
+"""Lowerings of the sequence-model ops (``mlir_nn.ir.sequence_ops``), each one linalg.generic
+(``bmm``: a loop of 2-D products, ``batched_products``).
 
 Gathers and their scatter-add gradients are reductions over the indexed axis that keep the
 element whose position equals the index (``select``, never a multiply, so other rows' inf
@@ -14,6 +15,7 @@ import numpy as np
 from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
+from mlir_nn.codegen.batched_products import lower_bmm
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.maps import dims_map, identity_map
 from mlir_nn.codegen.shaped import dim_sizes
@@ -178,19 +180,6 @@ def _compare(predicate: arith.CmpFPredicate) -> Rule:
     return rule
 
 
-def _bmm(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
-    """Loops (batch.., m, k, n): a[.., m, k] * b[.., k, n] summed over k, the innermost loop
-    running along rows of b and of the result (contiguous, so it vectorizes)."""
-    rank = len(node.shape)
-    lhs, rhs = (b.tensor_of(v, i.shape) for v, i in zip(xs, node.inputs))
-    batch, m, k, n = list(range(rank - 2)), rank - 2, rank - 1, rank
-    maps = [ir.AffineMap.get(rank + 1, 0, [_dim(d) for d in batch + [m, k]]),
-            ir.AffineMap.get(rank + 1, 0, [_dim(d) for d in batch + [k, n]])]
-    out_map = ir.AffineMap.get(rank + 1, 0, [_dim(d) for d in batch + [m, n]])
-    iterators = [PARALLEL] * (rank - 1) + [REDUCTION, PARALLEL]
-    return b.reduce(node.shape, [lhs, rhs], maps, out_map, iterators, arith.mulf)
-
-
 SEQUENCE_LOWERINGS: dict[str, Rule] = {
     "slice": _slice,
     "slice_grad": _slice_grad,
@@ -204,5 +193,5 @@ SEQUENCE_LOWERINGS: dict[str, Rule] = {
     "gt": _compare(arith.CmpFPredicate.OGT),
     "ge": _compare(arith.CmpFPredicate.OGE),
     "ne": _compare(arith.CmpFPredicate.UNE),
-    "bmm": _bmm,
+    "bmm": lower_bmm,
 }

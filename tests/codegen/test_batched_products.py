@@ -1,0 +1,111 @@
+"""Compiled batched products (a loop of 2-D products) against PyTorch in float64: awkward sizes,
+operands read through transposes of their last two axes, 4-D operands, and a dynamic batch."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mlir_nn
+from mlir_nn.engine import Tensor
+
+SIZES = [(1, 1, 1, 1), (1, 7, 13, 33), (3, 13, 1, 7), (2, 33, 7, 13), (5, 7, 33, 1), (4, 64, 16, 64)]
+
+
+def _compiled(f, *arrays, dynamic_batch=False):
+    """f's value and the gradients of a weighted sum of it, compiled for the CPU."""
+    rng = np.random.default_rng(5)
+    params = [Tensor(a) for a in arrays]
+    weight = Tensor(rng.standard_normal(f(*params).shape))
+
+    class _Holder:
+        def parameters(self):
+            return params
+
+    holder = _Holder()
+
+    def step(scale):
+        holder.parameters()
+        out = f(*params) * scale
+        (out * weight).sum().backward()
+        result = [out] + [p._grad for p in params]
+        for p in params:
+            p.grad = None
+        return result
+
+    kwargs = {} if dynamic_batch else {"dynamic_batch": False}
+    got = mlir_nn.jit(step, backend="cpu", tiered=False, **kwargs)(np.ones((1, 1)))
+    torch_params = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out = f(*torch_params)
+    (out * torch.tensor(weight.data)).sum().backward()
+    return got, [out.detach().numpy()] + [p.grad.numpy() for p in torch_params]
+
+
+def _close(got, expected):
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+def test_bmm_equals_pytorch(sizes, layout):
+    batch, m, k, n = sizes
+    rng = np.random.default_rng(sum(sizes))
+    a = rng.standard_normal((batch, k, m) if layout[0] == "t" else (batch, m, k))
+    b = rng.standard_normal((batch, n, k) if layout[1] == "t" else (batch, k, n))
+
+    def f(x, y):
+        x = x.transpose(1, 2) if layout[0] == "t" else x
+        y = y.transpose(1, 2) if layout[1] == "t" else y
+        return x @ y
+
+    _close(*_compiled(f, a, b))
+
+
+def test_4d_attention_products_equal_pytorch():
+    """softmax(q @ k^T) @ v over (batch, heads, time, head width)."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 3, 13, 7)) for _ in range(3))
+    _close(*_compiled(lambda q, k, v: (q @ k.transpose(-2, -1)).softmax(-1) @ v, q, k, v))
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 9), st.integers(1, 9), st.integers(1, 9), st.booleans())
+def test_bmm_hypothesis_shapes(batch, m, k, n, flip):
+    rng = np.random.default_rng(batch * 1000 + m * 100 + k * 10 + n)
+    a = rng.standard_normal((batch, m, k))
+    b = rng.standard_normal((batch, n, k) if flip else (batch, k, n))
+    _close(*_compiled(lambda x, y: x @ (y.transpose(1, 2) if flip else y), a, b))
+
+
+def test_bmm_over_a_dynamic_batch_equals_pytorch():
+    """One compiled step over inputs of 3 and then 5 rows: the batch loop's count is the run-time batch."""
+    rng = np.random.default_rng(11)
+    weight = rng.standard_normal((7, 13))
+    w = Tensor(weight)
+
+    class _Holder:
+        def parameters(self):
+            return [w]
+
+    holder = _Holder()
+
+    def step(x):
+        holder.parameters()
+        h = x * w
+        out = h @ h.transpose(1, 2)
+        (out * out).sum().backward()
+        grad = w._grad
+        w.grad = None
+        return [out, grad]
+
+    compiled = mlir_nn.jit(step, backend="cpu", tiered=False)
+    for rows in (3, 5):
+        x = rng.standard_normal((rows, 7, 13))
+        tw = torch.tensor(weight, requires_grad=True)
+        h = torch.tensor(x) * tw
+        out = h @ h.transpose(1, 2)
+        (out * out).sum().backward()
+        _close(compiled(x), [out.detach().numpy(), tw.grad.numpy()])
