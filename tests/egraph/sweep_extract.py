@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 
 from mlir_nn.egraph.convert import ClassId, EClasses, ENode
+from mlir_nn.egraph.extract import dag_cost
 
 Choice = dict[ClassId, ENode]
 
@@ -36,38 +37,6 @@ def tree_choice(eclasses: EClasses, cost: dict[ENode, float]) -> Choice:
                     best[cid], choice[cid] = total, enode
                     changed = True
     return choice
-
-
-def dag_cost(roots: list[ClassId], choice: Choice, cost: dict[ENode, float]) -> tuple[float, list[ClassId]]:
-    """(cost of the program reachable from ``roots``, its e-classes users first); inf if cyclic."""
-    state: dict[ClassId, int] = {}  # 1: on the DFS path, 2: done
-    done: list[ClassId] = []
-    total = 0.0
-    for root in roots:
-        stack = [(root, False)]
-        while stack:
-            cid, leaving = stack.pop()
-            if leaving:
-                state[cid] = 2
-                done.append(cid)
-                continue
-            seen = state.get(cid)
-            if seen == 2:
-                continue
-            if seen == 1:
-                return math.inf, []
-            enode = choice.get(cid)
-            if enode is None:
-                return math.inf, []
-            state[cid] = 1
-            total += cost[enode]
-            stack.append((cid, True))
-            for child in enode.children:
-                if state.get(child) == 1:
-                    return math.inf, []
-                if state.get(child) is None:
-                    stack.append((child, False))
-    return total, done[::-1]
 
 
 def extract(eclasses: EClasses, node_cost: Callable[[ClassId, ENode], float | None],
