@@ -41,9 +41,10 @@ def place(b: FunctionBuilder, x: ir.Value, x_shape: Shape, out_shape: Shape, off
 
     Pads (positive offsets) and spreads by a stride as a strided ``tensor.insert_slice`` into a
     filled tensor (vector copies of contiguous runs); crops (negative offsets) and any box that
-    overflows ``out_shape`` as a gather (one linalg.generic reading ``x`` by tensor.extract).
+    overflows ``out_shape`` as a gather (one linalg.generic reading ``x`` by tensor.extract), and
+    everything as that gather unless ``b.strided_copies`` (the CUDA runtime has no subviews).
     """
-    if _inside(x_shape, out_shape, offsets, strides):
+    if b.strided_copies and _inside(x_shape, out_shape, offsets, strides):
         sizes = b.sizes(x_shape)
         dynamic = [v for v in sizes if isinstance(v, ir.Value)]
         static = [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes]
