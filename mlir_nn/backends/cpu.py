@@ -165,7 +165,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    module = emit_linalg(graph, wide_sums=True)  # float32 sums accumulate in float64
+    module = emit_linalg(graph, wide_sums=True, strided_copies=True)  # float32 sums accumulate in float64
     stages = {"linalg": str(module)}
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]

@@ -35,9 +35,10 @@ def _batch_size(args: list[tuple[Node, ir.Value]]) -> ir.Value | None:
     return None
 
 
-def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False) -> func.FuncOp:
+def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False, strided_copies: bool = False) -> func.FuncOp:
     """Append the step function of ``graph`` to ``module`` (inside its context); ``wide_sums``
-    accumulates float32 reductions in float64 (``mlir_nn.codegen.accumulate``)."""
+    accumulates float32 reductions in float64 (``mlir_nn.codegen.accumulate``); ``strided_copies``
+    pads and spreads window operands by strided slice copies (targets that lower subviews)."""
     missing = sorted({n.op for n in graph.nodes} - set(LOWERINGS) - {"input", "param", "const"})
     if missing:
         raise NotImplementedError(f"codegen: no lowering for op(s) {', '.join(missing)}")
@@ -52,7 +53,7 @@ def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False) -> func.
         entry = fn.add_entry_block()
     with ir.InsertionPoint(entry):
         values: dict[Node, Operand] = dict(zip(leaves, entry.arguments))
-        b = FunctionBuilder(dtype, _batch_size(list(zip(leaves, entry.arguments))), wide_sums)
+        b = FunctionBuilder(dtype, _batch_size(list(zip(leaves, entry.arguments))), wide_sums, strided_copies)
         for node in graph.nodes:
             if node in values:
                 continue
@@ -65,12 +66,14 @@ def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False) -> func.
     return fn
 
 
-def emit_linalg(graph: Graph, context: ir.Context | None = None, wide_sums: bool = False) -> ir.Module:
+def emit_linalg(
+    graph: Graph, context: ir.Context | None = None, wide_sums: bool = False, strided_copies: bool = False
+) -> ir.Module:
     """The MLIR module of ``graph`` (see the package docstring for the function convention)."""
     context = context or ir.Context()
     with context, ir.Location.unknown():
         module = ir.Module.create()
-        emit_into(module, graph, wide_sums)
+        emit_into(module, graph, wide_sums, strided_copies)
         if not module.operation.verify():
             raise RuntimeError(f"codegen: the module emitted for {graph.name} does not verify")
     return module

@@ -39,9 +39,16 @@ def place(b: FunctionBuilder, x: ir.Value, x_shape: Shape, out_shape: Shape, off
           strides: Sequence[int], fill: float) -> ir.Value:
     """out[i] = x[(i - offset) / stride] where that is a whole index inside ``x``, else ``fill``.
 
-    A gather (one linalg.generic reading ``x`` by tensor.extract): it pads (positive offsets),
-    crops (negative ones) and spreads by a stride in one op that every target lowers.
+    Pads (positive offsets) and spreads by a stride as a strided ``tensor.insert_slice`` into a
+    filled tensor (vector copies of contiguous runs); crops (negative offsets) and any box that
+    overflows ``out_shape`` as a gather (one linalg.generic reading ``x`` by tensor.extract), and
+    everything as that gather unless ``b.strided_copies`` (the CUDA runtime has no subviews).
     """
+    if b.strided_copies and _inside(x_shape, out_shape, offsets, strides):
+        sizes = b.sizes(x_shape)
+        dynamic = [v for v in sizes if isinstance(v, ir.Value)]
+        static = [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes]
+        return tensor.insert_slice(x, b.filled(out_shape, fill), [], dynamic, [], list(offsets), static, list(strides))
     rank = len(out_shape)
 
     @linalg.generic([], [b.empty(out_shape)], [identity_map(rank)], [PARALLEL] * rank)
@@ -65,6 +72,19 @@ def place(b: FunctionBuilder, x: ir.Value, x_shape: Shape, out_shape: Shape, off
         return value if inside is None else arith.select(inside, value, b.scalar(fill))
 
     return result
+
+
+def _inside(x_shape: Shape, out_shape: Shape, offsets: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether every element of ``x`` lands inside ``out_shape`` (nothing cropped)."""
+    for size, out, offset, stride in zip(x_shape, out_shape, offsets, strides):
+        if offset < 0:
+            return False
+        if size == BATCH or out == BATCH:
+            if (size, out, offset, stride) != (BATCH, BATCH, 0, 1):
+                return False
+        elif offset + (int(size) - 1) * stride + 1 > int(out):
+            return False
+    return True
 
 
 def reshape(b: FunctionBuilder, x: ir.Value, src: Shape, shape: Shape, groups: list[list[int]]) -> ir.Value:

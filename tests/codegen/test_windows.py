@@ -92,3 +92,15 @@ def test_pooling_with_tied_maxima(dtype, case, batch):
 def test_adaptive_pooling_and_pad(dtype):
     check(adaptive_and_pad_graph(dtype, 3, (5, 7), (3, 2)), 2)
     check(adaptive_and_pad_graph(dtype, 2, (2, 4), (3, 2)), 1)
+
+
+
+def test_pads_and_spreads_are_slice_copies_only_when_asked():
+    """The CPU backend pads and spreads by strided insert_slice (vector copies); CUDA, whose
+    runtime has no subviews, keeps the gathers that read by tensor.extract."""
+    from mlir_nn.codegen import emit_linalg
+
+    graph = conv_graph("float32", 2, (7, 6), 3, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1)
+    copies, gathers = (str(emit_linalg(graph, strided_copies=flag)) for flag in (True, False))
+    assert "tensor.insert_slice" in copies and "tensor.insert_slice" not in gathers
+    assert copies.count("tensor.extract ") < gathers.count("tensor.extract ")
