@@ -97,3 +97,17 @@ def test_fused_adam_steps_match_the_reference_at_awkward_sizes(dtype):
             np.testing.assert_allclose(value, expected, **tol, err_msg=f"output, batch {batch}")
         for (name, _), expected in zip(graph.updates, updates):
             np.testing.assert_allclose(params[slot[name]], expected, **tol, err_msg=f"{name}, batch {batch}")
+
+
+def test_adam_bias_corrections_are_computed_once_not_per_element():
+    """exp(t * log(beta)) reads only scalars: after the hoist no exp or log is left in a body
+    that loops over a parameter (there were two exps per element)."""
+    graph = _adam_graph([13, 33, 7], "float32")
+    shipped = load_pipeline("cpu")
+    cut = next(i for i, p in enumerate(shipped.passes) if p.startswith("inline"))
+    module, _, _ = lower(graph, Pipeline("until-inline", shipped.passes[:cut]))
+    chunks = [c.split("linalg.yield")[0] for c in str(module).split("linalg.generic")[1:]]  # header and body
+    updates = [c for c in chunks if c.split("{\n")[0].split("outs(")[-1].count("memref<13x33xf32>") == 3]
+    assert len(updates) == 1
+    assert "math.exp" not in updates[0] and "math.log" not in updates[0]
+    assert "math.sqrt" in updates[0]  # per element work stays
