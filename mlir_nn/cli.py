@@ -261,6 +261,19 @@ def print_stats(args: argparse.Namespace, graph: Any, report: Any, timings: dict
     print("time: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items()), file=sys.stderr)
 
 
+def print_schedules(args: argparse.Namespace, graph: Any) -> None:
+    """With --stats on the cpu target: the schedule of each matrix product and why, on stderr."""
+    if not args.stats:
+        return
+    from mlir_nn.codegen import emit_linalg
+    from mlir_nn.codegen.schedule_report import product_schedules
+
+    schedules = product_schedules(emit_linalg(graph, wide_sums=True))
+    print(f"products: {len(schedules)}", file=sys.stderr)
+    for schedule in schedules:
+        print(f"  {schedule}", file=sys.stderr)
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from mlir_nn.jit import trace_step
 
@@ -304,6 +317,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     print_stats(args, graph, report, timings)
+    print_schedules(args, optimized)
     return 0
 
 

@@ -154,3 +154,10 @@ def test_a_huge_batch_is_an_estimate_not_an_allocation():
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "graph @step(%x: f32[N, 2]" in result.stdout
+
+
+def test_stats_report_the_schedule_of_each_product(capsys):
+    assert main(["compile", "--mlp", "784,256,10", "--batch", "1024", "--emit", "optimized", "--stats"]) == 0
+    err = capsys.readouterr().err
+    assert "products: 5" in err
+    assert "N x 256 x 784 f32: blocked, threads" in err

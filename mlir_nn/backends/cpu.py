@@ -160,6 +160,8 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
         from mlir_nn.codegen.copies import strided_copies_as_loops
         from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
         from mlir_nn.codegen.fp_env import flush_subnormals
+        from mlir_nn.codegen.fuse_updates import fuse_elementwise_chains
+        from mlir_nn.codegen.hoist_scalars import hoist_scalar_work
         from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
         from mlir_nn.codegen.lane_loads import scalarize_lane_loads
 
@@ -180,7 +182,13 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
         guard_inputs(module, list(range(len(graph.inputs))), workspace, label_inputs(graph))
         plans.append(plan)
 
-    hooks = {"buffer-results-to-out-params": copy_repeated_results,
+
+    def fuse_and_hoist(module: object) -> None:
+        fuse_elementwise_chains(module)  # one pass per update chain (Adam's)
+        hoist_scalar_work(module)  # scalar work (bias corrections) once, not per element
+
+    hooks = {"drop-equivalent-buffer-results": fuse_and_hoist,
+             "buffer-results-to-out-params": copy_repeated_results,
              PLAN_PASS: plan_and_guard,
              "convert-bufferization-to-memref": lambda m: flush_subnormals(m, symbol_name(graph)),
              "convert-linalg-to-loops": strided_copies_as_loops}

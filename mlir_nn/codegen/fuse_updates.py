@@ -1,0 +1,220 @@
+"""Element-wise chains over buffers fused into one pass (run after bufferization).
+
+An optimizer's update is a chain of element-wise ``linalg.generic`` ops over buffers of one
+parameter's shape: Adam writes m in place, then v in place, then reads both to write the
+parameter in place. Each op is a pass over memory; fused they are one pass that reads every
+buffer once and writes m, v and the parameter where they are (no copy of any of them).
+
+Tensor-level fusion (``linalg-fuse-elementwise-ops``) leaves these apart because m and v
+have two users each (their own update and the parameter's), and fusing on tensors before
+bufferization makes it copy the parameter. Here a generic G is sunk into a later generic H
+over the same static domain when:
+
+* every operand of both is read or written through the identity map, or read whole as a
+  0-d buffer (a scalar);
+* the ops between them neither write a buffer G reads or writes, nor read a buffer G writes;
+* H reads G's outputs only element by element and writes no buffer G writes.
+
+The fused op computes G's body, then H's with G's new values in place of H's reads of them,
+and writes the outputs of both.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import linalg
+
+_VIEWS = frozenset(
+    {
+        "memref.subview",
+        "memref.cast",
+        "memref.reinterpret_cast",
+        "memref.collapse_shape",
+        "memref.expand_shape",
+        "memref.view",
+    }
+)
+
+
+def _root(value: ir.Value) -> ir.Value:
+    """The buffer a view was taken of (the value itself when it is no view)."""
+    while not isinstance(value.owner, ir.Block) and value.owner.name in _VIEWS:
+        value = value.owner.operands[0]
+    return value
+
+
+def _is_memref(value: ir.Value) -> bool:
+    return isinstance(value.type, ir.MemRefType)
+
+
+class _Ewise:
+    """An element-wise generic over buffers: its inputs and outputs with their maps."""
+
+    def __init__(self, op: ir.Operation) -> None:
+        self.op = op
+        n_in = len(op.opview.inputs)
+        self.ins = list(op.operands)[:n_in]
+        self.outs = list(op.operands)[n_in:]
+        maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        self.in_maps, self.out_maps = maps[:n_in], maps[n_in:]
+
+    @property
+    def writes(self) -> set[ir.Value]:
+        return {_root(v) for v in self.outs}
+
+    @property
+    def reads(self) -> set[ir.Value]:
+        return {_root(v) for v in self.ins}
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(ir.MemRefType(self.outs[0].type).shape)
+
+
+def _elementwise(op: ir.Operation) -> _Ewise | None:
+    """``op`` as an element-wise generic over static buffers of one shape, or None."""
+    if op.name != "linalg.generic" or op.results:
+        return None
+    kinds = [str(k) for k in ir.ArrayAttr(op.attributes["iterator_types"])]
+    if not kinds or any("parallel" not in k for k in kinds):
+        return None
+    e = _Ewise(op)
+    if not e.outs or not all(_is_memref(v) for v in e.ins + e.outs):
+        return None
+    shape = ir.MemRefType(e.outs[0].type).shape
+    if any(ir.ShapedType(e.outs[0].type).is_dynamic_dim(i) for i in range(len(shape))):
+        return None
+    for value, amap in zip(e.ins + e.outs, e.in_maps + e.out_maps):
+        kind = ir.MemRefType(value.type)
+        whole = amap.is_permutation and list(amap.results) == [ir.AffineExpr.get_dim(i) for i in range(len(kind.shape))]
+        if whole and list(kind.shape) == list(shape):
+            continue
+        if value in e.ins and kind.rank == 0 and len(amap.results) == 0:
+            continue
+        return None
+    return e
+
+
+def _touched(op: ir.Operation) -> tuple[set[ir.Value], set[ir.Value]]:
+    """(buffers read, buffers written) by ``op``; any other memref use counts as both."""
+    if op.name.startswith("linalg.") and "operandSegmentSizes" in op.attributes:
+        n_in = len(op.opview.inputs)
+        operands = list(op.operands)
+        return (
+            {_root(v) for v in operands[:n_in] if _is_memref(v)},
+            {_root(v) for v in operands[n_in:] if _is_memref(v)},
+        )
+    if op.name == "memref.copy":
+        return {_root(op.operands[0])}, {_root(op.operands[1])}
+    used: set[ir.Value] = set()
+
+    def visit(inner: ir.Operation) -> ir.WalkResult:
+        used.update(_root(v) for v in inner.operands if _is_memref(v))
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return used, used
+
+
+def _movable(g: _Ewise, between: list[ir.Operation]) -> bool:
+    for op in between:
+        reads, writes = _touched(op)
+        if writes & (g.reads | g.writes) or reads & g.writes:
+            return False
+    return True
+
+
+def _fusable(g: _Ewise, h: _Ewise) -> bool:
+    if g.shape != h.shape or g.writes & h.writes:
+        return False
+    written = g.writes
+    for value, amap in zip(h.ins, h.in_maps):  # G's outputs are read element by element, as G wrote them
+        if _root(value) in written and (len(amap.results) == 0 or value not in g.outs):
+            return False
+    return not h.writes & {_root(v) for v, m in zip(g.ins, g.in_maps) if len(m.results) == 0}
+
+
+def _fuse(g: _Ewise, h: _Ewise) -> ir.Operation:
+    """One generic at H's place computing G then H."""
+    replaced = {value for value in h.ins if value in g.outs}
+    operands: list[tuple[ir.Value, ir.AffineMap]] = []
+    for value, amap in list(zip(g.ins, g.in_maps)) + [(v, m) for v, m in zip(h.ins, h.in_maps) if v not in replaced]:
+        if (value, str(amap)) not in [(v, str(m)) for v, m in operands]:
+            operands.append((value, amap))
+    outs = list(zip(g.outs, g.out_maps)) + list(zip(h.outs, h.out_maps))
+    with h.op.context, h.op.location, ir.InsertionPoint(h.op):
+        fused = linalg.GenericOp(
+            [],
+            [v for v, _ in operands],
+            [v for v, _ in outs],
+            ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for _, m in operands + outs]),
+            h.op.attributes["iterator_types"],
+        )
+        types = [ir.MemRefType(v.type).element_type for v, _ in operands + outs]
+        block = fused.regions[0].blocks.append(*types)
+        position = {(v, str(m)): i for i, (v, m) in enumerate(operands)}
+        yielded: list[ir.Value] = []
+        g_new: dict[ir.Value, ir.Value] = {}
+        for part, out_base in ((g, 0), (h, len(g.outs))):
+            old = part.op.regions[0].blocks[0]
+            mapping: dict[ir.Value, ir.Value] = {}
+            for arg, value, amap in zip(list(old.arguments), part.ins, part.in_maps):
+                mapping[arg] = (
+                    g_new[value] if part is h and value in replaced else block.arguments[position[(value, str(amap))]]
+                )
+            for k, arg in enumerate(list(old.arguments)[len(part.ins) :]):
+                mapping[arg] = block.arguments[len(operands) + out_base + k]
+            with ir.InsertionPoint(block):
+                for inner in old.operations:
+                    if inner.name == "linalg.yield":
+                        values = [mapping.get(v, v) for v in inner.operands]
+                        if part is g:
+                            g_new.update(zip(g.outs, values))
+                        yielded.extend(values)
+                        continue
+                    copy = inner.clone()
+                    for i, v in enumerate(copy.operands):
+                        if v in mapping:
+                            copy.operands[i] = mapping[v]
+                    mapping.update(zip(inner.results, copy.results))
+        with ir.InsertionPoint(block):
+            linalg.YieldOp(yielded)
+    g.op.erase()
+    h.op.erase()
+    return fused.operation
+
+
+def _fuse_in_block(block: ir.Block) -> int:
+    """Sink each element-wise generic into the next one that reads what it wrote; the count fused."""
+    fused = 0
+    changed = True
+    while changed:
+        changed = False
+        ops = list(block.operations)
+        for i, op in enumerate(ops):
+            g = _elementwise(op)
+            if g is None:
+                continue
+            for j in range(i + 1, len(ops)):
+                h = _elementwise(ops[j])
+                if h is not None and any(_root(v) in g.writes for v in h.ins) and _fusable(g, h):
+                    if _movable(g, ops[i + 1 : j]):
+                        _fuse(g, h)
+                        fused += 1
+                        changed = True
+                    break
+                reads, writes = _touched(ops[j])
+                if writes & (g.reads | g.writes) or reads & g.writes:
+                    break  # G cannot move past this op
+            if changed:
+                break
+    return fused
+
+
+def fuse_elementwise_chains(module: ir.Module) -> int:
+    """Fuse element-wise chains in the top-level blocks of the module's functions; the count fused."""
+    total = 0
+    for fn in module.body.operations:
+        if fn.operation.name == "func.func" and fn.regions[0].blocks:
+            total += _fuse_in_block(fn.regions[0].blocks[0])
+    return total
