@@ -41,6 +41,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mlir import ir
 from mlir.dialects import arith, bufferization, linalg, tensor
 from mlir.dialects.transform import interpreter
@@ -157,8 +159,25 @@ def _static_sizes(*sizes: int) -> bool:
     return not any(ir.ShapedType.is_dynamic_size(d) for d in sizes)
 
 
-def _as_generic(op: ir.Operation, threads: bool) -> ir.Value:
-    a, b, c = op.operands
+@dataclass(frozen=True)
+class LoopPlan:
+    """How a product that is not blocked runs as a loop nest: the operands' transposes (B
+    copied to (k, n) first when ``copy_b``), the loop order (of matmul dims m, n, k), the
+    schedule tags of its vector code and, for a sum over the batch whose accumulator is
+    large, the (offset, length) chunks of its middle loop. ``row_vector``: vector code per
+    row of a small static (k, n) B."""
+
+    ta: bool
+    tb: bool
+    row_vector: bool
+    copy_b: bool
+    order: tuple[int, ...]
+    tags: tuple[str, ...]
+    chunks: tuple[tuple[int, int], ...] | None
+
+
+def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
+    """The loop nest ``_as_generic`` builds for ``op`` (also read by the schedule report)."""
     ta, tb = _transposes(op)
     m, n, k = _sizes(op)
     # A product over a dynamic batch with a small static k x n becomes vector code per row
@@ -167,12 +186,8 @@ def _as_generic(op: ir.Operation, threads: bool) -> ir.Value:
     # few KB, once per step): read as (n, k), each row's contraction was lowered to
     # shuffles of B's columns, redone for every row.
     row_vector = not ta and _static_sizes(n, k) and k * n <= SMALL_VECTOR_MAX
-    if row_vector and tb:
-        b, tb = transposed(b), False
-    if row_vector and ir.ShapedType.is_dynamic_size(m) and _is_zero_fill(c):
-        # an accumulator of its own: CSE merges equal fills, which bufferization then copies
-        # apart (a memcpy of the whole (batch, n) output per product)
-        c = _zeros(dim_sizes(c), ir.RankedTensorType(c.type).element_type)
+    copy_b = row_vector and tb
+    tb = tb and not copy_b
     # matmul_maps use dims (m, n, k) = (0, 1, 2); choose the loop order, then renumber.
     row_update = not tb and (row_vector or ir.ShapedType.is_dynamic_size(n) or n >= ROW_MIN)
     # A transposed (k, m) and B (k, n), e.g. a weight gradient: k outermost, so that every
@@ -186,9 +201,24 @@ def _as_generic(op: ir.Operation, threads: bool) -> ir.Value:
         if tags[0] == SMALL_ROWS and threads and order[0] == 0 and inner[0] * inner[1] >= SMALL_TASK_MIN:
             tags.append(SMALL_TASKS)
     # k (the batch) outermost: the whole of C is carried through the batch loop
-    if tags[:1] != [SMALL_ROWS] or order[0] != 2 or inner[0] * inner[1] <= SMALL_CARRY_MAX:
-        return _looped(a, b, c, ta, tb, order, tags)
-    return _in_chunks(a, b, c, ta, tb, order, tags, _chunks(inner[0], inner[1]))
+    chunked = tags[:1] == [SMALL_ROWS] and order[0] == 2 and inner[0] * inner[1] > SMALL_CARRY_MAX
+    chunks = tuple(_chunks(inner[0], inner[1])) if chunked else None
+    return LoopPlan(ta, tb, row_vector, copy_b, tuple(order), tuple(tags), chunks)
+
+
+def _as_generic(op: ir.Operation, threads: bool) -> ir.Value:
+    a, b, c = op.operands
+    plan = loop_plan(op, threads)
+    if plan.copy_b:
+        b = transposed(b)
+    if plan.row_vector and ir.ShapedType.is_dynamic_size(_sizes(op)[0]) and _is_zero_fill(c):
+        # an accumulator of its own: CSE merges equal fills, which bufferization then copies
+        # apart (a memcpy of the whole (batch, n) output per product)
+        c = _zeros(dim_sizes(c), ir.RankedTensorType(c.type).element_type)
+    order, tags = list(plan.order), list(plan.tags)
+    if plan.chunks is None:
+        return _looped(a, b, c, plan.ta, plan.tb, order, tags)
+    return _in_chunks(a, b, c, plan.ta, plan.tb, order, tags, list(plan.chunks))
 
 
 def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: list[int],

@@ -52,20 +52,17 @@ def _describe(op: ir.Operation, threads: bool) -> ProductSchedule:
             return ProductSchedule(*sizes, "blocked-swapped", parallel, f"n={n} fills few block columns; {work}")
         return ProductSchedule(*sizes, "blocked", parallel, f"static work >= {cm.TILED_WORK_MIN}; {work}")
     why = "dynamic columns" if _size(n) is None else f"static work < {cm.TILED_WORK_MIN}" if k != 1 else "k = 1"
-    ta, tb = cm._transposes(op)
-    row_vector = not ta and _size(n) is not None and _size(k) is not None and k * n <= cm.SMALL_VECTOR_MAX
-    tb = tb and not row_vector  # B is copied to (k, n) first
-    row_update = not tb and (row_vector or _size(n) is None or n >= cm.ROW_MIN)
-    order = [2, 0, 1] if ta and not tb else [0, 2, 1] if row_update else [0, 1, 2]
+    plan = cm.loop_plan(op, threads)
     dims = (m, n, k)
-    inner = [_size(dims[d]) for d in order[1:]]
-    if inner[0] is None or inner[1] is None or inner[0] * inner[1] > cm.SMALL_VECTOR_MAX:
+    if not plan.tags:
         return ProductSchedule(*sizes, "loops", False, f"{why}; inner loops dynamic or over {cm.SMALL_VECTOR_MAX}")
-    vector = f"{why}; a vector of {inner[0]} x {inner[1]} per {'mnk'[order[0]]}"
-    if _size(dims[order[0]]) is not None:
+    inner = [dims[d] for d in plan.order[1:]]
+    vector = f"{why}; a vector of {inner[0]} x {inner[1]} per {'mnk'[plan.order[0]]}"
+    if plan.tags[0] == cm.SMALL_VECTOR:
         return ProductSchedule(*sizes, "small-vector", False, vector)
-    tasks = threads and order[0] == 0 and inner[0] * inner[1] >= cm.SMALL_TASK_MIN
-    return ProductSchedule(*sizes, "small-rows", tasks, f"{vector}, blocks of {cm.SMALL_ROW_BLOCK} rows")
+    chunks = f", {len(plan.chunks)} chunks of at most {cm.SMALL_CARRY_MAX} elements" if plan.chunks else ""
+    return ProductSchedule(*sizes, "small-rows", cm.SMALL_TASKS in plan.tags,
+                           f"{vector}, blocks of {cm.SMALL_ROW_BLOCK} rows{chunks}")
 
 
 def product_schedules(module: ir.Module, threads: bool = True) -> list[ProductSchedule]:

@@ -13,15 +13,16 @@ from tests.egraph.util import trace_mlp
 
 
 def _generic_tags(module, threads: bool) -> list[set[str]]:
-    """The schedule tags ``cpu_matmul`` puts on each product it leaves a loop nest (before its
-    transform schedule consumes them); empty for the others' places."""
+    """The schedule tags ``cpu_matmul`` puts on the loop nests it makes of each product (one,
+    or one per chunk of a large accumulator), before its transform schedule consumes them."""
     tags = []
     with module.context:
         for op in collect_ops(module, lambda op: op.name == "linalg.matmul"):
+            before = set(collect_ops(module, lambda o: o.name == "linalg.generic"))
             with ir.InsertionPoint(op), op.location:
-                product = cpu_matmul._as_generic(op, threads).owner
-            tags.append({t for t in (SMALL_ROWS, SMALL_VECTOR, SMALL_TASKS) if t in product.attributes})
-            product.erase()
+                cpu_matmul._as_generic(op, threads)
+            made = [o for o in collect_ops(module, lambda o: o.name == "linalg.generic") if o not in before]
+            tags.append({t for o in made for t in (SMALL_ROWS, SMALL_VECTOR, SMALL_TASKS) if t in o.attributes})
     return tags
 
 
