@@ -116,14 +116,6 @@ def _touched(op: ir.Operation) -> tuple[set[ir.Value], set[ir.Value]]:
     return used, used
 
 
-def _movable(g: _Ewise, between: list[ir.Operation]) -> bool:
-    for op in between:
-        reads, writes = _touched(op)
-        if writes & (g.reads | g.writes) or reads & g.writes:
-            return False
-    return True
-
-
 def _fusable(g: _Ewise, h: _Ewise) -> bool:
     if g.shape != h.shape or g.writes & h.writes:
         return False
@@ -184,30 +176,56 @@ def _fuse(g: _Ewise, h: _Ewise) -> ir.Operation:
     return fused.operation
 
 
+class _Scanned:
+    """A block's ops in order, each with its element-wise view and the buffers it touches,
+    worked out once (not again for every candidate pair)."""
+
+    def __init__(self, block: ir.Block) -> None:
+        self.ops = list(block.operations)
+        self._ewise: list[_Ewise | None | bool] = [False] * len(self.ops)  # False: not worked out yet
+        self._touched: list[tuple[set[ir.Value], set[ir.Value]] | None] = [None] * len(self.ops)
+
+    def ewise(self, i: int) -> _Ewise | None:
+        if self._ewise[i] is False:
+            self._ewise[i] = _elementwise(self.ops[i])
+        return self._ewise[i]  # type: ignore[return-value]
+
+    def touched(self, i: int) -> tuple[set[ir.Value], set[ir.Value]]:
+        if self._touched[i] is None:
+            self._touched[i] = _touched(self.ops[i])
+        return self._touched[i]  # type: ignore[return-value]
+
+    def replace(self, i: int, j: int, fused: ir.Operation) -> None:
+        """Op ``i`` was fused into op ``j``: ``fused`` stands at j, i is gone."""
+        for column in (self.ops, self._ewise, self._touched):
+            del column[i]
+        j -= 1
+        self.ops[j], self._ewise[j], self._touched[j] = fused, False, None
+
+
 def _fuse_in_block(block: ir.Block) -> int:
-    """Sink each element-wise generic into the next one that reads what it wrote; the count fused."""
+    """Sink each element-wise generic into the next one that reads what it wrote (when no op
+    in between touches what it reads or writes); the count fused. One pass: a fused op is
+    visited again when the scan reaches its place."""
+    scanned = _Scanned(block)
     fused = 0
-    changed = True
-    while changed:
-        changed = False
-        ops = list(block.operations)
-        for i, op in enumerate(ops):
-            g = _elementwise(op)
-            if g is None:
-                continue
-            for j in range(i + 1, len(ops)):
-                h = _elementwise(ops[j])
-                if h is not None and any(_root(v) in g.writes for v in h.ins) and _fusable(g, h):
-                    if _movable(g, ops[i + 1 : j]):
-                        _fuse(g, h)
-                        fused += 1
-                        changed = True
-                    break
-                reads, writes = _touched(ops[j])
-                if writes & (g.reads | g.writes) or reads & g.writes:
-                    break  # G cannot move past this op
-            if changed:
+    i = 0
+    while i < len(scanned.ops):
+        g = scanned.ewise(i)
+        target = None
+        for j in range(i + 1, len(scanned.ops)) if g is not None else ():
+            h = scanned.ewise(j)
+            if h is not None and any(_root(v) in g.writes for v in h.ins):
+                target = j if _fusable(g, h) else None
                 break
+            reads, writes = scanned.touched(j)
+            if writes & (g.reads | g.writes) or reads & g.writes:
+                break  # G cannot move past this op
+        if target is None:
+            i += 1
+            continue
+        scanned.replace(i, target, _fuse(g, scanned.ewise(target)))
+        fused += 1
     return fused
 
 
