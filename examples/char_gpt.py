@@ -1,7 +1,8 @@
 """A character-level GPT trained on the help texts of Python's standard library
 (``pydoc_data.topics``, shipped with Python): token and position embeddings, two pre-LayerNorm
 blocks of causal self-attention (4 heads, width 64) and a GELU MLP, context 64, trained with
-Adam, one compiled step per mini-batch.
+AdamW (weight decay on the matrices only, as nanoGPT) and gradient-norm clipping at 1.0, one
+compiled step per mini-batch.
 
 Prints the corpus's unigram entropy (the loss of the best model that ignores context) next to
 the validation loss, writes output/char_gpt_loss.png and samples text at the end.
@@ -18,9 +19,10 @@ import numpy as np
 
 import mlir_nn
 from mlir_nn import nn
-from mlir_nn.optim import Adam
+from mlir_nn.optim import AdamW
 
 BLOCK, BATCH = 64, 32
+WEIGHT_DECAY, CLIP = 0.1, 1.0
 
 
 def corpus() -> tuple[np.ndarray, list[str]]:
@@ -83,13 +85,16 @@ def main(steps: int = 1000, seed: int = 0, verbose: bool = True) -> float:
     train_ids, val_ids = ids[:split], ids[split:]
     entropy = unigram_entropy(train_ids, len(chars))
     model = nn.GPT(len(chars), BLOCK, n_layer=2, n_head=4, n_embd=64)
-    opt = Adam(model.parameters(), lr=2e-3)
+    params = list(model.parameters())
+    opt = AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
+                 {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}], lr=2e-3)
 
     @mlir_nn.jit(dynamic_batch=False, tiered=False)
     def train_step(idx, targets):
         opt.zero_grad()
         loss = model.loss(idx, targets)
         loss.backward()
+        nn.utils.clip_grad_norm_(params, CLIP)
         opt.step()
         return loss
 

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from mlir_nn.contractions import einsum
 from mlir_nn.engine import (
     ConcretizationError,
     Tensor,
@@ -30,7 +31,7 @@ from mlir_nn.runtime.residency import resident, sync
 from mlir_nn.support.version import __version__
 
 __all__ = ["ConcretizationError", "PythonRandomError", "Tensor", "Value", "__version__", "arange", "bmm", "cat",
-           "chunk", "enable_grad", "gather", "index_select", "is_grad_enabled", "jit", "load", "manual_seed",
+           "chunk", "einsum", "enable_grad", "gather", "index_select", "is_grad_enabled", "jit", "load", "manual_seed",
            "matmul", "maximum", "minimum", "no_grad", "resident", "save", "split", "stack", "sync", "tril", "triu",
            "where"]
 

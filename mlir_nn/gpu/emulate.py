@@ -27,8 +27,9 @@ CPU_LOWERING = (
     "buffer-results-to-out-params{modify-public-functions hoist-dynamic-allocs}",
     "scf-forall-to-for", "convert-linalg-to-loops", "lower-affine", "convert-scf-to-cf", "expand-strided-metadata",
     "lower-affine",
-    "finalize-memref-to-llvm", "convert-math-to-llvm", "convert-arith-to-llvm", "convert-cf-to-llvm",
-    "convert-func-to-llvm", "convert-index-to-llvm", "convert-ub-to-llvm", "reconcile-unrealized-casts",
+    "finalize-memref-to-llvm", "convert-math-to-llvm", "convert-math-to-libm",  # erf: libm's, as the cpu pipeline
+    "convert-arith-to-llvm", "convert-cf-to-llvm", "convert-func-to-llvm", "convert-index-to-llvm",
+    "convert-ub-to-llvm", "reconcile-unrealized-casts",
 )
 WORKGROUP = re.compile(r",\s*#gpu\.address_space<(workgroup|private)>")
 

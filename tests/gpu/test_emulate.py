@@ -74,3 +74,24 @@ def test_a_wrong_epilogue_is_caught(monkeypatch):
     graph = traced("2,8,1", 10, optimized=True)
     with pytest.raises(AssertionError, match="result"):
         check_against_reference(graph, emulated(graph), [10])
+
+
+def test_exact_gelu_step_matches_the_reference():
+    """erf (exact GELU) lowers to libm's on the CPU run of the CUDA schedule."""
+    import mlir_nn
+    from mlir_nn.engine import Tensor
+    from mlir_nn.nn import functional as F
+
+    w = Tensor(np.linspace(-1.0, 1.0, 12, dtype=np.float32).reshape(3, 4))
+
+    def step(x):
+        y = F.gelu(x @ w)
+        y.sum().backward()
+        result = [y, w._grad]
+        w.grad = None
+        return result
+
+    x = np.linspace(-2.0, 2.0, 6, dtype=np.float32).reshape(2, 3)
+    graph = mlir_nn.jit(step, backend="numpy").lower(x).optimized_graph
+    assert "erf" in {n.op for n in graph.nodes}
+    check_against_reference(graph, emulated(graph), [2, 5])
