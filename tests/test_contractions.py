@@ -9,6 +9,7 @@ import mlir_nn
 from mlir_nn.contractions import EinsumError
 from mlir_nn.engine import Tensor
 from tests.gradcheck import check_grads
+from tests.holder import Holder
 
 RNG = np.random.default_rng(2323)
 
@@ -58,14 +59,6 @@ def test_operands_as_a_list():
     np.testing.assert_allclose(mlir_nn.einsum("ij,jk->ik", [Tensor(a), Tensor(b)]).data, a @ b, rtol=1e-12)
 
 
-class _Holder:
-    def __init__(self, params):
-        self.params = params
-
-    def parameters(self):
-        return self.params
-
-
 @pytest.mark.parametrize("backend", ["numpy", "cpu"])
 def test_compiled_equals_eager(backend):
     """Every case in one compiled step: outputs, and gradients of a weighted sum of them; the
@@ -74,7 +67,7 @@ def test_compiled_equals_eager(backend):
     params = {eq: [Tensor(a) for a in ARRAYS[eq]] for eq in names}
     weights = {eq: RNG.standard_normal(mlir_nn.einsum(eq, *params[eq]).shape) for eq in names}
     w_in = Tensor(RNG.standard_normal((5, 3)))
-    model = _Holder([p for eq in names for p in params[eq]] + [w_in])
+    model = Holder([p for eq in names for p in params[eq]] + [w_in])
 
     def step(rows):
         leaves = model.parameters()

@@ -9,6 +9,7 @@ import mlir_nn
 from mlir_nn.engine import Tensor
 from mlir_nn.ir import ShapeError
 from tests.gradcheck import check_grads
+from tests.holder import Holder
 
 RNG = np.random.default_rng(23)
 X = RNG.standard_normal((2, 3, 4))
@@ -90,21 +91,13 @@ def test_gradients_match_finite_differences(name):
     check_grads(lambda x, y: CASES[name](mlir_nn, x, y), [X, Y])
 
 
-class _Holder:
-    def __init__(self, params):
-        self.params = params
-
-    def parameters(self):
-        return self.params
-
-
 @pytest.mark.parametrize("backend", ["numpy", "cpu"])
 def test_compiled_equals_eager(backend):
     """Every case in one compiled step: outputs, and the gradients of a weighted sum of them;
     the row index of x[index] is a step input, checked before each call."""
     weights = {name: RNG.standard_normal(CASES[name](mlir_nn, Tensor(X), Tensor(Y)).shape) for name in CASES}
     x, y = Tensor(X), Tensor(Y)
-    model = _Holder([x, y])  # gives the step's dtype, which integer inputs are fed in
+    model = Holder([x, y])  # gives the step's dtype, which integer inputs are fed in
 
     def step(rows):
         model.parameters()

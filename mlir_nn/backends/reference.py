@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlir_nn.ir import Graph, Node, op_def
-from mlir_nn.ir.arguments import check_arguments
+from mlir_nn.ir.arguments import check_arguments, label_inputs
 from mlir_nn.ir.shapes import resolve
 from mlir_nn.support.interrupts import interrupts_deferred
 
@@ -38,11 +38,12 @@ class ReferenceExecutable:
         self.graph = graph
         index = {p.attr("name"): i for i, p in enumerate(graph.params)}
         self._update_slots = [index[name] for name, _ in graph.updates]
+        self._labels = label_inputs(graph)  # found once, not on every call
 
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
         """Outputs are arrays of their own, as on every backend: an output that is an argument
         (or a view of one) is copied before the parameters are written."""
-        batch = check_arguments(self.graph, inputs, params)
+        batch = check_arguments(self.graph, inputs, params, labels=self._labels)
         outputs, updates = evaluate(self.graph, inputs, params, batch)
         arguments = [*inputs, *params]
         outputs = [o.copy() if any(np.may_share_memory(o, a) for a in arguments) else o for o in outputs]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import mlir_nn
 from mlir_nn.engine import Tensor
+from tests.holder import Holder
 
 SIZES = [(1, 1, 1, 1), (1, 7, 13, 33), (3, 13, 1, 7), (2, 33, 7, 13), (5, 7, 33, 1), (4, 64, 16, 64)]
 
@@ -19,11 +20,7 @@ def _compiled(f, *arrays, dynamic_batch=False):
     params = [Tensor(a) for a in arrays]
     weight = Tensor(rng.standard_normal(f(*params).shape))
 
-    class _Holder:
-        def parameters(self):
-            return params
-
-    holder = _Holder()
+    holder = Holder(params)
 
     def step(scale):
         holder.parameters()
@@ -86,11 +83,7 @@ def test_bmm_over_a_dynamic_batch_equals_pytorch():
     weight = rng.standard_normal((7, 13))
     w = Tensor(weight)
 
-    class _Holder:
-        def parameters(self):
-            return [w]
-
-    holder = _Holder()
+    holder = Holder([w])
 
     def step(x):
         holder.parameters()
