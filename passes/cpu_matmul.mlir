@@ -23,9 +23,6 @@
 //   loop over the slice's k of rank-1 updates with the {tm} x {tn} accumulators in
 //   registers (one broadcast of A and one FMA per vector register of B). No block is
 //   partial: the padding makes every size whole.
-// * Large element-wise ops (`mlirnn.parallel_map`: bias + ReLU, the ReLU-grad mask and the
-//   folded update after a product, which writes the parameter in place) run in row blocks
-//   on threads.
 module attributes {transform.with_named_sequence} {
   transform.named_sequence @mlirnn_cpu_matmul(%root: !transform.any_op {transform.readonly}) {
     // Packings: panels spread over threads for large products, then vector copies.
@@ -121,12 +118,6 @@ module attributes {transform.with_named_sequence} {
     %sum_rows, %sum_loop = transform.structured.tile_using_for %row_sums tile_sizes [1, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     transform.structured.vectorize %sum_rows : !transform.any_op
-
-    // Large element-wise ops (epilogues of products, updates): blocks of {map_rows} rows on threads.
-    %maps = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.parallel_map} in %root
-        : (!transform.any_op) -> !transform.any_op
-    %map_rows, %map_forall = transform.structured.tile_using_forall %maps tile_sizes [{map_rows}]
-        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
 
     // Tasks, each zero-filling its own accumulator tile. Swapped products (C^T of a product
     // with few columns, `mlirnn.parallel_columns`) have one row panel: tasks of {swapped_panels}

@@ -164,6 +164,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
         from mlir_nn.codegen.hoist_scalars import hoist_scalar_work
         from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
         from mlir_nn.codegen.lane_loads import scalarize_lane_loads
+        from mlir_nn.codegen.parallel_maps import spread_maps
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
@@ -172,7 +173,8 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]
     write_updates_in_place(module, fn, len(graph.outputs), [slot[name] for name, _ in graph.updates])
-    rewrite_matmuls(module, threads and any(p.startswith(THREAD_PASS) for p in pipeline.passes))
+    threads = threads and any(p.startswith(THREAD_PASS) for p in pipeline.passes)
+    rewrite_matmuls(module, threads)
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
     plans: list[MemoryPlan] = []
@@ -186,6 +188,8 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
     def fuse_and_hoist(module: object) -> None:
         fuse_elementwise_chains(module)  # one pass per update chain (Adam's)
         hoist_scalar_work(module)  # scalar work (bias corrections) once, not per element
+        if threads:
+            spread_maps(module)  # the fused passes in row blocks on threads
 
     hooks = {"drop-equivalent-buffer-results": fuse_and_hoist,
              "buffer-results-to-out-params": copy_repeated_results,

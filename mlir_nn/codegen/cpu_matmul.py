@@ -62,7 +62,6 @@ ROW_MIN = 64  # shorter rows keep the dot-product loop order
 TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims count as 1) from which packing pays
 PARALLEL_WORK_MIN = 1 << 18  # work from which a product's blocks are spread over threads (see _on_threads)
 SWAP_GAIN = 1.2  # a product is swapped when that fills this many times the share of register blocks
-PARALLEL_MAP_ROWS, PARALLEL_MAP_MIN = 32, 1 << 14  # element-wise ops on threads: rows per task, elements
 SCHEDULE = "cpu_matmul.mlir"
 # Tags the schedule matches: the blocked product, its accumulator's zero fill, packings
 # of the operands (copies of whole vector rows, copies in TRANSPOSE_TILE-deep vector
@@ -75,7 +74,6 @@ PACK, PACK_TILES, PACK_SQUARES = "mlirnn.pack", "mlirnn.pack_tiles", "mlirnn.pac
 PACK_ROWS_A, PACK_ROWS_B = "mlirnn.pack_rows_a", "mlirnn.pack_rows_b"  # row copies into A's / B's panels
 PACK_ROW_GROUPS = "mlirnn.pack_row_groups"  # row copies in static groups of PACK_ROWS_STEP rows
 PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
-PARALLEL_MAP = "mlirnn.parallel_map"
 # Small products whose inner two loops have static sizes: vector code per outer iteration.
 SMALL_VECTOR = "mlirnn.small_vector"
 SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 4  # those over a dynamic batch: in blocks of rows
@@ -177,7 +175,7 @@ class LoopPlan:
 
 
 def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
-    """The loop nest ``_as_generic`` builds for ``op`` (also read by the schedule report)."""
+    """The loop nest ``_as_generic`` builds for ``op`` (part of its ``product_plan``)."""
     ta, tb = _transposes(op)
     m, n, k = _sizes(op)
     # A product over a dynamic batch with a small static k x n becomes vector code per row
@@ -206,9 +204,52 @@ def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
     return LoopPlan(ta, tb, row_vector, copy_b, tuple(order), tuple(tags), chunks)
 
 
-def _as_generic(op: ir.Operation, threads: bool) -> ir.Value:
-    a, b, c = op.operands
+@dataclass(frozen=True)
+class ProductPlan:
+    """The schedule ``rewrite_matmuls`` gives a product, and why (the one place that decides;
+    ``schedule_report`` prints it). ``kind``: "short-k" (one element-wise pass,
+    ``short_products``), "blocked" or "blocked-swapped" (packed register blocks, ``_blocked``),
+    or a loop nest ("small-vector", "small-rows" or "loops", as ``loops`` says)."""
+
+    kind: str
+    threads: bool
+    reason: str
+    loops: LoopPlan | None = None  # the loop nest of a product that is not blocked
+
+    @property
+    def blocked(self) -> bool:
+        return self.kind.startswith("blocked")
+
+
+def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
+    """The schedule of the ``linalg.matmul`` ``op``, with its threads when ``threads`` allows them."""
+    m, n, k = _sizes(op)
+    large = _is_large(op)
+    if (large or _over_batch_rows(op)) and _has_short_k(op):
+        return ProductPlan("short-k", False, f"k <= {SHORT_K}: one pass with its epilogue")
+    if large:
+        parallel = threads and _on_threads(op)
+        work = f"work {'>=' if parallel else '<'} {PARALLEL_WORK_MIN} multiply-adds per task"
+        if _swaps(op):
+            return ProductPlan("blocked-swapped", parallel, f"n={n} fills few block columns; {work}")
+        return ProductPlan("blocked", parallel, f"static work >= {TILED_WORK_MIN}; {work}")
+    why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else f"static work < {TILED_WORK_MIN}"
+           if k != 1 else "k = 1")
     plan = loop_plan(op, threads)
+    if not plan.tags:
+        return ProductPlan("loops", False, f"{why}; inner loops dynamic or over {SMALL_VECTOR_MAX}", plan)
+    dims = (m, n, k)
+    inner = [dims[d] for d in plan.order[1:]]
+    vector = f"{why}; a vector of {inner[0]} x {inner[1]} per {'mnk'[plan.order[0]]}"
+    if plan.tags[0] == SMALL_VECTOR:
+        return ProductPlan("small-vector", False, vector, plan)
+    chunks = f", {len(plan.chunks)} chunks of at most {SMALL_CARRY_MAX} elements" if plan.chunks else ""
+    return ProductPlan("small-rows", SMALL_TASKS in plan.tags, f"{vector}, blocks of {SMALL_ROW_BLOCK} rows{chunks}",
+                       plan)
+
+
+def _as_generic(op: ir.Operation, plan: LoopPlan) -> ir.Value:
+    a, b, c = op.operands
     if plan.copy_b:
         b = transposed(b)
     if plan.row_vector and ir.ShapedType.is_dynamic_size(_sizes(op)[0]) and _is_zero_fill(c):
@@ -488,13 +529,13 @@ def _swaps(op: ir.Operation) -> bool:
     return _fill(n, _swapped_rows(n, tm)) * columns > SWAP_GAIN * rows * _fill(n, tn)
 
 
-def _as_blocked(op: ir.Operation, threads: bool) -> ir.Value:
+def _as_blocked(op: ir.Operation, plan: ProductPlan) -> ir.Value:
     """The blocked product of a large ``linalg.matmul`` (``_blocked``), as C^T transposed
     back when its columns are few (``_swaps``)."""
     a, b, _ = op.operands
     ta, tb = _transposes(op)
-    parallel = threads and _on_threads(op)
-    if not _swaps(op):
+    parallel = plan.threads
+    if plan.kind == "blocked":
         return _blocked(a, b, ta, tb, parallel, None)
     n = _sizes(op)[1]
     return transposed(_blocked(b, a, not tb, not ta, parallel, n))
@@ -563,7 +604,7 @@ def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
 def _schedule_text(itemsize: int) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
-    sizes = {"map_rows": PARALLEL_MAP_ROWS, "tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
+    sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
              "row_panels": mc // tm, "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
              "small_rows": SMALL_ROW_BLOCK, "small_task_rows": SMALL_TASK_ROWS}
@@ -583,47 +624,28 @@ def _apply_schedule(module: ir.Module, itemsize: int) -> None:
         raise RuntimeError(f"codegen: the CPU matmul schedule {SCHEDULE} failed: {error}") from None
 
 
-def _is_large_map(op: ir.Operation) -> bool:
-    """An untagged all-parallel 2-D generic with at least PARALLEL_MAP_MIN static elements
-    per row block of PARALLEL_MAP_ROWS rows (a product's epilogue, an update, ...)."""
-    if op.name != "linalg.generic" or any(name.startswith("mlirnn.") for name in op.attributes):
-        return False
-    iterators = [str(i) for i in ir.ArrayAttr(op.attributes["iterator_types"])]
-    if len(iterators) != 2 or any("parallel" not in i for i in iterators) or len(op.results) != 1:
-        return False
-    rows, cols = ir.RankedTensorType(op.results[0].type).shape
-    return not ir.ShapedType.is_dynamic_size(cols) and PARALLEL_MAP_ROWS * cols >= PARALLEL_MAP_MIN and (
-        ir.ShapedType.is_dynamic_size(rows) or rows > PARALLEL_MAP_ROWS)
-
-
-def spread_maps(module: ir.Module) -> int:
-    """Tag large element-wise ops to run in row blocks on the thread pool; how many."""
-    found = collect_ops(module, _is_large_map)
-    with module.context:
-        for op in found:
-            op.attributes[PARALLEL_MAP] = ir.UnitAttr.get()
-    return len(found)
-
-
 def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
     """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts (a product with a
     short k is looped: one element-wise pass, ``short_products``). With ``threads``,
-    products with enough work, and large element-wise ops, spread their blocks over threads."""
+    products with enough work spread their blocks over threads (large element-wise ops go on
+    threads after bufferization: ``parallel_maps``)."""
     matmuls = collect_ops(module, lambda op: op.name == "linalg.matmul")
     blocked, itemsize = 0, 4
     with module.context:
         for op in matmuls:
-            large = _is_large(op)
-            short = (large or _over_batch_rows(op)) and _has_short_k(op)
-            large = large and not short
+            plan = product_plan(op, threads)
+            short, large = plan.kind == "short-k", plan.blocked
             if large:
                 itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
             with ir.InsertionPoint(op), op.location:
                 if short:
                     a, b, _ = op.operands
                     replacement = short_product(a, b, *_transposes(op), _sizes(op)[2])
+                elif large:
+                    replacement = _as_blocked(op, plan)
                 else:
-                    replacement = _as_blocked(op, threads) if large else _as_generic(op, threads)
+                    assert plan.loops is not None
+                    replacement = _as_generic(op, plan.loops)
             op.result.replace_all_uses_with(replacement)
             op.erase()
             if short:
@@ -632,7 +654,7 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
                 _epilogues_into_fresh_tensors(replacement)
             blocked += large
         sums = tag_row_sums(module)
-        if (threads and spread_maps(module)) or matmuls or sums:
+        if matmuls or sums:
             _apply_schedule(module, itemsize)
             start_accumulators_at_zero(module)
     return blocked, len(matmuls) - blocked

@@ -20,7 +20,7 @@ def _generic_tags(module, threads: bool) -> list[set[str]]:
         for op in collect_ops(module, lambda op: op.name == "linalg.matmul"):
             before = set(collect_ops(module, lambda o: o.name == "linalg.generic"))
             with ir.InsertionPoint(op), op.location:
-                cpu_matmul._as_generic(op, threads)
+                cpu_matmul._as_generic(op, cpu_matmul.loop_plan(op, threads))
             made = [o for o in collect_ops(module, lambda o: o.name == "linalg.generic") if o not in before]
             tags.append({t for o in made for t in (SMALL_ROWS, SMALL_VECTOR, SMALL_TASKS) if t in o.attributes})
     return tags

@@ -1,0 +1,88 @@
+"""Large element-wise passes on threads after update fusion (codegen/parallel_maps.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mlir import ir
+
+from mlir_nn.backends.cpu import THREAD_PASS, CpuBackend, lower
+from mlir_nn.backends.reference import evaluate
+from mlir_nn.codegen.parallel_maps import PARALLEL_MAP_ROWS, spread_maps
+from mlir_nn.egraph.cache import optimize_cached
+from mlir_nn.support.pipelines import Pipeline, load_pipeline
+from tests.egraph.util import random_arguments, trace_mlp
+
+_MAPS = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @maps(%a: memref<SHAPE>, %b: memref<SHAPE>, %n: index) {
+  linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%a : memref<SHAPE>) outs(%b : memref<SHAPE>) {
+  ^bb0(%x: f32, %y: f32):
+    %s = arith.addf %x, %y : f32
+    linalg.yield %s : f32
+  }
+  scf.forall (%i) in (%n) {
+    linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+        ins(%a : memref<SHAPE>) outs(%b : memref<SHAPE>) {
+    ^bb0(%x: f32, %y: f32):
+      %s = arith.mulf %x, %y : f32
+      linalg.yield %s : f32
+    }
+  }
+  return
+}
+"""
+
+
+@pytest.mark.parametrize("shape, spread", [("64x1024xf32", 1), ("?x512xf32", 1), ("64x256xf32", 0),
+                                           ("32x1024xf32", 0), ("64x?xf32", 0)])
+def test_only_large_maps_not_yet_on_threads_are_spread(shape, spread):
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(_MAPS.replace("SHAPE", shape))
+        assert spread_maps(module) == spread
+        assert module.operation.verify()
+        text = str(module)
+    assert text.count("scf.forall") == 1 + spread
+    assert (f"(d0 * {PARALLEL_MAP_ROWS})" in text) == bool(spread)  # the offset of a row block
+
+
+def _adam_graph(widths: list[int]):
+    graph, _, _ = trace_mlp(widths, 8, "--optimizer", "adam", dtype="float32")
+    return optimize_cached(graph, 8)[0]
+
+
+def test_a_large_adam_update_is_one_pass_on_threads():
+    """Adam's update of a 64 x 1024 weight reads p, g, m and v and writes p, m and v in one
+    threaded pass over row blocks (tiled before fusion, it was one threaded pass per op)."""
+    graph = _adam_graph([64, 1024, 7])
+    shipped = load_pipeline("cpu")
+    cut = next(i for i, p in enumerate(shipped.passes) if p.startswith("scf-forall-to-parallel"))
+    threads = next(p for p in shipped.passes if p.startswith(THREAD_PASS))  # (no scf.forall becomes its loop)
+    module, _, _ = lower(graph, Pipeline("until-threads", (*shipped.passes[:cut], threads)))
+    lines = str(module).splitlines()
+    block = f"memref<{PARALLEL_MAP_ROWS}x1024xf32"
+    updates = [line for line in lines if "linalg.generic" in line and line.split("outs(")[-1].count(block) == 3]
+    assert len(updates) == 1  # p, m and v of a row block written by one generic
+    maps = [line for line in lines if "linalg.generic" in line and block in line.split("outs(")[-1]]
+    assert maps == updates  # no other element-wise pass over the weight's row blocks
+
+
+def test_large_adam_steps_match_the_reference_at_awkward_sizes():
+    """(The random moments make some updates large and a few ill-conditioned: differences are
+    measured against each array's largest value.)"""
+    graph = _adam_graph([64, 1024, 7])
+    executable = CpuBackend().compile(graph)
+    slot = {p.attr("name"): i for i, p in enumerate(graph.params)}
+    for batch in (1, 7, 13, 33, 257, 4099):
+        inputs, params = random_arguments(graph, batch, np.random.default_rng(batch))
+        inputs = [a.astype(n.dtype) for a, n in zip(inputs, graph.inputs)]
+        params = [np.asarray(a, dtype=n.dtype) for a, n in zip(params, graph.params)]
+        want, updates = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        got = executable.run(inputs, params)
+        for value, expected in zip(got, want):
+            np.testing.assert_allclose(value, expected, rtol=2e-5, atol=1e-5 * np.abs(expected).max(),
+                                       err_msg=f"output, batch {batch}")
+        for (name, _), expected in zip(graph.updates, updates):
+            np.testing.assert_allclose(params[slot[name]], expected, rtol=2e-5, atol=1e-5 * np.abs(expected).max(),
+                                       err_msg=f"{name}, batch {batch}")
