@@ -56,3 +56,13 @@ def test_a_wide_first_layer_is_blocked_on_threads():
     first = [s for s in report if (s.n, s.k) == (256, 784)]
     assert first and first[0].schedule == "blocked" and first[0].threads and first[0].m is None
     assert not any(s.threads for s in product_schedules(emit_linalg(graph, wide_sums=True), threads=False))
+
+
+def test_the_plan_carries_the_loop_nest_only_for_products_that_are_not_blocked():
+    graph, _, _ = trace_mlp([784, 256, 10], 33, dtype="float32")
+    module = emit_linalg(graph, wide_sums=True)
+    with module.context:
+        plans = [cpu_matmul.product_plan(op, True) for op in collect_ops(module, lambda op: op.name == "linalg.matmul")]
+    assert {p.kind for p in plans} >= {"blocked", "small-rows"}
+    for plan in plans:
+        assert (plan.loops is None) == (plan.blocked or plan.kind == "short-k"), plan
