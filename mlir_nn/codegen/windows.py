@@ -18,6 +18,7 @@ from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
+from mlir_nn.codegen.col2im import scatter_columns
 from mlir_nn.codegen.maps import dims_map, identity_map, matmul_maps
 from mlir_nn.codegen.tensor_types import tensor_type
 from mlir_nn.ir import Node
@@ -326,7 +327,8 @@ def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir
     if int(node.attr("groups")) != 1:
         return _conv2d_input_grad_direct(b, node, xs_)
     if int(node.shape[1]) < FEW_CHANNELS:
-        return _conv2d_input_grad_col2im(b, node, xs_)
+        col2im = _conv2d_input_grad_col2im if b.strided_copies else _conv2d_input_grad_gathered
+        return col2im(b, node, xs_)
     g_node, w_node = node.inputs
     o, c, kh, kw = (int(d) for d in w_node.shape)
     n, _, h, wd = node.shape
@@ -344,8 +346,25 @@ FEW_CHANNELS = 16  # an input gradient with fewer input channels is a narrow pro
 
 
 def _conv2d_input_grad_col2im(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """The wide product (N * P * Q, O) @ weight (O, KH * KW * C), then col2im: each kernel tap's
+    columns added into the strided window of the image it covers (``codegen.col2im``)."""
+    g_node, w_node = node.inputs
+    o, c, kh, kw = (int(d) for d in w_node.shape)
+    n, _, h, wd = node.shape
+    ys, xs = axes_of(node.op, (int(h), int(wd)), (kh, kw), node.attr_dict)
+    p, q = ys.out, xs.out
+    grad = _pixel_rows(b, xs_[0], g_node.shape)
+    w = _taps_last_channel(b, xs_[1], w_node.shape)
+    flat = _product(b, grad, w, (_rows(n, p, q), kh * kw * c), (n, p, q), False, False)
+    cols_shape = (n, p, q, kh, kw, c)
+    cols = reshape(b, flat, (_rows(n, p, q), kh * kw * c), cols_shape, [[0, 1, 2], [3, 4, 5]])
+    return scatter_columns(b, cols, cols_shape, ys, xs, node.shape)
+
+
+def _conv2d_input_grad_gathered(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     """The wide product (N * P * Q, O) @ flipped weight (O, C * KH * KW), spread by the stride, then
-    each input position sums the window of it that covers the position (col2im as a gather)."""
+    each input position sums the window of it that covers the position (col2im as a gather, for
+    targets without strided views)."""
     g_node, w_node = node.inputs
     o, c, kh, kw = (int(d) for d in w_node.shape)
     n, _, h, wd = node.shape
@@ -363,6 +382,17 @@ def _conv2d_input_grad_col2im(b: FunctionBuilder, node: Node, xs_: list[Operand]
     read = _map(6, [_d(0), _d(2) + _d(4) * ys.dilation + ys.lo, _d(3) + _d(5) * xs.dilation + xs.lo, _d(1), _d(4),
                     _d(5)])
     return b.reduce(node.shape, [cols], [read], _pool_out(), _POOL_LOOPS, lambda v: v)
+
+
+def _taps_last_channel(b: FunctionBuilder, w: ir.Value, shape: Shape) -> ir.Value:
+    """Weight (O, C, KH, KW) as (O, KH * KW * C): columns by kernel tap, channels contiguous."""
+    o, c, kh, kw = (int(d) for d in shape)
+
+    @linalg.generic([w], [b.empty((o, kh, kw, c))], [dims_map(4, [0, 3, 1, 2]), identity_map(4)], [PARALLEL] * 4)
+    def moved(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return reshape(b, moved, (o, kh, kw, c), (o, kh * kw * c), [[0], [1, 2, 3]])
 
 
 # ---------------------------------------------------------------------------- pooling
