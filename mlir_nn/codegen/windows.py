@@ -155,7 +155,7 @@ def _weight_groups(b: FunctionBuilder, w: ir.Value, shape: Shape, groups: int) -
 
 
 def _conv2d_direct(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
-    x_node, w_node = node.inputs
+    x_node, w_node = node.inputs[:2]
     o, cg, kh, kw = (int(d) for d in w_node.shape)
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
@@ -299,7 +299,7 @@ def _pixel_rows(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
 def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     if int(node.attr("groups")) != 1:
         return _conv2d_direct(b, node, xs_)
-    x_node, w_node = node.inputs
+    x_node, w_node = node.inputs[:2]
     o, c, kh, kw = (int(d) for d in w_node.shape)
     ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
@@ -307,6 +307,21 @@ def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     w = reshape(b, xs_[1], w_node.shape, (o, c * kh * kw), [[0], [1, 2, 3]])
     nhwc = (x_node.shape[0], ys.out, xs.out, o)
     return _nchw(b, _product(b, cols, w, (_rows(*nhwc[:3]), o), nhwc[:3], False, True), nhwc)
+
+
+def _conv2d_bias(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """The convolution, then bias and activation as an element-wise epilogue (the tensor-level
+    fusion merges it into the pass that moves the product's rows to NCHW)."""
+    conv = _conv2d(b, node, xs_)
+    relu = node.attr("activation") == "relu"
+    bias = reshape(b, b.tensor_of(xs_[2], node.inputs[2].shape), node.inputs[2].shape,
+                   (node.shape[1], 1, 1), [[0, 1, 2]])
+
+    def epilogue(v: ir.Value, bv: ir.Value) -> ir.Value:
+        total = arith.addf(v, bv)
+        return arith.maximumf(total, b.scalar(0.0)) if relu else total
+
+    return b.elementwise(node.shape, [conv, bias], [node.shape, (node.shape[1], 1, 1)], epilogue, init=conv)
 
 
 def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
@@ -562,6 +577,7 @@ def _pad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
 
 WINDOW_LOWERINGS: dict[str, Rule] = {
     "conv2d": _conv2d,
+    "conv2d_bias": _conv2d_bias,
     "conv2d_input_grad": _conv2d_input_grad,
     "conv2d_weight_grad": _conv2d_weight_grad,
     "max_pool2d": _max_pool2d,

@@ -144,3 +144,17 @@ def test_few_channel_input_gradient_adds_taps_in_place_without_a_spread_buffer()
     cpu, cuda = (str(emit_linalg(graph, strided_copies=flag)) for flag in (True, False))
     assert cpu.count("tensor.insert_slice") == 25 and "?x18x18x6x5x5" not in cpu
     assert "?x18x18x6x5x5" in cuda
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("groups,activation", [(1, "relu"), (2, "none"), (2, "relu")])
+def test_convolution_with_bias_and_activation(dtype, groups, activation):
+    """conv2d_bias (made by the optimizer's conv rules): the product's epilogue adds the bias per
+    output channel and applies the activation, im2col (groups 1) and direct (grouped) alike."""
+    x = _leaf("input", "x", ("N", 4, 9, 7), dtype)
+    w = _leaf("param", "w", (6, 4 // groups, 3, 2), dtype)
+    bias = _leaf("param", "b", (6,), dtype)
+    y = make_node("conv2d_bias", [x, w, bias], stride=(2, 1), padding=(1, 2, 0, 1), dilation=(1, 2), groups=groups,
+                  activation=activation)
+    check(Graph((x,), (w, bias), (y,), name="conv_bias"), 3)
+    check(Graph((x,), (w, bias), (y,), name="conv_bias"), 1, seed=1)

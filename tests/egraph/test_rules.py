@@ -113,8 +113,23 @@ def classification_graph(seed: int):
     return graph_of([x, p], [w], [ls, grad(op("neg", const(1.0))), grad(const(-0.5))])
 
 
+def conv_graph(seed: int):
+    """Convolutions with F.conv2d's bias (reshaped to (O, 1, 1)) and ReLU, in both add orders, and
+    additions that are not a bias per output channel (left alone)."""
+    c, o, groups = (4, 6, 2) if seed % 2 else (3, 5, 1)
+    attrs = dict(stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2), groups=groups)
+    x, w = inp("x", ("N", c, 7, 6)), par("w", (o, c // groups, 3, 2))
+    b, row = par("b", (o,)), par("row", (4,))
+    conv = op("conv2d", x, w, **attrs)
+    bias = op("reshape", b, shape=(o, 1, 1))
+    unpadded = op("conv2d", x, w, **{**attrs, "padding": (0, 0, 0, 0)})  # width 4: row adds along it
+    outs = [op("relu", op("add", conv, bias)), op("add", bias, op("conv2d", x, w, **{**attrs, "stride": (1, 1)})),
+            op("add", conv, const(1.5)), op("relu", op("add", unpadded, row))]
+    return graph_of([x], [w, b, row], outs)
+
+
 BUILDERS = {"algebra": algebra_graph, "layout": layout_graph, "fusion": fusion_graph, "mse": mse_graph,
-            "update": update_graph, "classification": classification_graph}
+            "update": update_graph, "classification": classification_graph, "conv": conv_graph}
 
 
 @pytest.mark.parametrize("ruleset", list(BUILDERS))
@@ -160,3 +175,11 @@ def test_cross_entropy_gradient_is_fused():
     counts = optimized.op_counts()
     assert counts.get("softmax_xent_grad") == 2 and "log_softmax_grad" not in counts and "mean_grad" not in counts
     assert report.used_optimized and report.cost_after < report.cost_before
+
+
+def test_convolution_bias_and_relu_are_fused():
+    optimized, report = optimize(conv_graph(0), rulesets=["conv"], batch_estimate=8)
+    fused = [n for n in optimized.nodes if n.op == "conv2d_bias"]
+    assert sorted(n.attr("activation") for n in fused) == ["none", "relu"]
+    assert optimized.op_counts()["relu"] == 1 and report.cost_after < report.cost_before  # the row add keeps its own
+    assert_same(conv_graph(0), optimized, batch=2)
