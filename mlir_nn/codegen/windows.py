@@ -219,7 +219,7 @@ def _spread_extent(a: Axis) -> int:
 
 
 def _conv2d_weight_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
-    x_node, g_node = node.inputs
+    x_node, g_node = node.inputs[:2]
     o, cg, kh, kw = (int(d) for d in node.shape)
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
@@ -327,7 +327,7 @@ def _conv2d_bias(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value
 def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     if int(node.attr("groups")) != 1:
         return _conv2d_weight_grad_direct(b, node, xs_)
-    x_node, g_node = node.inputs
+    x_node, g_node = node.inputs[:2]
     o, c, kh, kw = (int(d) for d in node.shape)
     ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
@@ -335,6 +335,18 @@ def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> i
     grad = _pixel_rows(b, xs_[1], g_node.shape)
     flat = _product(b, grad, cols, (o, c * kh * kw), (o,), True, False)
     return reshape(b, flat, (o, c * kh * kw), node.shape, [[0], [1, 2, 3]])
+
+
+def _conv2d_weight_update(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """The weight gradient, then beta * c +- alpha * gradient as its element-wise epilogue."""
+    grad = _conv2d_weight_grad(b, node, xs_)
+    combine = arith.subf if node.attr("subtract", False) else arith.addf
+
+    def epilogue(g: ir.Value, c: ir.Value, alpha: ir.Value, beta: ir.Value) -> ir.Value:
+        return combine(arith.mulf(beta, c), arith.mulf(alpha, g))
+
+    shapes = [node.shape] + [i.shape for i in node.inputs[2:]]
+    return b.elementwise(node.shape, [grad, *xs_[2:]], shapes, epilogue, init=grad)
 
 
 def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
@@ -580,6 +592,7 @@ WINDOW_LOWERINGS: dict[str, Rule] = {
     "conv2d_bias": _conv2d_bias,
     "conv2d_input_grad": _conv2d_input_grad,
     "conv2d_weight_grad": _conv2d_weight_grad,
+    "conv2d_weight_update": _conv2d_weight_update,
     "max_pool2d": _max_pool2d,
     "max_pool2d_index": _max_pool2d_index,
     "max_pool2d_grad": _max_pool2d_grad,

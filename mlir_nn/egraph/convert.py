@@ -47,6 +47,8 @@ SPECS: dict[str, tuple[tuple[str, str, Any], ...]] = {
     "softmax_xent_grad": (("scale", "f64", REQUIRED),),
     "conv2d": CONV,
     "conv2d_bias": CONV + (("activation", "str", REQUIRED),),
+    "conv2d_weight_grad": (("kernel", "dims", REQUIRED),) + CONV,
+    "conv2d_weight_update": (("kernel", "dims", REQUIRED),) + CONV + (("subtract", "bool", False),),
 }
 LEAVES = ("input", "param")
 

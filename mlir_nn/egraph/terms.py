@@ -88,6 +88,9 @@ class Term(Expr):
     def conv2d(cls, x: Term, w: Term, stride: Vec[i64], padding: Vec[i64], dilation: Vec[i64],
                groups: i64Like) -> Term: ...
     @classmethod
+    def conv2d_weight_grad(cls, x: Term, g: Term, kernel: Vec[i64], stride: Vec[i64], padding: Vec[i64],
+                           dilation: Vec[i64], groups: i64Like) -> Term: ...
+    @classmethod
     def log_softmax_grad(cls, y: Term, g: Term, axis: i64Like) -> Term: ...
 
     # fused ops (made only by the rules)
@@ -104,6 +107,10 @@ class Term(Expr):
     @classmethod
     def conv2d_bias(cls, x: Term, w: Term, b: Term, stride: Vec[i64], padding: Vec[i64], dilation: Vec[i64],
                     groups: i64Like, activation: StringLike) -> Term: ...
+    @classmethod
+    def conv2d_weight_update(cls, x: Term, g: Term, c: Term, alpha: Term, beta: Term, kernel: Vec[i64],
+                             stride: Vec[i64], padding: Vec[i64], dilation: Vec[i64], groups: i64Like,
+                             subtract: BoolLike) -> Term: ...
 
 
 @function

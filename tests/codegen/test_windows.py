@@ -158,3 +158,18 @@ def test_convolution_with_bias_and_activation(dtype, groups, activation):
                   activation=activation)
     check(Graph((x,), (w, bias), (y,), name="conv_bias"), 3)
     check(Graph((x,), (w, bias), (y,), name="conv_bias"), 1, seed=1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("groups,subtract", [(1, True), (1, False), (2, True)])
+def test_weight_gradient_with_a_folded_update(dtype, groups, subtract):
+    """conv2d_weight_update (the optimizer's update folded into the weight gradient): beta * w +-
+    alpha * dW with a run-time alpha and a constant beta, as the gradient's epilogue."""
+    attrs = dict(stride=(1, 2), padding=(2, 0, 1, 1), dilation=(2, 1), groups=groups)
+    x = _leaf("input", "x", ("N", 4, 8, 7), dtype)
+    g = _leaf("input", "g", ("N", 6, 6, 4), dtype)
+    w = _leaf("param", "w", (6, 4 // groups, 3, 2), dtype)
+    lr = _leaf("param", "lr", (), dtype)
+    beta = make_node("const", [], value=0.75, dtype=dtype)
+    y = make_node("conv2d_weight_update", [x, g, w, lr, beta], kernel=(3, 2), subtract=subtract, **attrs)
+    check(Graph((x, g), (w, lr), (y,), name="conv_update"), 3)

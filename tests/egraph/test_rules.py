@@ -125,7 +125,16 @@ def conv_graph(seed: int):
     unpadded = op("conv2d", x, w, **{**attrs, "padding": (0, 0, 0, 0)})  # width 4: row adds along it
     outs = [op("relu", op("add", conv, bias)), op("add", bias, op("conv2d", x, w, **{**attrs, "stride": (1, 1)})),
             op("add", conv, const(1.5)), op("relu", op("add", unpadded, row))]
-    return graph_of([x], [w, b, row], outs)
+    # optimizer updates of the weight gradient, as SGD (with momentum, decay) traces them
+    gy, buf = inp("gy", conv.shape), par("buf", w.shape)
+    dw = op("conv2d_weight_grad", x, gy, kernel=(3, 2), **attrs)
+    lr, mu = const(0.05), const(0.9)
+    updates = [("w", op("sub", w, op("mul", lr, dw))), ("buf", op("add", op("mul", buf, mu), dw))]
+    outs += [op("sub", w, op("mul", dw, lr)), op("sub", op("mul", const(0.99), w), op("mul", lr, dw)),
+             op("sub", op("mul", w, const(0.99)), op("mul", lr, dw)), op("add", op("mul", mu, buf), dw),
+             op("add", dw, op("mul", mu, buf)), op("add", dw, op("mul", buf, mu)), op("add", w, dw),
+             op("add", dw, w), op("sub", w, dw), op("mul", lr, dw)]
+    return graph_of([x, gy], [w, b, row, buf], outs, updates)
 
 
 BUILDERS = {"algebra": algebra_graph, "layout": layout_graph, "fusion": fusion_graph, "mse": mse_graph,
@@ -183,3 +192,20 @@ def test_convolution_bias_and_relu_are_fused():
     assert sorted(n.attr("activation") for n in fused) == ["none", "relu"]
     assert optimized.op_counts()["relu"] == 1 and report.cost_after < report.cost_before  # the row add keeps its own
     assert_same(conv_graph(0), optimized, batch=2)
+
+
+def test_weight_gradient_updates_are_folded():
+    """SGD's momentum buffer (buf * mu + dW) and a plain step (w - lr * dW), each weight gradient
+    used once: both become the gradient's epilogue."""
+    attrs = dict(stride=(1, 2), padding=(1, 1, 0, 0), dilation=(1, 1), groups=1, kernel=(3, 3))
+    x, w, buf = inp("x", ("N", 2, 6, 7)), par("w", (4, 2, 3, 3)), par("buf", (4, 2, 3, 3))
+    g1, g2 = inp("g1", ("N", 4, 6, 3)), inp("g2", ("N", 4, 6, 3))
+    lr, mu = par("SGD.lr", ()), par("SGD.momentum", ())
+    graph = graph_of([x, g1, g2], [w, buf, lr, mu], [op("sum", g1, axes=(0, 1, 2, 3), keepdims=False)], [
+        ("buf", op("add", op("mul", buf, mu), op("conv2d_weight_grad", x, g1, **attrs))),
+        ("w", op("sub", w, op("mul", lr, op("conv2d_weight_grad", x, g2, **attrs))))])
+    optimized, report = optimize(graph, rulesets=["conv"], batch_estimate=8)
+    updates = dict(optimized.updates)
+    assert updates["w"].op == updates["buf"].op == "conv2d_weight_update" and report.cost_after < report.cost_before
+    assert updates["w"].attr("subtract") and not updates["buf"].attr("subtract")
+    assert_same(graph, optimized, batch=2)
