@@ -134,7 +134,20 @@ def conv_graph(seed: int):
              op("sub", op("mul", w, const(0.99)), op("mul", lr, dw)), op("add", op("mul", mu, buf), dw),
              op("add", dw, op("mul", mu, buf)), op("add", dw, op("mul", buf, mu)), op("add", w, dw),
              op("add", dw, w), op("sub", w, dw), op("mul", lr, dw)]
-    return graph_of([x, gy], [w, b, row, buf], outs, updates)
+    # running_var is labelled as state so that random_arguments draws it >= 0
+    mean, var, gamma, beta = (par(name, (o,)) for name in ("mean", "running_var.state", "gamma", "beta"))
+    outs.append(op("relu", _batch_norm_eval(op("add", conv, bias), mean, var, gamma, beta)))  # folded
+    return graph_of([x, gy], [w, b, row, buf, mean, var, gamma, beta], outs, updates)
+
+
+def _batch_norm_eval(y, mean, var, gamma, beta):
+    """F.batch_norm in eval mode on an (N, C, H, W) tensor, as it traces (on the (N, C, H * W) view)."""
+    n, ch, h, wd = y.shape
+    column = (ch, 1)
+    flat = op("sub", op("reshape", y, shape=(n, ch, h * wd)), op("reshape", mean, shape=column))
+    normal = op("div", flat, op("sqrt", op("add", op("reshape", var, shape=column), const(1e-5))))
+    out = op("add", op("mul", normal, op("reshape", gamma, shape=column)), op("reshape", beta, shape=column))
+    return op("reshape", out, shape=y.shape)
 
 
 BUILDERS = {"algebra": algebra_graph, "layout": layout_graph, "fusion": fusion_graph, "mse": mse_graph,
@@ -189,7 +202,7 @@ def test_cross_entropy_gradient_is_fused():
 def test_convolution_bias_and_relu_are_fused():
     optimized, report = optimize(conv_graph(0), rulesets=["conv"], batch_estimate=8)
     fused = [n for n in optimized.nodes if n.op == "conv2d_bias"]
-    assert sorted(n.attr("activation") for n in fused) == ["none", "relu"]
+    assert sorted(n.attr("activation") for n in fused) == ["none", "relu", "relu"]  # the last after BatchNorm
     assert optimized.op_counts()["relu"] == 1 and report.cost_after < report.cost_before  # the row add keeps its own
     assert_same(conv_graph(0), optimized, batch=2)
 
@@ -209,3 +222,10 @@ def test_weight_gradient_updates_are_folded():
     assert updates["w"].op == updates["buf"].op == "conv2d_weight_update" and report.cost_after < report.cost_before
     assert updates["w"].attr("subtract") and not updates["buf"].attr("subtract")
     assert_same(graph, optimized, batch=2)
+
+
+def test_batch_norm_after_a_convolution_is_folded_into_its_weights():
+    optimized, _ = optimize(conv_graph(0), rulesets=["conv"], batch_estimate=8)
+    counts = optimized.op_counts()
+    assert counts.get("sqrt") == 1 and all(n.shape == (5,) for n in optimized.nodes if n.op in ("sqrt", "div"))
+    assert_same(conv_graph(0), optimized, batch=2)

@@ -8,17 +8,22 @@
 * an optimizer's update of a weight gradient G = conv2d_weight_grad(x, g), C of the weight's
   shape and s, t 0-d, as the update rules do for products (``update``):
   C - s*G == conv2d_weight_update(x, g, C, s, 1, subtract), t*C - s*G with beta t, and
-  t*C + G (a momentum buffer), C + G, C - G with alpha 1; both orders of + and *.
+  t*C + G (a momentum buffer), C + G, C - G with alpha 1; both orders of + and *;
+* BatchNorm2d in eval mode after a convolution (affine, running statistics: the
+  normalization of ``F.batch_norm``, on the (N, C, H * W) view) folded into its weight and
+  bias: conv2d_bias(x, W * scale, (b - mean) * scale + beta) with scale = gamma /
+  sqrt(var + eps), computed per channel and per weight element, not per activation.
 """
 
 from __future__ import annotations
 
 from egglog import Vec, eq, i64, rewrite, rule, set_, union, var, vars_
 
-from mlir_nn.egraph.rules.common import a, b, build, c, dt, e, g, s, sa, w, x, y
+from mlir_nn.egraph.rules.common import a, b, build, c, dt, e, g, k, p, s, sa, w, x, y
 from mlir_nn.egraph.terms import Term, dtype, shape
 
-stride, padding, dilation, kernel = vars_("stride padding dilation kernel", Vec[i64])
+stride, padding, dilation, kernel, per_channel, weight_shape = vars_(
+    "stride padding dilation kernel per_channel weight_shape", Vec[i64])
 groups = var("groups", i64)
 CONV = Term.conv2d(x, w, stride, padding, dilation, groups)
 G = Term.conv2d_weight_grad(x, g, kernel, stride, padding, dilation, groups)
@@ -50,12 +55,46 @@ def _update(name: str, pattern: Term, alpha: Term, beta: Term, subtract: bool,
     return name, rule(*facts).then(*actions)
 
 
+def _folded_batch_norm() -> tuple[str, object]:
+    """reshape(((reshape(conv, (N, C, HW)) - mean) / sqrt(var + eps)) * gamma + beta, (N, C, H, W))
+    == conv2d_bias with the normalization folded in; mean, var, gamma, beta (C,) as (C, 1)."""
+    mean, var, gamma, beta = a, c, g, p
+    eps = Term.const(k, dt)
+    conv = _fused("none")
+    flat = Term.reshape(conv, sa)
+    column = per_channel  # (C, 1)
+    normalized = Term.div(Term.sub(flat, Term.reshape(mean, column)),
+                          Term.sqrt(Term.add(Term.reshape(var, column), eps)))
+    affine = Term.add(Term.mul(normalized, Term.reshape(gamma, column)), Term.reshape(beta, column))
+    pattern = Term.reshape(affine, s)
+    channels = Vec[i64](s[1])
+    facts = [eq(e).to(pattern), eq(s).to(shape(conv)), eq(sa.length()).to(i64(3)), eq(sa[0]).to(s[0]),
+             eq(sa[1]).to(s[1]),
+             eq(column).to(Vec[i64](s[1], i64(1))), eq(weight_shape).to(shape(w)), eq(dt).to(dtype(conv))]
+    facts += [eq(shape(v)).to(channels) for v in (mean, var, gamma, beta)]
+    std = Term.sqrt(Term.add(var, eps))
+    scale = Term.div(gamma, std)
+    scale4 = Term.reshape(scale, Vec[i64](s[1], i64(1), i64(1), i64(1)))
+    weight = Term.mul(w, scale4)
+    shifted = Term.sub(b, mean)
+    bias = Term.add(Term.mul(shifted, scale), beta)
+    built = [(Term.add(var, eps), channels), (std, channels), (scale, channels),
+             (scale4, Vec[i64](s[1], i64(1), i64(1), i64(1))), (weight, weight_shape), (shifted, channels),
+             (Term.mul(shifted, scale), channels), (bias, channels), (eps, SCALAR)]
+    actions = [union(e).with_(Term.conv2d_bias(x, weight, bias, stride, padding, dilation, groups, "none"))]
+    for term, term_shape in built:
+        actions += [set_(shape(term)).to(term_shape), set_(dtype(term)).to(dt)]
+    return "BatchNorm(conv2d_bias(x, W, b)) = conv2d_bias(x, W * scale, (b - mean) * scale + beta)", rule(
+        *facts).then(*actions)
+
+
 RULES = [
     ("conv2d(x, W) + b = conv2d_bias(x, W, b)",
      _bias(Term.add(CONV, Term.reshape(b, sa))).then(union(e).with_(_fused("none")))),
     ("b + conv2d(x, W) = conv2d_bias(x, W, b)",
      _bias(Term.add(Term.reshape(b, sa), CONV)).then(union(e).with_(_fused("none")))),
     ("relu(conv2d_bias(x, W, b)) = conv2d_bias(x, W, b, relu)", rewrite(Term.relu(_fused("none"))).to(_fused("relu"))),
+    _folded_batch_norm(),
     _update("C - s*dW = conv2d_weight_update(s, 1, subtract)", Term.sub(c, Term.mul(a, G)), a, ONE, True, (a,)),
     _update("C - dW*s = conv2d_weight_update(s, 1, subtract)", Term.sub(c, Term.mul(G, a)), a, ONE, True, (a,)),
     _update("t*C - s*dW = conv2d_weight_update(s, t, subtract)", Term.sub(Term.mul(y, c), Term.mul(a, G)), a, y, True,
