@@ -93,12 +93,14 @@ def test_dropout2d_zeroes_whole_channels_in_training_only():
     np.testing.assert_array_equal(drop(x).data, x)
 
 
-def test_eval_mode_conv_batchnorm_relu_is_folded_and_equals_pytorch_in_float64():
+@pytest.mark.parametrize("bias", [True, False])
+def test_eval_mode_conv_batchnorm_relu_is_folded_and_equals_pytorch_in_float64(bias):
     """In eval mode the optimizer folds BatchNorm2d into the convolution before it (weights
     scaled, bias shifted) and the ReLU into its epilogue: one conv2d_bias, no per-activation
     normalization, PyTorch's result."""
     def net(lib, **kw):
-        return lib.Sequential(lib.Conv2d(3, 5, 3, padding=1, stride=2, **kw), lib.BatchNorm2d(5, **kw), lib.ReLU())
+        return lib.Sequential(lib.Conv2d(3, 5, 3, padding=1, stride=2, bias=bias, **kw), lib.BatchNorm2d(5, **kw),
+                              lib.ReLU())
 
     twin = net(torch.nn).double()
     rng = np.random.default_rng(3)

@@ -11,8 +11,9 @@
   t*C + G (a momentum buffer), C + G, C - G with alpha 1; both orders of + and *;
 * BatchNorm2d in eval mode after a convolution (affine, running statistics: the
   normalization of ``F.batch_norm``, on the (N, C, H * W) view) folded into its weight and
-  bias: conv2d_bias(x, W * scale, (b - mean) * scale + beta) with scale = gamma /
-  sqrt(var + eps), computed per channel and per weight element, not per activation.
+  bias: conv2d_bias(x, W * scale, (b - mean) * scale + beta), or beta - mean * scale for a
+  convolution without bias, where scale = gamma / sqrt(var + eps): computed per channel and
+  per weight element, not per activation.
 """
 
 from __future__ import annotations
@@ -55,37 +56,43 @@ def _update(name: str, pattern: Term, alpha: Term, beta: Term, subtract: bool,
     return name, rule(*facts).then(*actions)
 
 
-def _folded_batch_norm() -> tuple[str, object]:
-    """reshape(((reshape(conv, (N, C, HW)) - mean) / sqrt(var + eps)) * gamma + beta, (N, C, H, W))
-    == conv2d_bias with the normalization folded in; mean, var, gamma, beta (C,) as (C, 1)."""
+def _folded_batch_norm(biased: bool) -> tuple[str, object]:
+    """reshape(((reshape(y, (N, C, HW)) - mean) / sqrt(var + eps)) * gamma + beta, (N, C, H, W))
+    == conv2d_bias with the normalization folded in, y a convolution with a bias (``biased``) or
+    without; mean, var, gamma, beta (C,), read as (C, 1)."""
     mean, var, gamma, beta = a, c, g, p
     eps = Term.const(k, dt)
-    conv = _fused("none")
-    flat = Term.reshape(conv, sa)
+    conv = _fused("none") if biased else CONV
     column = per_channel  # (C, 1)
-    normalized = Term.div(Term.sub(flat, Term.reshape(mean, column)),
+    normalized = Term.div(Term.sub(Term.reshape(conv, sa), Term.reshape(mean, column)),
                           Term.sqrt(Term.add(Term.reshape(var, column), eps)))
     affine = Term.add(Term.mul(normalized, Term.reshape(gamma, column)), Term.reshape(beta, column))
-    pattern = Term.reshape(affine, s)
     channels = Vec[i64](s[1])
-    facts = [eq(e).to(pattern), eq(s).to(shape(conv)), eq(sa.length()).to(i64(3)), eq(sa[0]).to(s[0]),
-             eq(sa[1]).to(s[1]),
-             eq(column).to(Vec[i64](s[1], i64(1))), eq(weight_shape).to(shape(w)), eq(dt).to(dtype(conv))]
+    facts = [eq(e).to(Term.reshape(affine, s)), eq(s).to(shape(conv)), eq(sa.length()).to(i64(3)),
+             eq(sa[0]).to(s[0]), eq(sa[1]).to(s[1]), eq(column).to(Vec[i64](s[1], i64(1))),
+             eq(weight_shape).to(shape(w)), eq(dt).to(dtype(conv))]
     facts += [eq(shape(v)).to(channels) for v in (mean, var, gamma, beta)]
     std = Term.sqrt(Term.add(var, eps))
     scale = Term.div(gamma, std)
     scale4 = Term.reshape(scale, Vec[i64](s[1], i64(1), i64(1), i64(1)))
     weight = Term.mul(w, scale4)
-    shifted = Term.sub(b, mean)
-    bias = Term.add(Term.mul(shifted, scale), beta)
-    built = [(Term.add(var, eps), channels), (std, channels), (scale, channels),
-             (scale4, Vec[i64](s[1], i64(1), i64(1), i64(1))), (weight, weight_shape), (shifted, channels),
-             (Term.mul(shifted, scale), channels), (bias, channels), (eps, SCALAR)]
+    if biased:  # (b - mean) * scale + beta
+        shifted = Term.mul(Term.sub(b, mean), scale)
+        bias = Term.add(shifted, beta)
+        inner = [Term.sub(b, mean), shifted]
+    else:  # beta - mean * scale
+        shifted = Term.mul(mean, scale)
+        bias = Term.sub(beta, shifted)
+        inner = [shifted]
+    built = [(Term.add(var, eps), channels), (std, channels), (scale, channels), (bias, channels), (eps, SCALAR),
+             (scale4, Vec[i64](s[1], i64(1), i64(1), i64(1))), (weight, weight_shape)]
+    built += [(t, channels) for t in inner]
     actions = [union(e).with_(Term.conv2d_bias(x, weight, bias, stride, padding, dilation, groups, "none"))]
     for term, term_shape in built:
         actions += [set_(shape(term)).to(term_shape), set_(dtype(term)).to(dt)]
-    return "BatchNorm(conv2d_bias(x, W, b)) = conv2d_bias(x, W * scale, (b - mean) * scale + beta)", rule(
-        *facts).then(*actions)
+    name = ("BatchNorm(conv2d_bias(x, W, b)) = conv2d_bias(x, W * scale, (b - mean) * scale + beta)" if biased else
+            "BatchNorm(conv2d(x, W)) = conv2d_bias(x, W * scale, beta - mean * scale)")
+    return name, rule(*facts).then(*actions)
 
 
 RULES = [
@@ -94,7 +101,8 @@ RULES = [
     ("b + conv2d(x, W) = conv2d_bias(x, W, b)",
      _bias(Term.add(Term.reshape(b, sa), CONV)).then(union(e).with_(_fused("none")))),
     ("relu(conv2d_bias(x, W, b)) = conv2d_bias(x, W, b, relu)", rewrite(Term.relu(_fused("none"))).to(_fused("relu"))),
-    _folded_batch_norm(),
+    _folded_batch_norm(biased=True),
+    _folded_batch_norm(biased=False),
     _update("C - s*dW = conv2d_weight_update(s, 1, subtract)", Term.sub(c, Term.mul(a, G)), a, ONE, True, (a,)),
     _update("C - dW*s = conv2d_weight_update(s, 1, subtract)", Term.sub(c, Term.mul(G, a)), a, ONE, True, (a,)),
     _update("t*C - s*dW = conv2d_weight_update(s, t, subtract)", Term.sub(Term.mul(y, c), Term.mul(a, G)), a, y, True,
