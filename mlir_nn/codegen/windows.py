@@ -6,7 +6,10 @@ loops that no operand indexes directly get their extent from an unused ``(kh, kw
 window operand, as linalg's own pooling ops do. Gradients that scatter (a transposed
 convolution, the pooling gradients) gather instead: the output gradient is spread out by
 the stride and padded by the window span, so that every input position reads a plain
-window of it.
+window of it. On the CPU, the input gradient of a convolution with few input channels is
+a GEMM whose columns are added back tap by tap (``codegen.col2im``) instead. The fused ops
+the optimizer's conv rules make (``conv2d_bias``, ``conv2d_weight_update``) are the same
+products with element-wise epilogues.
 """
 
 from __future__ import annotations
