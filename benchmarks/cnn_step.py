@@ -6,9 +6,14 @@ inputs (3x3 convolutions with 32, 64 and 128 channels, each followed by ReLU and
 pooling, then one linear layer) at batch 128. Synthetic data, float32, every contender
 starting from the same weights. Contenders run round-robin (``matmul_table.round_robin``)
 so that load changes hit all alike; the table gives each one's median step time, its ratio
-to the best peer, and GFLOP/s against the FMA loop peak of the threads this process may use.
+to the best peer, and GFLOP/s against the FMA loop peak of the threads used.
 
-    python benchmarks/cnn_step.py [--quick | --smoke] [--only lenet] [--no-compile] [--dynamic] [--json FILE]
+    python benchmarks/cnn_step.py [--quick | --smoke] [--only lenet] [--no-compile] [--dynamic] [--threads N]
+                                  [--json FILE]
+
+``--threads N`` runs mlir-nn and PyTorch on N threads (and, with N = 1, JAX with its Eigen pool
+off): on a loaded machine a contender's threads wait at barriers for a busy core (PyTorch's
+spin), which can cost more than its compute; one thread each compares the kernels alone.
 
 ``--smoke`` runs LeNet-5 at batch 4 once against PyTorch eager (the test suite's check that
 the script works; its figures mean nothing).
@@ -120,12 +125,12 @@ def mlir_nn_step(spec: list[tuple], weights: list[np.ndarray], x: np.ndarray, y:
 
 
 def torch_steps(spec: list[tuple], weights: list[np.ndarray], x: np.ndarray, y: np.ndarray,
-                with_compile: bool) -> dict[str, Callable[[], object]]:
+                with_compile: bool, threads: int) -> dict[str, Callable[[], object]]:
     try:
         import torch
     except ImportError:
         return {}
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(threads)
 
     def build() -> torch.nn.Module:
         layers: list[torch.nn.Module] = []
@@ -214,6 +219,16 @@ def jax_step(spec: list[tuple], weights: list[np.ndarray], x: np.ndarray, y: np.
     return run
 
 
+def limit_threads(threads: int) -> None:
+    """Every contender on ``threads`` threads: set before any of them starts its pool."""
+    if threads < 1:
+        raise SystemExit(f"--threads must be positive, got {threads}")
+    os.environ["MLIR_NN_NUM_THREADS"] = str(threads)
+    if threads == 1:  # XLA's CPU client has no thread count, only Eigen's pool on or off
+        os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"),
+                                                          "--xla_cpu_multi_thread_eigen=false"]))
+
+
 def cpu_model() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -229,11 +244,13 @@ def main() -> None:
     parser.add_argument("--only", default="", help="run only the points whose label contains this text")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (its compile takes minutes)")
     parser.add_argument("--dynamic", action="store_true", help="also time the step compiled for any batch size")
+    parser.add_argument("--threads", type=int, help="threads of every contender (default: the usable cores)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rounds, reps = (1, 1) if args.smoke else (3, 2) if args.quick else (7, 5)
     points = {"lenet5 b4": (LENET, (1, 28, 28), 4)} if args.smoke else POINTS
-    threads = len(os.sched_getaffinity(0))
+    threads = args.threads or len(os.sched_getaffinity(0))
+    limit_threads(threads)
     peak = fma_peak(threads)
     print(f"CPU: {cpu_model()}, {threads} threads; FMA loop peak {peak:.1f} GFLOP/s (float32); "
           f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
@@ -246,7 +263,7 @@ def main() -> None:
         contenders = {"mlir-nn cpu": mlir_nn_step(spec, weights, x, y, dynamic_batch=False)}
         if args.dynamic:
             contenders["mlir-nn cpu (any batch)"] = mlir_nn_step(spec, weights, x, y, dynamic_batch=True)
-        contenders.update(torch_steps(spec, weights, x, y, not (args.no_compile or args.smoke)))
+        contenders.update(torch_steps(spec, weights, x, y, not (args.no_compile or args.smoke), threads))
         jax_run = None if args.smoke else jax_step(spec, weights, x, y)
         if jax_run is not None:
             contenders["jax jit"] = jax_run

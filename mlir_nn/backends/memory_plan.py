@@ -84,6 +84,9 @@ def _bound(value: ir.Value, batch_dims: Collection[tuple[int, int]]) -> tuple[Fr
     owner = value.owner
     if not isinstance(owner, ir.Operation | ir.OpView):
         return None
+    if owner.name == "memref.dim":
+        index = _constant(owner.operands[1])
+        return None if index is None else _dim_bound(owner.operands[0], index, batch_dims)
     constant = _constant(value)
     if constant is not None:
         return None  # a size without the batch is static: not a dynamic dim of a planned buffer
@@ -103,6 +106,36 @@ def _bound(value: ir.Value, batch_dims: Collection[tuple[int, int]]) -> tuple[Fr
         return left[0] * right, left[1] * right, left[2]
     slack = 0 if owner.name == "arith.divui" else right - 1  # ceil(x / c) <= (x + c - 1) / c
     return left[0] / right, (left[1] + slack) / right, left[2]
+
+
+def _dim_bound(source: ir.Value, dim: int,
+               batch_dims: Collection[tuple[int, int]]) -> tuple[Fraction, Fraction, ir.Value] | None:
+    """``_bound`` of dynamic size ``dim`` of a buffer, read through the views that carry it: an
+    allocation's or a workspace view's size operand, or a collapse_shape's group (a conv's
+    (N * P * Q, ...) im2col rows: the packed products' panels are sized from them)."""
+    owner = source.owner
+    if not isinstance(owner, ir.Operation | ir.OpView):
+        return None
+    shape = ir.MemRefType(source.type).shape
+    if not ir.ShapedType.is_dynamic_size(shape[dim]):
+        return None
+    if owner.name in ("memref.alloc", "memref.view"):
+        sizes = list(owner.operands)[(2 if owner.name == "memref.view" else 0):]
+        position = sum(1 for d in shape[:dim] if ir.ShapedType.is_dynamic_size(d))
+        return _bound(sizes[position], batch_dims) if position < len(sizes) else None
+    if owner.name != "memref.collapse_shape":
+        return None
+    reassociation = ir.ArrayAttr(owner.attributes["reassociation"])
+    groups = [[ir.IntegerAttr(i).value for i in ir.ArrayAttr(g)] for g in reassociation]
+    inner = ir.MemRefType(owner.operands[0].type).shape
+    dynamic = [i for i in groups[dim] if ir.ShapedType.is_dynamic_size(inner[i])]
+    if len(dynamic) != 1:
+        return None
+    bound = _dim_bound(owner.operands[0], dynamic[0], batch_dims)
+    if bound is None:
+        return None
+    scale = math.prod(inner[i] for i in groups[dim] if i != dynamic[0])
+    return bound[0] * scale, bound[1] * scale, bound[2]
 
 
 def _constant(value: ir.Value) -> int | None:

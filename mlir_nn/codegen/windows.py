@@ -6,7 +6,10 @@ loops that no operand indexes directly get their extent from an unused ``(kh, kw
 window operand, as linalg's own pooling ops do. Gradients that scatter (a transposed
 convolution, the pooling gradients) gather instead: the output gradient is spread out by
 the stride and padded by the window span, so that every input position reads a plain
-window of it.
+window of it. On the CPU, the input gradient of a convolution with few input channels is
+a GEMM whose columns are added back tap by tap (``codegen.col2im``) instead. The fused ops
+the optimizer's conv rules make (``conv2d_bias``, ``conv2d_weight_update``) are the same
+products with element-wise epilogues.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from mlir import ir
 from mlir.dialects import arith, linalg, tensor
 
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
+from mlir_nn.codegen.col2im import scatter_columns
 from mlir_nn.codegen.maps import dims_map, identity_map, matmul_maps
 from mlir_nn.codegen.tensor_types import tensor_type
 from mlir_nn.ir import Node
@@ -154,7 +158,7 @@ def _weight_groups(b: FunctionBuilder, w: ir.Value, shape: Shape, groups: int) -
 
 
 def _conv2d_direct(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
-    x_node, w_node = node.inputs
+    x_node, w_node = node.inputs[:2]
     o, cg, kh, kw = (int(d) for d in w_node.shape)
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
@@ -218,7 +222,7 @@ def _spread_extent(a: Axis) -> int:
 
 
 def _conv2d_weight_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
-    x_node, g_node = node.inputs
+    x_node, g_node = node.inputs[:2]
     o, cg, kh, kw = (int(d) for d in node.shape)
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
@@ -298,7 +302,7 @@ def _pixel_rows(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
 def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     if int(node.attr("groups")) != 1:
         return _conv2d_direct(b, node, xs_)
-    x_node, w_node = node.inputs
+    x_node, w_node = node.inputs[:2]
     o, c, kh, kw = (int(d) for d in w_node.shape)
     ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
@@ -308,10 +312,25 @@ def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     return _nchw(b, _product(b, cols, w, (_rows(*nhwc[:3]), o), nhwc[:3], False, True), nhwc)
 
 
+def _conv2d_bias(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """The convolution, then bias and activation as an element-wise epilogue (the tensor-level
+    fusion merges it into the pass that moves the product's rows to NCHW)."""
+    conv = _conv2d(b, node, xs_)
+    relu = node.attr("activation") == "relu"
+    bias = reshape(b, b.tensor_of(xs_[2], node.inputs[2].shape), node.inputs[2].shape,
+                   (node.shape[1], 1, 1), [[0, 1, 2]])
+
+    def epilogue(v: ir.Value, bv: ir.Value) -> ir.Value:
+        total = arith.addf(v, bv)
+        return arith.maximumf(total, b.scalar(0.0)) if relu else total
+
+    return b.elementwise(node.shape, [conv, bias], [node.shape, (node.shape[1], 1, 1)], epilogue, init=conv)
+
+
 def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     if int(node.attr("groups")) != 1:
         return _conv2d_weight_grad_direct(b, node, xs_)
-    x_node, g_node = node.inputs
+    x_node, g_node = node.inputs[:2]
     o, c, kh, kw = (int(d) for d in node.shape)
     ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
@@ -321,12 +340,25 @@ def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> i
     return reshape(b, flat, (o, c * kh * kw), node.shape, [[0], [1, 2, 3]])
 
 
+def _conv2d_weight_update(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """The weight gradient, then beta * c +- alpha * gradient as its element-wise epilogue."""
+    grad = _conv2d_weight_grad(b, node, xs_)
+    combine = arith.subf if node.attr("subtract", False) else arith.addf
+
+    def epilogue(g: ir.Value, c: ir.Value, alpha: ir.Value, beta: ir.Value) -> ir.Value:
+        return combine(arith.mulf(beta, c), arith.mulf(alpha, g))
+
+    shapes = [node.shape] + [i.shape for i in node.inputs[2:]]
+    return b.elementwise(node.shape, [grad, *xs_[2:]], shapes, epilogue, init=grad)
+
+
 def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     """A stride-1 convolution of the spread gradient with the flipped, transposed weight."""
     if int(node.attr("groups")) != 1:
         return _conv2d_input_grad_direct(b, node, xs_)
     if int(node.shape[1]) < FEW_CHANNELS:
-        return _conv2d_input_grad_col2im(b, node, xs_)
+        col2im = _conv2d_input_grad_col2im if b.strided_copies else _conv2d_input_grad_gathered
+        return col2im(b, node, xs_)
     g_node, w_node = node.inputs
     o, c, kh, kw = (int(d) for d in w_node.shape)
     n, _, h, wd = node.shape
@@ -344,8 +376,25 @@ FEW_CHANNELS = 16  # an input gradient with fewer input channels is a narrow pro
 
 
 def _conv2d_input_grad_col2im(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """The wide product (N * P * Q, O) @ weight (O, KH * KW * C), then col2im: each kernel tap's
+    columns added into the strided window of the image it covers (``codegen.col2im``)."""
+    g_node, w_node = node.inputs
+    o, c, kh, kw = (int(d) for d in w_node.shape)
+    n, _, h, wd = node.shape
+    ys, xs = axes_of(node.op, (int(h), int(wd)), (kh, kw), node.attr_dict)
+    p, q = ys.out, xs.out
+    grad = _pixel_rows(b, xs_[0], g_node.shape)
+    w = _taps_last_channel(b, xs_[1], w_node.shape)
+    flat = _product(b, grad, w, (_rows(n, p, q), kh * kw * c), (n, p, q), False, False)
+    cols_shape = (n, p, q, kh, kw, c)
+    cols = reshape(b, flat, (_rows(n, p, q), kh * kw * c), cols_shape, [[0, 1, 2], [3, 4, 5]])
+    return scatter_columns(b, cols, cols_shape, ys, xs, node.shape)
+
+
+def _conv2d_input_grad_gathered(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     """The wide product (N * P * Q, O) @ flipped weight (O, C * KH * KW), spread by the stride, then
-    each input position sums the window of it that covers the position (col2im as a gather)."""
+    each input position sums the window of it that covers the position (col2im as a gather, for
+    targets without strided views)."""
     g_node, w_node = node.inputs
     o, c, kh, kw = (int(d) for d in w_node.shape)
     n, _, h, wd = node.shape
@@ -363,6 +412,17 @@ def _conv2d_input_grad_col2im(b: FunctionBuilder, node: Node, xs_: list[Operand]
     read = _map(6, [_d(0), _d(2) + _d(4) * ys.dilation + ys.lo, _d(3) + _d(5) * xs.dilation + xs.lo, _d(1), _d(4),
                     _d(5)])
     return b.reduce(node.shape, [cols], [read], _pool_out(), _POOL_LOOPS, lambda v: v)
+
+
+def _taps_last_channel(b: FunctionBuilder, w: ir.Value, shape: Shape) -> ir.Value:
+    """Weight (O, C, KH, KW) as (O, KH * KW * C): columns by kernel tap, channels contiguous."""
+    o, c, kh, kw = (int(d) for d in shape)
+
+    @linalg.generic([w], [b.empty((o, kh, kw, c))], [dims_map(4, [0, 3, 1, 2]), identity_map(4)], [PARALLEL] * 4)
+    def moved(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return reshape(b, moved, (o, kh, kw, c), (o, kh * kw * c), [[0], [1, 2, 3]])
 
 
 # ---------------------------------------------------------------------------- pooling
@@ -532,8 +592,10 @@ def _pad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
 
 WINDOW_LOWERINGS: dict[str, Rule] = {
     "conv2d": _conv2d,
+    "conv2d_bias": _conv2d_bias,
     "conv2d_input_grad": _conv2d_input_grad,
     "conv2d_weight_grad": _conv2d_weight_grad,
+    "conv2d_weight_update": _conv2d_weight_update,
     "max_pool2d": _max_pool2d,
     "max_pool2d_index": _max_pool2d_index,
     "max_pool2d_grad": _max_pool2d_grad,

@@ -25,6 +25,8 @@ REQUIRED = object()
 # op -> (attribute name, kind, default) in constructor argument order, after the operands.
 # kind: "bool", "i64", "f64", "str" or "dims" (a tuple of ints, the batch symbol allowed).
 TRANSPOSE_FLAGS = (("transpose_a", "bool", False), ("transpose_b", "bool", False))
+CONV = (("stride", "dims", REQUIRED), ("padding", "dims", REQUIRED), ("dilation", "dims", REQUIRED),
+        ("groups", "i64", REQUIRED))
 SPECS: dict[str, tuple[tuple[str, str, Any], ...]] = {
     **{op: () for op in ("add", "sub", "mul", "div", "neg", "relu", "tanh", "sigmoid", "exp", "log", "sqrt",
                          "relu_grad", "tanh_grad", "sigmoid_grad", "mse", "mse_grad")},
@@ -43,6 +45,10 @@ SPECS: dict[str, tuple[tuple[str, str, Any], ...]] = {
     "log_softmax": (("axis", "i64", REQUIRED),),
     "log_softmax_grad": (("axis", "i64", REQUIRED),),
     "softmax_xent_grad": (("scale", "f64", REQUIRED),),
+    "conv2d": CONV,
+    "conv2d_bias": CONV + (("activation", "str", REQUIRED),),
+    "conv2d_weight_grad": (("kernel", "dims", REQUIRED),) + CONV,
+    "conv2d_weight_update": (("kernel", "dims", REQUIRED),) + CONV + (("subtract", "bool", False),),
 }
 LEAVES = ("input", "param")
 

@@ -85,6 +85,12 @@ class Term(Expr):
     @classmethod
     def log_softmax(cls, a: Term, axis: i64Like) -> Term: ...
     @classmethod
+    def conv2d(cls, x: Term, w: Term, stride: Vec[i64], padding: Vec[i64], dilation: Vec[i64],
+               groups: i64Like) -> Term: ...
+    @classmethod
+    def conv2d_weight_grad(cls, x: Term, g: Term, kernel: Vec[i64], stride: Vec[i64], padding: Vec[i64],
+                           dilation: Vec[i64], groups: i64Like) -> Term: ...
+    @classmethod
     def log_softmax_grad(cls, y: Term, g: Term, axis: i64Like) -> Term: ...
 
     # fused ops (made only by the rules)
@@ -98,6 +104,13 @@ class Term(Expr):
     def matmul_relu_grad(cls, a: Term, b: Term, z: Term, transpose_a: BoolLike, transpose_b: BoolLike) -> Term: ...
     @classmethod
     def softmax_xent_grad(cls, y: Term, p: Term, scale: f64Like) -> Term: ...
+    @classmethod
+    def conv2d_bias(cls, x: Term, w: Term, b: Term, stride: Vec[i64], padding: Vec[i64], dilation: Vec[i64],
+                    groups: i64Like, activation: StringLike) -> Term: ...
+    @classmethod
+    def conv2d_weight_update(cls, x: Term, g: Term, c: Term, alpha: Term, beta: Term, kernel: Vec[i64],
+                             stride: Vec[i64], padding: Vec[i64], dilation: Vec[i64], groups: i64Like,
+                             subtract: BoolLike) -> Term: ...
 
 
 @function

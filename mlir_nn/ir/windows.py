@@ -228,6 +228,50 @@ register("conv2d_weight_grad", 2, _conv_weight_grad_infer,
          "Gradient of conv2d wrt its weight. Operands: (input, grad); kernel = (kh, kw).")
 
 
+def _conv_bias_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    out = _conv_infer(types[:2], attrs)
+    same_dtype("conv2d_bias", types)
+    if types[2].shape != (out.shape[1],):
+        raise ShapeError(f"conv2d_bias: bias has shape {fmt_shape(types[2].shape)}, expected ({out.shape[1]},) "
+                         f"for output {fmt_shape(out.shape)}")
+    if attrs.get("activation") not in ("none", "relu"):
+        raise ValueError(f"conv2d_bias: unknown activation {attrs.get('activation')!r}; expected 'none' or 'relu'")
+    return out
+
+
+def conv2d_bias_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+    out = conv2d_reference(x, w, attrs) + bias[:, None, None]
+    return np.maximum(out, 0) if attrs["activation"] == "relu" else out
+
+
+register("conv2d_bias", 3, _conv_bias_infer, lambda a, at, s: conv2d_bias_reference(a[0], a[1], a[2], at), None,
+         "act(conv2d(x, w) + b) with b (out_channels,) broadcast over (N, H, W); act is 'none' or 'relu'. "
+         "Made by the optimizer's rules only.")
+
+
+def _conv_update_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    out = _conv_weight_grad_infer(types[:2], attrs)
+    same_dtype("conv2d_weight_update", types)
+    if types[2].shape != out.shape:
+        raise ShapeError(f"conv2d_weight_update: accumulator has shape {fmt_shape(types[2].shape)}, "
+                         f"expected the weight's {fmt_shape(out.shape)}")
+    for role, scale in zip(("alpha", "beta"), types[3:]):
+        if scale.shape != ():
+            raise ShapeError(f"conv2d_weight_update: {role} has shape {fmt_shape(scale.shape)}, expected a scalar ()")
+    return out
+
+
+def conv2d_weight_update_reference(args: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
+    x, gy, c, alpha, beta = args
+    product = alpha * conv2d_weight_grad_reference(x, gy, attrs)
+    return beta * c - product if attrs.get("subtract") else beta * c + product
+
+
+register("conv2d_weight_update", 5, _conv_update_infer, lambda a, at, s: conv2d_weight_update_reference(a, at), None,
+         "beta * c + alpha * conv2d_weight_grad(x, grad) (minus the gradient when subtract), 0-d alpha and beta: "
+         "an optimizer's update folded into the weight gradient, as gemm for products. Made by the optimizer's rules.")
+
+
 # ---------------------------------------------------------------------------- pooling
 
 

@@ -209,3 +209,17 @@ def test_a_batch_too_large_for_memory_is_a_memory_error_with_parameters_untouche
     lines = result.stdout.splitlines()
     assert lines[0].startswith("MemoryError: step: a batch of 8000000 rows needs a workspace of"), lines
     assert lines[1:] == ["untouched", "still works True"]
+
+
+def test_convolution_panels_sized_from_im2col_rows_are_planned():
+    """A dynamic-batch convolution's packed products size their panels from the im2col rows
+    (a collapse of (N, P, Q, ...)): read through that view, they are planned too (they were
+    mallocs of tens of MB a call, which made the any-batch VGG step twice the fixed one)."""
+    from mlir_nn.backends import get_backend
+    from tests.codegen.test_windows import check, conv_graph
+
+    graph = conv_graph("float32", 16, (6, 5), 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    plan = get_backend("cpu").compile(graph).kernel.plan
+    assert plan.heap_buffers == 0 and plan.linear_fixed > 0  # products packed, their panels in the workspace
+    for batch in (3, 1, 8):
+        check(graph, batch, seed=batch)

@@ -71,6 +71,8 @@ def check(graph, batch, ties=False, seed=0):
     ((3, (9, 8), 5, (2, 2), (1, 1), (0, 1, 0, 1), (1, 1), 1), 2),  # padding="same" with an even kernel
     ((4, (8, 5), 4, (3, 3), (3, 2), (2, 2, 1, 1), (2, 1), 4), 2),  # depthwise
     ((16, (5, 4), 3, (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 1), 2),  # enough input channels for the im2col dX
+    ((5, (11, 10), 7, (3, 2), (2, 3), (2, 1, 0, 2), (2, 1), 1), 3),  # col2im dX: stride, dilation, uneven padding
+    ((2, (6, 9), 4, (5, 5), (1, 1), (0, 0, 0, 0), (1, 1), 1), 1),  # col2im dX: LeNet's 5x5 taps, batch 1
 ])
 def test_convolutions(dtype, case, batch):
     check(conv_graph(dtype, *case), batch)
@@ -104,3 +106,70 @@ def test_pads_and_spreads_are_slice_copies_only_when_asked():
     copies, gathers = (str(emit_linalg(graph, strided_copies=flag)) for flag in (True, False))
     assert "tensor.insert_slice" in copies and "tensor.insert_slice" not in gathers
     assert copies.count("tensor.extract ") < gathers.count("tensor.extract ")
+
+
+@pytest.mark.parametrize("stride,padding,dilation", [((1, 1), (0, 0, 0, 0), (1, 1)), ((2, 3), (2, 1, 0, 2), (2, 1)),
+                                                     ((3, 2), (1, 1, 2, 2), (1, 3))])
+def test_few_channel_input_gradient_equals_pytorch_in_float64(stride, padding, dilation):
+    """The col2im input gradient (fewer than FEW_CHANNELS input channels) against PyTorch's
+    conv2d backward, at dynamic batch sizes that differ between calls."""
+    torch = pytest.importorskip("torch")
+    hw, kernel = (13, 11), (3, 4)
+    graph = conv_graph("float64", 3, hw, 5, kernel, stride, padding, dilation, 1)
+    step = get_backend("cpu").compile(graph)
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((5, 3) + kernel)
+    top, bottom, left, right = padding
+    for batch in (1, 4, 2):
+        x = rng.standard_normal((batch, 3) + hw)
+        g = rng.standard_normal((batch,) + tuple(int(d) for d in graph.outputs[0].shape[1:]))
+        xt = torch.nn.functional.pad(torch.from_numpy(x), (left, right, top, bottom)).requires_grad_()
+        torch.nn.functional.conv2d(xt, torch.from_numpy(w), stride=stride, dilation=dilation).backward(
+            torch.from_numpy(g))
+        want = xt.grad.numpy()[:, :, top:top + hw[0], left:left + hw[1]]
+        _, dx, _ = step.run([x, g], [w])
+        np.testing.assert_allclose(dx, want, rtol=1e-12, atol=1e-12)
+
+
+def test_few_channel_input_gradient_adds_taps_in_place_without_a_spread_buffer():
+    """col2im on the CPU: one strided add per kernel tap into the padded image, no 6-D spread of
+    the columns (the gather's buffer); CUDA keeps the gather."""
+    from mlir_nn.codegen import emit_linalg
+
+    x = _leaf("input", "x", ("N", 6, 14, 14), "float32")
+    w = _leaf("param", "w", (16, 6, 5, 5), "float32")
+    attrs = dict(stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1)
+    g = _leaf("input", "g", ("N", 16, 10, 10), "float32")
+    graph = Graph((x, g), (w,), (make_node("conv2d_input_grad", [g, w], input_hw=(14, 14), **attrs),), name="dx")
+    cpu, cuda = (str(emit_linalg(graph, strided_copies=flag)) for flag in (True, False))
+    assert cpu.count("tensor.insert_slice") == 25 and "?x18x18x6x5x5" not in cpu
+    assert "?x18x18x6x5x5" in cuda
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("groups,activation", [(1, "relu"), (2, "none"), (2, "relu")])
+def test_convolution_with_bias_and_activation(dtype, groups, activation):
+    """conv2d_bias (made by the optimizer's conv rules): the product's epilogue adds the bias per
+    output channel and applies the activation, im2col (groups 1) and direct (grouped) alike."""
+    x = _leaf("input", "x", ("N", 4, 9, 7), dtype)
+    w = _leaf("param", "w", (6, 4 // groups, 3, 2), dtype)
+    bias = _leaf("param", "b", (6,), dtype)
+    y = make_node("conv2d_bias", [x, w, bias], stride=(2, 1), padding=(1, 2, 0, 1), dilation=(1, 2), groups=groups,
+                  activation=activation)
+    check(Graph((x,), (w, bias), (y,), name="conv_bias"), 3)
+    check(Graph((x,), (w, bias), (y,), name="conv_bias"), 1, seed=1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("groups,subtract", [(1, True), (1, False), (2, True)])
+def test_weight_gradient_with_a_folded_update(dtype, groups, subtract):
+    """conv2d_weight_update (the optimizer's update folded into the weight gradient): beta * w +-
+    alpha * dW with a run-time alpha and a constant beta, as the gradient's epilogue."""
+    attrs = dict(stride=(1, 2), padding=(2, 0, 1, 1), dilation=(2, 1), groups=groups)
+    x = _leaf("input", "x", ("N", 4, 8, 7), dtype)
+    g = _leaf("input", "g", ("N", 6, 6, 4), dtype)
+    w = _leaf("param", "w", (6, 4 // groups, 3, 2), dtype)
+    lr = _leaf("param", "lr", (), dtype)
+    beta = make_node("const", [], value=0.75, dtype=dtype)
+    y = make_node("conv2d_weight_update", [x, g, w, lr, beta], kernel=(3, 2), subtract=subtract, **attrs)
+    check(Graph((x, g), (w, lr), (y,), name="conv_update"), 3)

@@ -126,4 +126,13 @@ def window_zoo(dtype: str) -> Graph:
         return (*outs, weight.grad)
 
     graph, _, _ = trace_step(windows, [np.zeros((2, 2, 7, 7), dtype)], ["x"])
-    return graph
+    # the fused convolution ops, which only the optimizer's rules make
+    x, w = graph.inputs[0], next(p for p in graph.params if p.shape == (3, 2, 3, 3))
+    bias = make_node("param", (), name="bias", shape=(3,), dtype=dtype)
+    conv = dict(stride=(2, 1), padding=(1, 0, 1, 1), dilation=(1, 1), groups=1)
+    fused = [make_node("conv2d_bias", [x, w, bias], activation=act, **conv) for act in ("none", "relu")]
+    lr = make_node("param", (), name="lr", shape=(), dtype=dtype)
+    fused.append(make_node("conv2d_weight_update", [x, fused[1], w, lr, const(0.9, dtype)], kernel=(3, 3),
+                           subtract=True, **conv))  # an update folded into the weight gradient
+    return Graph(graph.inputs, graph.params + (bias, lr), graph.outputs + tuple(fused), graph.updates,
+                 name=graph.name)

@@ -113,8 +113,46 @@ def classification_graph(seed: int):
     return graph_of([x, p], [w], [ls, grad(op("neg", const(1.0))), grad(const(-0.5))])
 
 
+def conv_graph(seed: int):
+    """Convolutions with F.conv2d's bias (reshaped to (O, 1, 1)) and ReLU, in both add orders, and
+    additions that are not a bias per output channel (left alone)."""
+    c, o, groups = (4, 6, 2) if seed % 2 else (3, 5, 1)
+    attrs = dict(stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2), groups=groups)
+    x, w = inp("x", ("N", c, 7, 6)), par("w", (o, c // groups, 3, 2))
+    b, row = par("b", (o,)), par("row", (4,))
+    conv = op("conv2d", x, w, **attrs)
+    bias = op("reshape", b, shape=(o, 1, 1))
+    unpadded = op("conv2d", x, w, **{**attrs, "padding": (0, 0, 0, 0)})  # width 4: row adds along it
+    outs = [op("relu", op("add", conv, bias)), op("add", bias, op("conv2d", x, w, **{**attrs, "stride": (1, 1)})),
+            op("add", conv, const(1.5)), op("relu", op("add", unpadded, row))]
+    # optimizer updates of the weight gradient, as SGD (with momentum, decay) traces them
+    gy, buf = inp("gy", conv.shape), par("buf", w.shape)
+    dw = op("conv2d_weight_grad", x, gy, kernel=(3, 2), **attrs)
+    lr, mu = const(0.05), const(0.9)
+    updates = [("w", op("sub", w, op("mul", lr, dw))), ("buf", op("add", op("mul", buf, mu), dw))]
+    outs += [op("sub", w, op("mul", dw, lr)), op("sub", op("mul", const(0.99), w), op("mul", lr, dw)),
+             op("sub", op("mul", w, const(0.99)), op("mul", lr, dw)), op("add", op("mul", mu, buf), dw),
+             op("add", dw, op("mul", mu, buf)), op("add", dw, op("mul", buf, mu)), op("add", w, dw),
+             op("add", dw, w), op("sub", w, dw), op("mul", lr, dw)]
+    # running_var is labelled as state so that random_arguments draws it >= 0
+    mean, var, gamma, beta = (par(name, (o,)) for name in ("mean", "running_var.state", "gamma", "beta"))
+    outs += [op("relu", _batch_norm_eval(op("add", conv, bias), mean, var, gamma, beta)),  # folded
+             _batch_norm_eval(unpadded, mean, var, gamma, beta)]  # folded, no bias before it
+    return graph_of([x, gy], [w, b, row, buf, mean, var, gamma, beta], outs, updates)
+
+
+def _batch_norm_eval(y, mean, var, gamma, beta):
+    """F.batch_norm in eval mode on an (N, C, H, W) tensor, as it traces (on the (N, C, H * W) view)."""
+    n, ch, h, wd = y.shape
+    column = (ch, 1)
+    flat = op("sub", op("reshape", y, shape=(n, ch, h * wd)), op("reshape", mean, shape=column))
+    normal = op("div", flat, op("sqrt", op("add", op("reshape", var, shape=column), const(1e-5))))
+    out = op("add", op("mul", normal, op("reshape", gamma, shape=column)), op("reshape", beta, shape=column))
+    return op("reshape", out, shape=y.shape)
+
+
 BUILDERS = {"algebra": algebra_graph, "layout": layout_graph, "fusion": fusion_graph, "mse": mse_graph,
-            "update": update_graph, "classification": classification_graph}
+            "update": update_graph, "classification": classification_graph, "conv": conv_graph}
 
 
 @pytest.mark.parametrize("ruleset", list(BUILDERS))
@@ -160,3 +198,37 @@ def test_cross_entropy_gradient_is_fused():
     counts = optimized.op_counts()
     assert counts.get("softmax_xent_grad") == 2 and "log_softmax_grad" not in counts and "mean_grad" not in counts
     assert report.used_optimized and report.cost_after < report.cost_before
+
+
+def test_convolution_bias_and_relu_are_fused():
+    optimized, report = optimize(conv_graph(0), rulesets=["conv"], batch_estimate=8)
+    fused = [n for n in optimized.nodes if n.op == "conv2d_bias"]
+    assert sorted(n.attr("activation") for n in fused if n.inputs[1].op == "param") == ["none", "relu"]
+    assert optimized.op_counts()["relu"] == 1 and report.cost_after < report.cost_before  # the row add keeps its own
+    assert_same(conv_graph(0), optimized, batch=2)
+
+
+def test_weight_gradient_updates_are_folded():
+    """SGD's momentum buffer (buf * mu + dW) and a plain step (w - lr * dW), each weight gradient
+    used once: both become the gradient's epilogue."""
+    attrs = dict(stride=(1, 2), padding=(1, 1, 0, 0), dilation=(1, 1), groups=1, kernel=(3, 3))
+    x, w, buf = inp("x", ("N", 2, 6, 7)), par("w", (4, 2, 3, 3)), par("buf", (4, 2, 3, 3))
+    g1, g2 = inp("g1", ("N", 4, 6, 3)), inp("g2", ("N", 4, 6, 3))
+    lr, mu = par("SGD.lr", ()), par("SGD.momentum", ())
+    graph = graph_of([x, g1, g2], [w, buf, lr, mu], [op("sum", g1, axes=(0, 1, 2, 3), keepdims=False)], [
+        ("buf", op("add", op("mul", buf, mu), op("conv2d_weight_grad", x, g1, **attrs))),
+        ("w", op("sub", w, op("mul", lr, op("conv2d_weight_grad", x, g2, **attrs))))])
+    optimized, report = optimize(graph, rulesets=["conv"], batch_estimate=8)
+    updates = dict(optimized.updates)
+    assert updates["w"].op == updates["buf"].op == "conv2d_weight_update" and report.cost_after < report.cost_before
+    assert updates["w"].attr("subtract") and not updates["buf"].attr("subtract")
+    assert_same(graph, optimized, batch=2)
+
+
+def test_batch_norm_after_a_convolution_is_folded_into_its_weights():
+    optimized, _ = optimize(conv_graph(0), rulesets=["conv"], batch_estimate=8)
+    counts = optimized.op_counts()
+    assert counts.get("sqrt") == 1 and all(n.shape == (5,) for n in optimized.nodes if n.op in ("sqrt", "div"))
+    folded = [n for n in optimized.nodes if n.op == "conv2d_bias" and n.inputs[1].op == "mul"]  # scaled weights
+    assert sorted((n.attr("activation"), n.inputs[2].op) for n in folded) == [("none", "sub"), ("relu", "add")]
+    assert_same(conv_graph(0), optimized, batch=2)

@@ -91,3 +91,33 @@ def test_dropout2d_zeroes_whole_channels_in_training_only():
     assert 0.15 < 1 - kept[:, :, 0].mean() < 0.35
     drop.eval()
     np.testing.assert_array_equal(drop(x).data, x)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_eval_mode_conv_batchnorm_relu_is_folded_and_equals_pytorch_in_float64(bias):
+    """In eval mode the optimizer folds BatchNorm2d into the convolution before it (weights
+    scaled, bias shifted) and the ReLU into its epilogue: one conv2d_bias, no per-activation
+    normalization, PyTorch's result."""
+    def net(lib, **kw):
+        return lib.Sequential(lib.Conv2d(3, 5, 3, padding=1, stride=2, bias=bias, **kw), lib.BatchNorm2d(5, **kw),
+                              lib.ReLU())
+
+    twin = net(torch.nn).double()
+    rng = np.random.default_rng(3)
+    with torch.no_grad():
+        twin[1].running_mean.copy_(torch.from_numpy(rng.standard_normal(5)))
+        twin[1].running_var.copy_(torch.from_numpy(rng.uniform(0.5, 2.0, 5)))
+        twin[1].weight.copy_(torch.from_numpy(rng.standard_normal(5)))
+        twin[1].bias.copy_(torch.from_numpy(rng.standard_normal(5)))
+    model = net(nn, dtype=np.float64)
+    model.load_state_dict({k: v.detach().numpy() for k, v in twin.state_dict().items()})
+    model.eval()
+    twin.eval()
+    run = mlir_nn.jit(lambda x: model(x), backend="cpu", tiered=False)
+    x = rng.standard_normal((4, 3, 9, 8))
+    optimized = run.lower(x).optimized_graph
+    assert [n.attr("activation") for n in optimized.nodes if n.op == "conv2d_bias"] == ["relu"]
+    assert all(n.shape == (5,) for n in optimized.nodes if n.op in ("sqrt", "div"))
+    for batch in (4, 1):
+        np.testing.assert_allclose(run(x[:batch]).data, twin(torch.from_numpy(x[:batch])).detach().numpy(),
+                                   rtol=1e-10, atol=1e-10)

@@ -1,0 +1,77 @@
+"""col2im: the columns of a transposed convolution summed into the image they cover.
+
+A convolution's input gradient as a GEMM gives, per output pixel (n, p, q), a row of
+columns (kh, kw, c): what that pixel sends to input position (p * stride + k * dilation - lo,
+q * stride + m * dilation - lo), channel c. Each kernel tap (k, m) is one strided slice of
+the image, so the sum is KH * KW element-wise adds, each of a (N, P, Q, C) slice of the
+columns into a strided (N, P, Q, C) window of an NHWC accumulator padded by the
+convolution's padding (in place: an extract_slice / insert_slice pair on the same
+tensor), then one pass that crops the padding and moves channels back to NCHW. Both
+sides of every add run along the contiguous channels; nothing is spread or gathered.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import arith, linalg, tensor
+
+from mlir_nn.codegen.builder import PARALLEL, FunctionBuilder
+from mlir_nn.codegen.maps import dims_map, identity_map
+from mlir_nn.ir.shapes import Dim, Shape
+from mlir_nn.ir.windows import Axis
+
+
+def _static(sizes: list[int | ir.Value]) -> list[int]:
+    return [ir.ShapedType.get_dynamic_size() if isinstance(d, ir.Value) else d for d in sizes]
+
+
+def _dynamic(sizes: list[int | ir.Value]) -> list[ir.Value]:
+    return [d for d in sizes if isinstance(d, ir.Value)]
+
+
+def _tap(b: FunctionBuilder, cols: ir.Value, cols_shape: Shape, k: int, m: int) -> ir.Value:
+    """Columns of tap (k, m): (N, P, Q, KH, KW, C) -> (N, P, Q, C), a rank-reducing view."""
+    n, p, q, _, _, c = cols_shape
+    sizes = b.sizes((n, p, q, 1, 1, c))
+    kind = ir.RankedTensorType.get(_static(b.sizes((n, p, q, c))), b.element)
+    return tensor.extract_slice(kind, cols, [], _dynamic(sizes), [], [0, 0, 0, k, m, 0], _static(sizes),
+                                [1] * 6)
+
+
+def scatter_columns(b: FunctionBuilder, cols: ir.Value, cols_shape: Shape, ys: Axis, xs: Axis,
+                    out_shape: Shape) -> ir.Value:
+    """Sum columns (N, P, Q, KH, KW, C) into the (N, C, H, W) image their windows cover."""
+    n, p, q, kh, kw, c = cols_shape
+    acc_shape: tuple[Dim, ...] = (n, ys.padded, xs.padded, c)
+    acc = b.filled(acc_shape, 0.0)
+    window = b.sizes((n, p, q, c))
+    strides = [1, ys.stride, xs.stride, 1]
+    for k in range(int(kh)):
+        for m in range(int(kw)):
+            offsets = [0, k * ys.dilation, m * xs.dilation, 0]
+            kind = ir.RankedTensorType.get(_static(window), b.element)
+            target = tensor.extract_slice(kind, acc, [], _dynamic(window), [], offsets, _static(window), strides)
+
+            @linalg.generic([_tap(b, cols, cols_shape, k, m)], [target], [identity_map(4)] * 2, [PARALLEL] * 4)
+            def added(v: ir.Value, total: ir.Value) -> ir.Value:
+                return arith.addf(total, v)
+
+            acc = tensor.insert_slice(added, acc, [], _dynamic(window), [], offsets, _static(window), strides)
+    return _cropped_nchw(b, acc, ys, xs, out_shape)
+
+
+def _cropped_nchw(b: FunctionBuilder, acc: ir.Value, ys: Axis, xs: Axis, out_shape: Shape) -> ir.Value:
+    """The padded NHWC accumulator's (H, W) interior (a view) copied to NCHW. The crop is a slice,
+    not an offset in the copy's map: linalg takes each loop's extent from the first operand
+    that indexes it plainly, which would be the padded accumulator."""
+    n, c, h, w = out_shape
+    sizes = b.sizes((n, h, w, c))
+    kind = ir.RankedTensorType.get(_static(sizes), b.element)
+    interior = tensor.extract_slice(kind, acc, [], _dynamic(sizes), [], [0, ys.lo, xs.lo, 0], _static(sizes),
+                                    [1] * 4)
+
+    @linalg.generic([interior], [b.empty(out_shape)], [dims_map(4, [0, 2, 3, 1]), identity_map(4)], [PARALLEL] * 4)
+    def result(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return result
