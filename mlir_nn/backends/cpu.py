@@ -280,7 +280,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     """Compile the lowered step (in chunks on the workers when it was split), link ``library``
     and load it; adds the "llvm" stage and the time of each part. With ``use_disk`` a split
     step links the kernels it finds in the kernel cache and stores the ones it compiles."""
-    from mlir_nn.backends.kernel_build import Job, merge_texts
+    from mlir_nn.backends.kernel_build import Job, merge_texts, reaching
     from mlir_nn.backends.kernel_split import Chunk
     from mlir_nn.codegen import symbol_name
 
@@ -302,7 +302,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o") for i, chunk in enumerate(chunks)]
     texts = kernel_pool.run(jobs)
     if split is not None:
-        stages["llvm"] = merge_texts(texts + [stored.text for stored in linked])
+        stages["llvm"] = merge_texts(texts + [reaching(s.text, s.kernels & split.kernels.keys()) for s in linked])
         if use_disk:
             _store_kernels(jobs, texts, keys)
     timings["llvm"] = time.perf_counter() - start

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,3 +139,20 @@ def merge_texts(texts: list[str]) -> str:
             (definitions if "\n" in op or op.startswith("  llvm.mlir.global") else declarations)[name] = op
     kept = list(definitions.values()) + [op for name, op in declarations.items() if name not in definitions]
     return "module {\n" + "\n".join(kept) + "\n}\n"
+
+
+def reaching(text: str, roots: Collection[str]) -> str:
+    """The printed LLVM-dialect module ``text`` cut down to what the functions ``roots`` use:
+    a cached object's text, of which a step links only some kernels."""
+    ops: dict[str, str] = {}
+    for op in _top_level_ops(text):
+        found = _SYMBOL.search(op)
+        ops[found.group(1) if found else op] = op
+    kept: set[str] = set()
+    todo = [name for name in roots if name in ops]
+    while todo:
+        name = todo.pop()
+        if name not in kept:
+            kept.add(name)
+            todo.extend(n for n in _SYMBOL.findall(ops[name]) if n in ops and n not in kept)
+    return "module {\n" + "\n".join(op for name, op in ops.items() if name in kept) + "\n}\n"

@@ -27,6 +27,7 @@ from mlir_nn.support.disk_cache import TMP_PREFIX, cache_dir, sweep_stale
 
 FOLDER = "kernels"
 FORMAT = 1
+MIN_SHARE = 0.5  # of an object's kernels that a step must need to link it
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,9 @@ def lookup(keys: Mapping[str, str]) -> dict[str, StoredObject]:
 def select(needed: Iterable[str], found: Mapping[str, StoredObject]) -> tuple[list[StoredObject], list[str]]:
     """The cached objects to link for the ``needed`` kernels and the kernels to compile. No
     kernel may be defined twice (the linker refuses it): objects that hold the most needed
-    kernels are taken first, one that holds a kernel of an object taken already is not."""
+    kernels are taken first, one that holds a kernel of an object taken already is not; nor
+    is one of which the step needs less than ``MIN_SHARE`` of the kernels (the rest would be
+    dead code in its shared object)."""
     needed = list(needed)
     wanted = set(needed)
     candidates = sorted({id(s): s for s in found.values()}.values(),
@@ -93,7 +96,8 @@ def select(needed: Iterable[str], found: Mapping[str, StoredObject]) -> tuple[li
     chosen: list[StoredObject] = []
     covered: set[str] = set()
     for stored in candidates:
-        if stored.kernels & wanted and not stored.kernels & covered:
+        share = len(stored.kernels & wanted) / len(stored.kernels) if stored.kernels else 0.0
+        if share >= MIN_SHARE and not stored.kernels & covered:
             chosen.append(stored)
             covered |= stored.kernels
     return chosen, [name for name in needed if name not in covered]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,9 @@ def test_objects_to_link_define_each_kernel_once():
     assert sorted(fresh) == (["k3", "k5"] if chosen[0] is a else ["k2", "k5"])
     chosen, fresh = kernel_cache.select(["k1", "k2", "k3"], {"k1": b, "k2": a, "k3": b})
     assert [s.path.name for s in chosen] == ["a.o"] and fresh == ["k3"]  # the one with most kernels first
+    big = kernel_cache.StoredObject(Path("big.o"), "", frozenset({"k1", "k2", "k3", "k6"}))
+    chosen, fresh = kernel_cache.select(["k1", "k4"], {"k1": big, "k4": c})
+    assert [s.path.name for s in chosen] == ["c.o"] and fresh == ["k1"]  # mostly kernels the step lacks
 
 
 def test_cached_objects_that_define_the_same_kernel_are_not_linked_together(private_cache):
@@ -127,3 +131,15 @@ def test_cached_objects_that_define_the_same_kernel_are_not_linked_together(priv
     assert len(objects) == 2 and objects[0] & objects[1]
     _check(_renamed(zoo, slice(0, 10), "third"))  # needs both: links one, compiles the other's kernels
     assert len(list(private_cache.glob("*.json"))) == 3
+
+
+def test_the_llvm_text_of_a_step_that_links_a_larger_object_has_only_its_own_kernels(private_cache):
+    zoo = matmul_zoo(8, 12, "float32")
+    _check(_renamed(zoo, slice(0, 10), "all"))
+    part = _renamed(zoo, slice(1, 10), "part")
+    own = _kernels(part)
+    objects = len(list(private_cache.glob("*.json")))
+    _check(part)
+    assert len(list(private_cache.glob("*.json"))) == objects  # linked the object of the first: nothing compiled
+    text = cpu.compile_kernel(part).stages["llvm"]
+    assert set(re.findall(r"llvm\.func @(k\w+)\(", text)) == own
