@@ -296,7 +296,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
         if use_disk:
             keys = kernel_keys(split, tail)
             linked, fresh = kernel_cache.select(split.kernels, kernel_cache.lookup(keys))
-            chunks = split.apart(fresh, count)
+            chunks = split.chunks(count, fresh)
         else:
             chunks = split.chunks(count)
     jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o") for i, chunk in enumerate(chunks)]
@@ -304,7 +304,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     if split is not None:
         stages["llvm"] = merge_texts(texts + [reaching(s.text, s.kernels & split.kernels.keys()) for s in linked])
         if use_disk:
-            _store_kernels(jobs, texts, keys)
+            _store_kernels(jobs, texts, keys, name)
     timings["llvm"] = time.perf_counter() - start
     start = time.perf_counter()
     link_objects([job.path for job in jobs] + [stored.path for stored in linked], library)
@@ -319,16 +319,25 @@ def kernel_keys(split: Split, tail: Pipeline) -> dict[str, str]:
     return {kernel: kernel_cache.kernel_key(text, salt) for kernel, text in split.kernels.items()}
 
 
-def _store_kernels(jobs: list[Job], texts: list[str], keys: dict[str, str]) -> None:
-    """Keep each compiled object that holds only kernels in the kernel cache; a failure only
-    costs a later step a compile."""
+def _store_kernels(jobs: list[Job], texts: list[str], keys: dict[str, str], step: str) -> None:
+    """Keep each compiled object's kernels in the kernel cache; in the copy of the object that
+    holds the step, the step's symbols are local (another step of that name may link it). A
+    failure only costs a later step a compile."""
+    from mlir_nn.backends.kernel_build import kernels_only
+    from mlir_nn.backends.native import localize_symbols, step_symbols
+
     for job, text in zip(jobs, texts):
-        if job.chunk.kernels and len(job.chunk.kernels) == len(job.chunk.public):
-            try:
-                kernel_cache.store(job.path, text, {k: keys[k] for k in job.chunk.kernels})
-            except OSError as error:
-                warnings.warn(f"mlir-nn: could not write the kernel cache: {error}", RuntimeWarning, stacklevel=4)
-                return
+        if not job.chunk.kernels:
+            continue
+        try:
+            path = job.path
+            if step in job.chunk.public:
+                path = job.path.with_suffix(".kernels.o")
+                localize_symbols(job.path, path, step_symbols(step))
+            kernel_cache.store(path, kernels_only(text, job.chunk.kernels), {k: keys[k] for k in job.chunk.kernels})
+        except (OSError, NativeError) as error:
+            warnings.warn(f"mlir-nn: could not write the kernel cache: {error}", RuntimeWarning, stacklevel=4)
+            return
 
 
 def _store(key: str, library: Path, name: str, stages: dict[str, str], plan: MemoryPlan) -> None:

@@ -156,3 +156,12 @@ def reaching(text: str, roots: Collection[str]) -> str:
             kept.add(name)
             todo.extend(n for n in _SYMBOL.findall(ops[name]) if n in ops and n not in kept)
     return "module {\n" + "\n".join(op for name, op in ops.items() if name in kept) + "\n}\n"
+
+
+def kernels_only(text: str, kernels: Collection[str]) -> str:
+    """The LLVM text of a compiled chunk as the kernel cache keeps it: what ``kernels`` use, and
+    of that every other definition renamed after the first kernel, so that the text merges
+    with those of a step that links the object (``merge_texts``)."""
+    kept = reaching(text, kernels)
+    defined = (_SYMBOL.search(op) for op in _top_level_ops(kept) if "\n" in op or "llvm.mlir.global" in op)
+    return rename(kept, [m.group(1) for m in defined if m and m.group(1) not in kernels], min(kernels))

@@ -2,9 +2,9 @@
 
 A split step's kernels (``kernel_split``) are named by their text, so the same product or
 update in another step or another model is the same kernel. A build compiles the kernels
-it does not find here together (one object per compile worker, apart from the step) and
-stores each object under ``kernels/`` of the cache folder, named by its sha256, with its
-LLVM-dialect text and the list of kernels it defines; one small index file per kernel,
+it does not find here with the step (one object per compile worker) and stores each object,
+the step's symbols made local, under ``kernels/`` of the cache folder, named by its
+sha256, with its LLVM-dialect text and the list of kernels it defines; one index file per kernel,
 named by the kernel's key (its text and ``salt``: the rest of the pipeline, the code
 generator's digest, the LLVM opt level), names the object that holds it. A later build
 links objects that hold the kernels it finds (``select``: no kernel defined twice) and

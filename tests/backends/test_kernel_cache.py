@@ -143,3 +143,11 @@ def test_the_llvm_text_of_a_step_that_links_a_larger_object_has_only_its_own_ker
     assert len(list(private_cache.glob("*.json"))) == objects  # linked the object of the first: nothing compiled
     text = cpu.compile_kernel(part).stages["llvm"]
     assert set(re.findall(r"llvm\.func @(k\w+)\(", text)) == own
+
+
+def test_a_step_links_a_cached_object_compiled_with_another_step_of_its_name(private_cache):
+    zoo = matmul_zoo(9, 10, "float32")
+    _check(_renamed(zoo, slice(0, 8), "step"))
+    objects = len(list(private_cache.glob("*.json")))
+    _check(_renamed(zoo, slice(0, 10), "step"))  # links the first's object: its step's symbols are local there
+    assert len(list(private_cache.glob("*.json"))) == objects + 1
