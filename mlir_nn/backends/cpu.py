@@ -280,7 +280,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     """Compile the lowered step (in chunks on the workers when it was split), link ``library``
     and load it; adds the "llvm" stage and the time of each part. With ``use_disk`` a split
     step links the kernels it finds in the kernel cache and stores the ones it compiles."""
-    from mlir_nn.backends.kernel_build import Job, merge_texts, reaching
+    from mlir_nn.backends.kernel_build import Job, kernels_only, merge_texts
     from mlir_nn.backends.kernel_split import Chunk
     from mlir_nn.codegen import symbol_name
 
@@ -302,7 +302,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o") for i, chunk in enumerate(chunks)]
     texts = kernel_pool.run(jobs)
     if split is not None:
-        stages["llvm"] = merge_texts(texts + [reaching(s.text, s.kernels & split.kernels.keys()) for s in linked])
+        stages["llvm"] = merge_texts(texts + [kernels_only(s.text, s.kernels & split.kernels.keys()) for s in linked])
         if use_disk:
             _store_kernels(jobs, texts, keys, name)
     timings["llvm"] = time.perf_counter() - start
@@ -323,7 +323,6 @@ def _store_kernels(jobs: list[Job], texts: list[str], keys: dict[str, str], step
     """Keep each compiled object's kernels in the kernel cache; in the copy of the object that
     holds the step, the step's symbols are local (another step of that name may link it). A
     failure only costs a later step a compile."""
-    from mlir_nn.backends.kernel_build import kernels_only
     from mlir_nn.backends.native import localize_symbols, step_symbols
 
     for job, text in zip(jobs, texts):
@@ -334,7 +333,7 @@ def _store_kernels(jobs: list[Job], texts: list[str], keys: dict[str, str], step
             if step in job.chunk.public:
                 path = job.path.with_suffix(".kernels.o")
                 localize_symbols(job.path, path, step_symbols(step))
-            kernel_cache.store(path, kernels_only(text, job.chunk.kernels), {k: keys[k] for k in job.chunk.kernels})
+            kernel_cache.store(path, text, {k: keys[k] for k in job.chunk.kernels})
         except (OSError, NativeError) as error:
             warnings.warn(f"mlir-nn: could not write the kernel cache: {error}", RuntimeWarning, stacklevel=4)
             return

@@ -142,8 +142,7 @@ def merge_texts(texts: list[str]) -> str:
 
 
 def reaching(text: str, roots: Collection[str]) -> str:
-    """The printed LLVM-dialect module ``text`` cut down to what the functions ``roots`` use:
-    a cached object's text, of which a step links only some kernels."""
+    """The printed LLVM-dialect module ``text`` cut down to what the functions ``roots`` use."""
     ops: dict[str, str] = {}
     for op in _top_level_ops(text):
         found = _SYMBOL.search(op)
@@ -159,9 +158,9 @@ def reaching(text: str, roots: Collection[str]) -> str:
 
 
 def kernels_only(text: str, kernels: Collection[str]) -> str:
-    """The LLVM text of a compiled chunk as the kernel cache keeps it: what ``kernels`` use, and
-    of that every other definition renamed after the first kernel, so that the text merges
-    with those of a step that links the object (``merge_texts``)."""
+    """Of the LLVM text of a compiled chunk, what ``kernels`` use, every other definition
+    renamed after the first kernel: the part of a cached object's text that a step which links
+    it merges with its own (``merge_texts``; the objects that it links share no kernel)."""
     kept = reaching(text, kernels)
     defined = (_SYMBOL.search(op) for op in _top_level_ops(kept) if "\n" in op or "llvm.mlir.global" in op)
     return rename(kept, [m.group(1) for m in defined if m and m.group(1) not in kernels], min(kernels))
