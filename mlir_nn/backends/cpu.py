@@ -296,7 +296,9 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
         if use_disk:
             keys = kernel_keys(split, tail)
             linked, fresh = kernel_cache.select(split.kernels, kernel_cache.lookup(keys))
-            chunks = split.chunks(count, fresh)
+            # objects that call kernels of other objects are not cached (a step that linked one
+            # would need those too): the step with every kernel in one module, or apart from them
+            chunks = split.chunks(1) if count == 1 and not linked else split.apart(fresh, count)
         else:
             chunks = split.chunks(count)
     jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o") for i, chunk in enumerate(chunks)]
@@ -326,7 +328,7 @@ def _store_kernels(jobs: list[Job], texts: list[str], keys: dict[str, str], step
     from mlir_nn.backends.native import localize_symbols, step_symbols
 
     for job, text in zip(jobs, texts):
-        if not job.chunk.kernels:
+        if not job.chunk.kernels or job.chunk.calls:
             continue
         try:
             path = job.path

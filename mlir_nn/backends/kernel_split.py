@@ -55,10 +55,19 @@ class Split:
     kernels: dict[str, str]
     declarations: dict[str, str]
 
-    def chunks(self, count: int, kernels: Collection[str] | None = None) -> list[Chunk]:
-        """The step and its ``kernels`` (default: all) in at most ``count`` modules of about equal cost."""
-        names = self.kernels if kernels is None else kernels
-        members = [(self.step_name, self.step)] + sorted((name, self.kernels[name]) for name in names)
+    def chunks(self, count: int) -> list[Chunk]:
+        """The step and its kernels in at most ``count`` modules of about equal cost."""
+        return self._groups([(self.step_name, self.step)] + sorted(self.kernels.items()), count, True)
+
+    def apart(self, kernels: Collection[str], count: int) -> list[Chunk]:
+        """The step in a module of its own, then the ``kernels`` in at most ``count`` modules of
+        about equal cost: objects that call no kernel of another, which other steps can link."""
+        step = self._chunk([(self.step_name, self.step)])
+        members = sorted((name, self.kernels[name]) for name in kernels)
+        return [step] + (self._groups(members, count, False) if members else [])
+
+    def _groups(self, members: list[tuple[str, str]], count: int, whole: bool) -> list[Chunk]:
+        """``members`` in at most ``count`` chunks; ``whole``: one chunk would be the step's only one."""
         members.sort(key=lambda m: -_cost(m[1]))
         groups: list[list[tuple[str, str]]] = [[] for _ in range(max(1, min(count, len(members))))]
         costs = [0] * len(groups)
@@ -66,7 +75,7 @@ class Split:
             cheapest = costs.index(min(costs))
             groups[cheapest].append(member)
             costs[cheapest] += _cost(member[1])
-        return [self._chunk(sorted(group), len(groups) == 1) for group in groups]
+        return [self._chunk(sorted(group), whole and len(groups) == 1) for group in groups]
 
     def _chunk(self, members: list[tuple[str, str]], whole: bool = False) -> Chunk:
         names = [name for name, _ in members]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mlir_nn.backends import cpu, kernel_cache
+from mlir_nn.backends.native import objcopy
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.ir import Graph
 from mlir_nn.support.disk_cache import TMP_PREFIX
@@ -44,6 +46,14 @@ def _indexes(folder) -> dict[str, str]:
     return {p.name: json.loads(p.read_text())["object"] for p in folder.iterdir() if "." not in p.name}
 
 
+def _undefined(path: Path) -> list[str]:
+    """The symbols that the object file ``path`` uses but does not define."""
+    tool = Path(objcopy()).with_name("llvm-nm")
+    done = subprocess.run([str(tool) if tool.is_file() else "nm", "--undefined-only", str(path)],
+                          capture_output=True, text=True, check=True)
+    return [line.split()[-1] for line in done.stdout.splitlines() if line.strip()]
+
+
 def _check(graph: Graph) -> None:
     kernel = cpu.compile_kernel(graph)
     assert kernel.source == "compiled"
@@ -73,6 +83,8 @@ def test_a_new_step_compiles_only_the_kernels_no_step_compiled_before(private_ca
     assert {k for k in new if re.search(rf"llvm\.func @{k}\(%", text)} == new - old  # compiled only these
     _check(_renamed(zoo, slice(0, 10), "third"))  # everything cached: only the step is compiled
     assert _indexes(private_cache) == after_second
+    for path in private_cache.glob("*.o"):  # no object needs a kernel of another one
+        assert not [s for s in _undefined(path) if re.fullmatch(r"k[0-9a-f]+", s)]
 
 
 def test_corrupt_or_half_written_entries_are_misses_and_rebuilt(private_cache):

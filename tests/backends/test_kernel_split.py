@@ -55,6 +55,12 @@ def test_each_piece_of_work_becomes_a_kernel_called_by_the_step_and_same_pieces_
         for kernel in split.kernels.values():
             ir.Module.parse(kernel)
         assert split.chunks(1)[0].whole and not any(chunk.whole for chunk in split.chunks(3))
+        alone, *rest = split.apart(sorted(split.kernels)[1:], 1)  # the step apart; one kernel linked elsewhere
+        assert alone.public == (split.step_name, "_mlir_ciface_" + split.step_name) and len(alone.calls) == 3
+        assert len(rest) == 1 and len(rest[0].kernels) == 2 and not rest[0].calls and not rest[0].whole
+        assert sum(c.text.count("func.func @k") for c in [alone, *rest]) == 2
+        for chunk in [alone, *rest]:
+            ir.Module.parse(chunk.text)
         for chunks in (split.chunks(1), split.chunks(3)):
             assert sum(c.text.count("func.func @k") for c in chunks) == 3
             for chunk in chunks:
