@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlir_nn.backends import cpu, kernel_cache
+from mlir_nn.backends import cpu, kernel_cache, kernel_pool
 from mlir_nn.backends.native import objcopy
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.ir import Graph
@@ -165,3 +165,15 @@ def test_a_step_links_a_cached_object_compiled_with_another_step_of_its_name(pri
     objects = len(list(private_cache.glob("*.json")))
     _check(_renamed(zoo, slice(0, 10), "step"))  # links the first's object: its step's symbols are local there
     assert len(list(private_cache.glob("*.json"))) == objects + 1
+
+
+def test_objects_compiled_on_workers_are_cached_and_linked(private_cache, monkeypatch):
+    zoo = matmul_zoo(7, 9, "float32")
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "2")
+    kernel_pool.start()
+    _check(_renamed(zoo, slice(0, 7), "first"))  # the step apart, its kernels in two objects
+    assert len(list(private_cache.glob("*.json"))) == 2
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "0")
+    _check(_renamed(zoo, slice(0, 10), "second"))
+    for path in private_cache.glob("*.o"):
+        assert not [s for s in _undefined(path) if re.fullmatch(r"k[0-9a-f]+", s)]
