@@ -1,16 +1,18 @@
 """A disk cache of compiled kernels, keyed by each kernel's own IR.
 
 A split step's kernels (``kernel_split``) are named by their text, so the same product or
-update in another step or another model is the same kernel. A build compiles the kernels
-it does not find here with the step (one object per compile worker) and stores each object,
-the step's symbols made local, under ``kernels/`` of the cache folder, named by its
-sha256, with its LLVM-dialect text and the list of kernels it defines; one index file per kernel,
-named by the kernel's key (its text and ``salt``: the rest of the pipeline, the code
-generator's digest, the LLVM opt level), names the object that holds it. A later build
-links objects that hold the kernels it finds (``select``: no kernel defined twice) and
-compiles only the rest. Every file is written under a temporary name and renamed into
-place; an index or object that is missing, unreadable or fails its checksum is a miss (the
-kernel is compiled again and its index replaced).
+update in another step or another model is the same kernel. The compiled objects that
+call no kernel of another object are stored under ``kernels/`` of the cache folder, named
+by their sha256, with their LLVM-dialect text and the list of kernels they define: a cold
+build's single object of the step and all its kernels (the step's symbols made local in the
+cached copy), or, when some kernels came from here, the objects of the new kernels, which
+then compile apart from the step (``cpu._build``). One index file per kernel, named by the
+kernel's key (its text and ``salt``: the rest of the pipeline, the code generator's digest,
+the LLVM opt level), names the object that holds it. A later build links objects that hold
+the kernels it finds (``select``: no kernel defined twice) and compiles only the rest. Every
+file is written under a temporary name and renamed into place; an index or object that is
+missing, unreadable or fails its checksum is a miss (the kernel is compiled again and its
+index replaced). Nothing is evicted, as in the step cache.
 """
 
 from __future__ import annotations
