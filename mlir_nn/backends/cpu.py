@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mlir_nn.backends import kernel_pool, task_runtime, thin_call
+from mlir_nn.backends import kernel_cache, kernel_pool, task_runtime, thin_call
 from mlir_nn.backends.compile_cache import LIBRARY as LIBRARY_NAME
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.errors import NativeError
@@ -53,6 +53,7 @@ from mlir_nn.support.pipelines import Pipeline, load_pipeline, shipped_dir
 from mlir_nn.support.version import __version__
 
 if TYPE_CHECKING:
+    from mlir_nn.backends.kernel_build import Job
     from mlir_nn.backends.kernel_split import Split
 
 TARGET = "cpu"
@@ -81,7 +82,7 @@ class Kernel:
 _MEMORY: dict[str, Kernel] = {}
 _BACKEND_SOURCES = ("backends/cpu.py", "support/cpu_target.py", "backends/lowering.py", "backends/native.py",
                     "backends/memory_plan.py", "backends/input_guard.py", "backends/kernel_split.py",
-                    "backends/kernel_build.py")
+                    "backends/kernel_build.py", "backends/kernel_cache.py")
 PLAN_PASS = "buffer-deallocation-pipeline"  # the memory plan and the input check run right before it
 SCHEDULE = "cpu_matmul.mlir"  # the transform schedule mlir_nn.codegen.cpu_matmul applies
 PARALLEL_FN = "parallel_compute_fn"  # a parallel loop body outlined by the async-parallel-for pass
@@ -268,7 +269,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
                             "step's buffers in its workspace and checks its inputs right before that pass")
     with tempfile.TemporaryDirectory() as tmp:
         library = Path(tmp) / LIBRARY_NAME
-        native = _build(graph, pipeline, module, stages, timings, split, library)
+        native = _build(graph, pipeline, module, stages, timings, split, library, use_disk)
         if use_disk:
             start = time.perf_counter()
             _store(key, library, symbol_name(graph), stages, plan)
@@ -279,30 +280,69 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
 
 
 def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, str], timings: dict[str, float],
-           split: Split | None, library: Path) -> NativeFunction:
+           split: Split | None, library: Path, use_disk: bool = True) -> NativeFunction:
     """Compile the lowered step (in chunks on the workers when it was split), link ``library``
-    and load it; adds the "llvm" stage and the time of each part."""
-    from mlir_nn.backends.kernel_build import Job, merge_texts
+    and load it; adds the "llvm" stage and the time of each part. With ``use_disk`` a split
+    step links the kernels it finds in the kernel cache and stores the ones it compiles."""
+    from mlir_nn.backends.kernel_build import Job, kernels_only, merge_texts
     from mlir_nn.backends.kernel_split import Chunk
     from mlir_nn.codegen import symbol_name
 
     name = symbol_name(graph)
     start = time.perf_counter()
+    linked: list[kernel_cache.StoredObject] = []  # cached objects of kernels
+    keys: dict[str, str] = {}  # kernel -> its key in the kernel cache
     if split is None:  # a pipeline without the split pass: lowered whole already
         chunks = [Chunk(stages["llvm"], (name, "_mlir_ciface_" + name), ())]
         tail = Pipeline(pipeline.name, ())
     else:
-        chunks, tail = split.chunks(max(1, kernel_pool.worker_count())), tail_pipeline(pipeline)
+        tail, count = tail_pipeline(pipeline), max(1, kernel_pool.worker_count())
+        if use_disk:
+            keys = kernel_keys(split, tail)
+            linked, fresh = kernel_cache.select(split.kernels, kernel_cache.lookup(keys))
+            # objects that call kernels of other objects are not cached (a step that linked one
+            # would need those too): the step with every kernel in one module, or apart from them
+            chunks = split.chunks(1) if count == 1 and not linked else split.apart(fresh, count)
+        else:
+            chunks = split.chunks(count)
     jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o") for i, chunk in enumerate(chunks)]
     texts = kernel_pool.run(jobs)
     if split is not None:
-        stages["llvm"] = merge_texts(texts)
+        stages["llvm"] = merge_texts(texts + [kernels_only(s.text, s.kernels & split.kernels.keys()) for s in linked])
+        if use_disk:
+            _store_kernels(jobs, texts, keys, name)
     timings["llvm"] = time.perf_counter() - start
     start = time.perf_counter()
-    link_objects([job.path for job in jobs], library)
+    link_objects([job.path for job in jobs] + [stored.path for stored in linked], library)
     native = load_shared_object(library, name)
     timings["link"] = time.perf_counter() - start
     return native
+
+
+def kernel_keys(split: Split, tail: Pipeline) -> dict[str, str]:
+    """The key in the kernel cache of each kernel of ``split``, lowered with ``tail``."""
+    salt = "\0".join((tail.text, f"{__version__}+{codegen_digest()}", f"O{OPT_LEVEL}"))
+    return {kernel: kernel_cache.kernel_key(text, salt) for kernel, text in split.kernels.items()}
+
+
+def _store_kernels(jobs: list[Job], texts: list[str], keys: dict[str, str], step: str) -> None:
+    """Keep each compiled object's kernels in the kernel cache; in the copy of the object that
+    holds the step, the step's symbols are local (another step of that name may link it). A
+    failure only costs a later step a compile."""
+    from mlir_nn.backends.native import localize_symbols, step_symbols
+
+    for job, text in zip(jobs, texts):
+        if not job.chunk.kernels or job.chunk.calls:
+            continue
+        try:
+            path = job.path
+            if step in job.chunk.public:
+                path = job.path.with_suffix(".kernels.o")
+                localize_symbols(job.path, path, step_symbols(step))
+            kernel_cache.store(path, text, {k: keys[k] for k in job.chunk.kernels})
+        except (OSError, NativeError) as error:
+            warnings.warn(f"mlir-nn: could not write the kernel cache: {error}", RuntimeWarning, stacklevel=4)
+            return
 
 
 def _store(key: str, library: Path, name: str, stages: dict[str, str], plan: MemoryPlan) -> None:

@@ -2,8 +2,9 @@
 
 The module runs the rest of the pipeline (from ``kernel_split.SPLIT_PASS`` on) by itself,
 then LLVM compiles it. Functions that the lowering added to a kernel (the bodies and
-dispatchers of its parallel loops) are renamed after the kernel and made internal, so the
-objects of many kernels link into one shared object, and their LLVM texts into one module.
+dispatchers of its parallel loops) are made internal, so the objects of many kernels link
+into one shared object, and renamed after the chunk in its LLVM text, so that the texts
+merge into one module.
 Runs in the compiling process or in a worker (``kernel_pool``); imports MLIR.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,22 +53,26 @@ def _is_definition(op: ir.Operation) -> bool:
     return op.name == "llvm.mlir.global" and ("value" in op.attributes or bool(op.regions[0].blocks))
 
 
-def localize(module: ir.Module, public: tuple[str, ...], rename: bool = True) -> ir.Module:
-    """``module`` with every definition but ``public`` internal and, with ``rename``, renamed
-    ``<first public>_<name>`` (the first public name is unique: a kernel's hash, or the step's
-    name), so that the LLVM texts of chunks merge into one module. Renamed in the text, which
-    is parsed again: renaming symbol by symbol walks the whole module each time. A step's only
-    chunk keeps its names (0.7 s of printing, matching and parsing for the autoencoder)."""
+def localize(module: ir.Module, public: tuple[str, ...]) -> list[str]:
+    """Make every definition of ``module`` but ``public`` internal; returns their names."""
     internal = ir.Attribute.parse("#llvm.linkage<internal>")
     names = []
     for op in [op.operation for op in module.body.operations]:
         if op.name in _DEFINITIONS and _is_definition(op) and _name(op) not in public:
             names.append(_name(op))
             op.attributes["linkage"] = internal
-    if not names or not rename:
-        return module
+    return names
+
+
+def rename(text: str, names: list[str], prefix: str) -> str:
+    """The printed module ``text`` with the symbols ``names`` renamed ``<prefix>_<name>``, so that
+    the LLVM texts of chunks merge into one module (``prefix``: the chunk's first public name,
+    unique: a kernel's hash, or the step's name). Only the text: internal symbols of different
+    objects do not clash, so the compiled module keeps its names (no second parse)."""
+    if not names:
+        return text
     pattern = re.compile("@(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")(?![\w$.])")
-    return ir.Module.parse(pattern.sub(lambda m: f"@{public[0]}_{m.group(1)}", str(module)), module.context)
+    return pattern.sub(lambda m: f"@{prefix}_{m.group(1)}", text)
 
 
 def mark_kernels(module: ir.Module, kernels: tuple[str, ...]) -> None:
@@ -90,11 +96,12 @@ def build(job: Job) -> str:
         module = ir.Module.parse(job.chunk.text)
         lower_tail(module, job.tail)
         check_lowered_to_llvm(module, job.tail)
-        module = localize(module, job.chunk.public, rename=not job.chunk.whole)
-        mark_kernels(module, job.chunk.public)
+        internal = localize(module, job.chunk.public)
+        mark_kernels(module, job.chunk.kernels)
         text = str(module)
         compile_object(module, job.chunk.public[0], job.path, job.chunk.calls)
-    return text
+    # a step's only chunk keeps its names (0.7 s of matching for the autoencoder)
+    return text if job.chunk.whole else rename(text, internal, job.chunk.public[0])
 
 
 def warm_up() -> None:
@@ -132,3 +139,28 @@ def merge_texts(texts: list[str]) -> str:
             (definitions if "\n" in op or op.startswith("  llvm.mlir.global") else declarations)[name] = op
     kept = list(definitions.values()) + [op for name, op in declarations.items() if name not in definitions]
     return "module {\n" + "\n".join(kept) + "\n}\n"
+
+
+def reaching(text: str, roots: Collection[str]) -> str:
+    """The printed LLVM-dialect module ``text`` cut down to what the functions ``roots`` use."""
+    ops: dict[str, str] = {}
+    for op in _top_level_ops(text):
+        found = _SYMBOL.search(op)
+        ops[found.group(1) if found else op] = op
+    kept: set[str] = set()
+    todo = [name for name in roots if name in ops]
+    while todo:
+        name = todo.pop()
+        if name not in kept:
+            kept.add(name)
+            todo.extend(n for n in _SYMBOL.findall(ops[name]) if n in ops and n not in kept)
+    return "module {\n" + "\n".join(op for name, op in ops.items() if name in kept) + "\n}\n"
+
+
+def kernels_only(text: str, kernels: Collection[str]) -> str:
+    """Of the LLVM text of a compiled chunk, what ``kernels`` use, every other definition
+    renamed after the first kernel: the part of a cached object's text that a step which links
+    it merges with its own (``merge_texts``; the objects that it links share no kernel)."""
+    kept = reaching(text, kernels)
+    defined = (_SYMBOL.search(op) for op in _top_level_ops(kept) if "\n" in op or "llvm.mlir.global" in op)
+    return rename(kept, [m.group(1) for m in defined if m and m.group(1) not in kernels], min(kernels))

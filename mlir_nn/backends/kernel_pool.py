@@ -5,10 +5,11 @@ a fresh Python process (``python -m mlir_nn.backends.kernel_pool``, never a fork
 reads pickled ``kernel_build.Job``s from stdin and answers each with the module's LLVM
 text or the error. Workers start on the first compile that uses them and serve every
 later one in the process; they are stopped when it exits. ``$MLIR_NN_COMPILE_WORKERS``
-sets how many (at most 8). The default, 0, compiles in the calling process: on a shared
-2-core machine the workers' start (importing MLIR, warming LLVM up) took the cores that the
-caller's lowering needed, and no core was free to compile in parallel (autoencoder: 9.1 s
-with 2 workers, 7.8 s without).
+sets how many (at most 8; 0 compiles in the calling process). The default is one per core
+beyond two that this process may run on: one core lowers (the caller), and in a tiered step
+another runs the interpreter tier meanwhile, so workers never take either one's core. On
+a shared 2-core machine, workers took the cores that the caller's lowering needed, and
+no core was free to compile in parallel (autoencoder: 9.1 s with 2 workers, 7.8 s without).
 A worker that dies or fails is not trusted: its job is redone in the calling process,
 which raises the real error. One compile at a time uses the workers (a lock); a forked
 child starts its own.
@@ -36,11 +37,17 @@ MAX_WORKERS = 8
 _HEADER = struct.Struct("<Q")
 
 
+def default_count() -> int:
+    """One worker per core beyond two of those this process may run on (at most 8)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(MAX_WORKERS, cores - 2))
+
+
 def worker_count() -> int:
-    """``$MLIR_NN_COMPILE_WORKERS`` (default 0, at most 8); a bad value is a ValueError."""
+    """``$MLIR_NN_COMPILE_WORKERS`` (default ``default_count()``, at most 8); a bad value is a ValueError."""
     text = os.environ.get(WORKERS_VARIABLE, "").strip()
     if not text:
-        return 0
+        return default_count()
     if not text.isdigit():
         raise ValueError(f"{WORKERS_VARIABLE} must be a number of processes (0 compiles in this one), got {text!r}")
     return min(MAX_WORKERS, int(text))

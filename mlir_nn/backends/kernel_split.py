@@ -17,6 +17,7 @@ Buffers that share no memory with another argument of their kernel are marked ``
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from mlir import ir
@@ -56,7 +57,17 @@ class Split:
 
     def chunks(self, count: int) -> list[Chunk]:
         """The step and its kernels in at most ``count`` modules of about equal cost."""
-        members = [(self.step_name, self.step)] + sorted(self.kernels.items())
+        return self._groups([(self.step_name, self.step)] + sorted(self.kernels.items()), count, True)
+
+    def apart(self, kernels: Collection[str], count: int) -> list[Chunk]:
+        """The step in a module of its own, then the ``kernels`` in at most ``count`` modules of
+        about equal cost: objects that call no kernel of another, which other steps can link."""
+        step = self._chunk([(self.step_name, self.step)])
+        members = sorted((name, self.kernels[name]) for name in kernels)
+        return [step] + (self._groups(members, count, False) if members else [])
+
+    def _groups(self, members: list[tuple[str, str]], count: int, whole: bool) -> list[Chunk]:
+        """``members`` in at most ``count`` chunks; ``whole``: one chunk would be the step's only one."""
         members.sort(key=lambda m: -_cost(m[1]))
         groups: list[list[tuple[str, str]]] = [[] for _ in range(max(1, min(count, len(members))))]
         costs = [0] * len(groups)
@@ -64,7 +75,7 @@ class Split:
             cheapest = costs.index(min(costs))
             groups[cheapest].append(member)
             costs[cheapest] += _cost(member[1])
-        return [self._chunk(sorted(group), len(groups) == 1) for group in groups]
+        return [self._chunk(sorted(group), whole and len(groups) == 1) for group in groups]
 
     def _chunk(self, members: list[tuple[str, str]], whole: bool = False) -> Chunk:
         names = [name for name, _ in members]
@@ -76,7 +87,7 @@ class Split:
             calls = tuple(name for name in self.kernels if name not in names)
             declarations = "".join(self.declarations[name] + "\n" for name in calls)
         text = "module {\n" + declarations + "\n".join(body for _, body in members) + "\n}\n"
-        return Chunk(text, tuple(public), calls, whole)
+        return Chunk(text, tuple(public), calls, whole, tuple(n for n in names if n != self.step_name))
 
 
 def _cost(text: str) -> int:
@@ -89,12 +100,13 @@ def _cost(text: str) -> int:
 class Chunk:
     """A module of kernels (perhaps with the step): ``public`` are its functions that others
     call, ``calls`` the kernels it calls that other chunks define; ``whole``: the only chunk of
-    its step (no other chunk's names to clash with)."""
+    its step (no other chunk's names to clash with); ``kernels``: the kernels it defines."""
 
     text: str
     public: tuple[str, ...]
     calls: tuple[str, ...]
     whole: bool = False
+    kernels: tuple[str, ...] = ()
 
 
 def _ops(block: ir.Block) -> list[ir.Operation]:

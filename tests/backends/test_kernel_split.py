@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -52,6 +55,12 @@ def test_each_piece_of_work_becomes_a_kernel_called_by_the_step_and_same_pieces_
         for kernel in split.kernels.values():
             ir.Module.parse(kernel)
         assert split.chunks(1)[0].whole and not any(chunk.whole for chunk in split.chunks(3))
+        alone, *rest = split.apart(sorted(split.kernels)[1:], 1)  # the step apart; one kernel linked elsewhere
+        assert alone.public == (split.step_name, "_mlir_ciface_" + split.step_name) and len(alone.calls) == 3
+        assert len(rest) == 1 and len(rest[0].kernels) == 2 and not rest[0].calls and not rest[0].whole
+        assert sum(c.text.count("func.func @k") for c in [alone, *rest]) == 2
+        for chunk in [alone, *rest]:
+            ir.Module.parse(chunk.text)
         for chunks in (split.chunks(1), split.chunks(3)):
             assert sum(c.text.count("func.func @k") for c in chunks) == 3
             for chunk in chunks:
@@ -163,3 +172,16 @@ def test_a_pipeline_without_the_split_pass_is_lowered_whole():
     whole = type(pipeline)("whole", tuple(p for p in pipeline.passes if not p.startswith("scf-forall-to-parallel")))
     *_, split = lower_with_plan(matmul_zoo(3, 2, "float32"), whole)
     assert split is None
+
+
+def test_workers_by_default_only_on_cores_beyond_two(monkeypatch):
+    monkeypatch.delenv(kernel_pool.WORKERS_VARIABLE, raising=False)
+    cores = sorted(os.sched_getaffinity(0))
+    code = "import os, sys; os.sched_setaffinity(0, set(map(int, sys.argv[1:]))); " \
+           "from mlir_nn.backends import kernel_pool; print(kernel_pool.worker_count())"
+    root = str(Path(kernel_pool.__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    for allowed in ([cores[0]], cores[:2], cores):
+        done = subprocess.run([sys.executable, "-c", code, *map(str, allowed)], capture_output=True, text=True,
+                              check=True, env=env)
+        assert int(done.stdout) == max(0, min(kernel_pool.MAX_WORKERS, len(allowed) - 2))
