@@ -17,3 +17,27 @@ def test_bmm_runs_clean_on_the_simt_interpreter(shapes):
     assert any(n.op == "bmm" for n in graph.nodes)
     result = check_graph(graph, shapes[0][0])
     assert result.ok, result.line
+
+
+def test_a_tiny_gpt_step_compiles_and_runs_race_free():
+    """Attention's strided slices (the q/k/v split), scalar reshapes and token indices reach the SIMT
+    interpreter: every kernel of the step runs there without a race."""
+    from mlir_nn import nn
+    from mlir_nn.optim import Adam
+
+    np.random.seed(0)
+    model = nn.GPT(96, 8, n_layer=1, n_head=2, n_embd=8)
+    opt = Adam(model.parameters(), lr=1e-3)
+
+    def step(idx, targets):
+        opt.zero_grad()
+        loss = model.loss(idx, targets)
+        loss.backward()
+        opt.step()
+        return loss
+
+    rng = np.random.default_rng(1)
+    x, y = (rng.integers(0, 96, (2, 8)).astype(np.float32) for _ in range(2))
+    graph, _, _ = trace_step(step, [x, y], ["idx", "targets"], dynamic_batch=False)
+    result = check_graph(graph, 2)
+    assert result.report.clean, result.line
