@@ -6,7 +6,9 @@ slice of the result. The CPU backend then gives each product the schedule of a 2
 (``cpu_matmul``: packed register blocks for large ones, vectorized loop orders for small
 ones); as one ``linalg.generic`` LLVM left it as scalar loops. An operand that is a transpose
 of its last two axes is read untransposed, the product's indexing maps transposing it
-(attention's ``q @ k^T`` and the gradients ``g @ b^T``, ``a^T @ g``).
+(attention's ``q @ k^T`` and the gradients ``g @ b^T``, ``a^T @ g``). Without strided views
+(``FunctionBuilder.strided_copies`` off: the CUDA path, whose kernels see no subviews) a bmm is one
+batched ``linalg.generic`` instead, which the GPU schedules map onto threads.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from __future__ import annotations
 import math
 
 from mlir import ir
-from mlir.dialects import scf, tensor
+from mlir.dialects import arith, scf, tensor
 
-from mlir_nn.codegen.builder import FunctionBuilder, Operand
+from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.ir import Node
 
 
@@ -46,8 +48,23 @@ def _matrix(b: FunctionBuilder, x: ir.Value, i: ir.Value, rows: int, cols: int) 
     return tensor.extract_slice(kind, x, [i], [], [], [dynamic, 0, 0], [1, rows, cols], [1, 1, 1])
 
 
+def _batched_generic(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    """Loops (batch.., m, k, n): a[.., m, k] * b[.., k, n] summed over k, as one linalg.generic."""
+    rank = len(node.shape)
+    lhs, rhs = (b.tensor_of(v, i.shape) for v, i in zip(xs, node.inputs))
+    batch, m, k, n = list(range(rank - 2)), rank - 2, rank - 1, rank
+    maps = [ir.AffineMap.get(rank + 1, 0, [ir.AffineDimExpr.get(d) for d in batch + [m, k]]),
+            ir.AffineMap.get(rank + 1, 0, [ir.AffineDimExpr.get(d) for d in batch + [k, n]])]
+    out_map = ir.AffineMap.get(rank + 1, 0, [ir.AffineDimExpr.get(d) for d in batch + [m, n]])
+    iterators = [PARALLEL] * (rank - 1) + [REDUCTION, PARALLEL]
+    return b.reduce(node.shape, [lhs, rhs], maps, out_map, iterators, arith.mulf)
+
+
 def lower_bmm(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
-    """(..., m, k) @ (..., k, n): one ``linalg.matmul`` per batch element."""
+    """(..., m, k) @ (..., k, n): one ``linalg.matmul`` per batch element (one batched generic without
+    strided views)."""
+    if not b.strided_copies:
+        return _batched_generic(b, node, xs)
     operands, shapes, flips = [], [], []
     for value, src in zip(xs, node.inputs):
         flipped = _swaps_last(src)

@@ -14,7 +14,9 @@ from mlir_nn.ir.shapes import BATCH, Shape
 def reassociation(long: Shape, short: Shape) -> list[list[int]] | None:
     """For each axis of ``short``, the neighbouring axes of ``long`` that merge into it (size-1
     axes at the end join the last group); None when the reshape is not such a merge. The batch
-    axis only merges with size-1 axes."""
+    axis only merges with size-1 axes; a scalar is the empty merge of size-1 axes."""
+    if not short:
+        return [] if all(d == 1 for d in long) else None
     groups: list[list[int]] = []
     i = 0
     for d in short:

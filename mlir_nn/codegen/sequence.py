@@ -19,6 +19,7 @@ from mlir_nn.codegen.batched_products import lower_bmm
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.maps import dims_map, identity_map
 from mlir_nn.codegen.shaped import dim_sizes
+from mlir_nn.codegen.windows import place
 from mlir_nn.ir import Node
 
 Rule = Callable[[FunctionBuilder, Node, list[Operand]], ir.Value]
@@ -36,18 +37,37 @@ def _sizes(b: FunctionBuilder, shape: tuple) -> tuple[list[ir.Value], list[int]]
 
 
 def _slice(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    """A strided box: a view (extract_slice) with strided views, else a copy reading x[start + i * step]."""
     x = b.tensor_of(xs[0], node.inputs[0].shape)
+    if not b.strided_copies:
+        return _slice_gather(b, x, node)
     dynamic, static = _sizes(b, node.shape)
     kind = ir.RankedTensorType.get(static, b.element)
     return tensor.extract_slice(kind, x, [], dynamic, [], node.attr("start"), static, node.attr("step"))
 
 
+def _slice_gather(b: FunctionBuilder, x: ir.Value, node: Node) -> ir.Value:
+    """out[i] = x[start + i * step] as one linalg.generic reading ``x`` by tensor.extract."""
+    rank = len(node.shape)
+
+    @linalg.generic([], [b.empty(node.shape)], [identity_map(rank)], [PARALLEL] * rank)
+    def result(_out: ir.Value) -> ir.Value:
+        at = []
+        for d, (start, step) in enumerate(zip(node.attr("start"), node.attr("step"))):
+            i = linalg.IndexOp(d).result
+            if int(step) != 1:
+                i = arith.muli(i, b.index(int(step)))
+            at.append(arith.addi(i, b.index(int(start))) if int(start) else i)
+        return tensor.extract(x, at)
+
+    return result
+
+
 def _slice_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
-    """Zeros with the gradient inserted at the strided box."""
+    """Zeros with the gradient placed at the strided box (``windows.place``: an insert_slice with strided
+    views, else a gather)."""
     shape = node.inputs[0].shape
-    dynamic, static = _sizes(b, shape)
-    return tensor.insert_slice(b.tensor_of(xs[0], shape), b.filled(node.shape, 0.0), [], dynamic, [],
-                               node.attr("start"), static, node.attr("step"))
+    return place(b, b.tensor_of(xs[0], shape), shape, node.shape, node.attr("start"), node.attr("step"), 0.0)
 
 
 def _position(b: FunctionBuilder, loop: int) -> ir.Value:

@@ -15,7 +15,7 @@ import numpy as np
 
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.gpu.simt import Report, SimtProgram
-from mlir_nn.ir import Graph
+from mlir_nn.ir import Graph, Node
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}  # max error relative to the result's scale (at least 1)
 
@@ -45,11 +45,34 @@ class SimtCheck:
         return out
 
 
+def _index_sources(graph: Graph) -> list[tuple[Node, int]]:
+    """(input or parameter, range) for each argument read, through reshapes, as class labels or gather
+    indices (a captured index tensor such as the positions is a parameter)."""
+    found = []
+    for node in graph.nodes:
+        if node.op == "one_hot":
+            source, size = node.inputs[0], int(node.attr("classes"))
+        elif node.op in ("take", "gather"):
+            source, size = node.inputs[1], int(node.inputs[0].shape[node.attr("axis")])
+        else:
+            continue
+        while source.op == "reshape":
+            source = source.inputs[0]
+        if source in graph.inputs or source in graph.params:
+            found.append((source, size))
+    return found
+
+
 def random_arguments(graph: Graph, batch: int, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Inputs from a standard normal; parameters in (0.05, 0.95) (valid Adam moments and bias-correction powers)."""
+    """Inputs from a standard normal, except class labels and gather indices (whole numbers in range);
+    parameters in (0.05, 0.95) (valid Adam moments and bias-correction powers)."""
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal([batch if d == "N" else d for d in n.shape]).astype(n.dtype) for n in graph.inputs]
     params = [rng.uniform(0.05, 0.95, [int(d) for d in n.shape]).astype(n.dtype) for n in graph.params]
+    for source, size in _index_sources(graph):
+        held = graph.inputs if source in graph.inputs else graph.params
+        arrays, i = (inputs if held is graph.inputs else params), held.index(source)
+        arrays[i] = rng.integers(0, size, arrays[i].shape).astype(arrays[i].dtype)
     return inputs, params
 
 
