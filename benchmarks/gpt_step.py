@@ -8,10 +8,13 @@ reported as medians and as ratios to PyTorch eager:
 * ``cpu``: the compiled CPU step (``mlir_nn.jit``, static shapes);
 * ``torch``: PyTorch CPU eager (float32, same weights and data), on every core this process
   may use, and ``torch-1-thread`` on one (its threads spin and collapse when the cores are shared);
-* ``torch.compile``: the same model through ``torch.compile``, where it compiles here.
+* ``torch.compile``: the same model through ``torch.compile``, where it compiles here;
+* ``jax``: the same model hand-written in ``jax.numpy`` (``benchmarks/gpt_jax.py``), step and Adam jitted.
+
+The cpu variant is also reported against the best of torch.compile and JAX.
 
     python benchmarks/gpt_step.py [--config small|medium] [--batch 32] [--rounds 7] [--no-torch-compile]
-                                  [--json FILE]
+                                  [--no-jax] [--json FILE]
 
 ``small`` is the example's default (2 layers, 4 heads, width 64, context 64); ``medium`` has
 4 layers and width 128.
@@ -155,6 +158,17 @@ def torch_variants(config: dict, state: dict, x: np.ndarray, y: np.ndarray,
     return variants
 
 
+def jax_variant(config: dict, state: dict, x: np.ndarray, y: np.ndarray) -> dict[str, Callable[[], object]]:
+    from benchmarks.gpt_jax import adam_step
+
+    try:
+        step = adam_step(state, config["n_layer"], config["n_head"])
+    except ImportError:  # JAX is optional
+        return {}
+    step(x, y)
+    return {"jax": lambda: step(x, y)}
+
+
 def measure(variants: dict[str, Callable[[], object]], rounds: int, burst: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
@@ -173,12 +187,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--burst", type=int, default=3)
     parser.add_argument("--no-torch-compile", action="store_true", help="leave torch.compile out")
+    parser.add_argument("--no-jax", action="store_true", help="leave JAX out")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     config = CONFIGS[args.config]
     x, y = batch_data(args.batch)
     ours, state = mlir_nn_variant(config, x, y)
-    variants = {"cpu": ours, **torch_variants(config, state, x, y, not args.no_torch_compile)}
+    variants = {"cpu": ours, **torch_variants(config, state, x, y, not args.no_torch_compile),
+                **({} if args.no_jax else jax_variant(config, state, x, y))}
     medians = measure(variants, args.rounds, args.burst)
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
     cpu = platform.processor() or platform.machine()
@@ -187,6 +203,9 @@ def main() -> None:
     for name, t in medians.items():
         ratio = f"  {t / base:.2f}x torch eager" if base else ""
         print(f"  {name:14s} {t * 1e3:8.2f} ms{ratio}")
+    rivals = [medians[n] for n in ("torch.compile", "jax") if n in medians]
+    if rivals:
+        print(f"  cpu / best of torch.compile and JAX: {medians['cpu'] / min(rivals):.2f}x")
     if args.json:
         args.json.write_text(json.dumps({"config": args.config, "batch": args.batch, "load": load,
                                          "median_s": medians}, indent=2))
