@@ -105,6 +105,17 @@ class FunctionBuilder:
 
         return result
 
+    def scaled_update(self, out_shape: Shape, product: ir.Value, operands: Sequence[Operand],
+                      shapes: Sequence[Shape], subtract: bool) -> ir.Value:
+        """beta * c +- alpha * product in the product's buffer (``operands``: c, alpha, beta, each
+        a tensor or a folded constant), the epilogue of the ops that fold an update into a product."""
+        combine = arith.subf if subtract else arith.addf
+
+        def epilogue(acc: ir.Value, c: ir.Value, alpha: ir.Value, beta: ir.Value) -> ir.Value:
+            return combine(arith.mulf(beta, c), arith.mulf(alpha, acc))
+
+        return self.elementwise(out_shape, [product, *operands], [out_shape, *shapes], epilogue, init=product)
+
     def reduce(self, out_shape: Shape, operands: Sequence[ir.Value], in_maps: Sequence[ir.AffineMap],
                out_map: ir.AffineMap, iterators: Sequence[linalg.IteratorType], fn: ScalarFn,
                init: float = 0.0, combine: Callable[[ir.Value, ir.Value], ir.Value] = arith.addf) -> ir.Value:

@@ -277,13 +277,8 @@ def _linear(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
 def _gemm(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     """beta * c +- alpha * product, alpha and beta folded constants or 0-d tensors read in the epilogue."""
     product = _fused_matmul(b, node, xs)
-    combine = arith.subf if node.attr("subtract", False) else arith.addf
-
-    def epilogue(acc: ir.Value, c: ir.Value, alpha: ir.Value, beta: ir.Value) -> ir.Value:
-        return combine(arith.mulf(beta, c), arith.mulf(alpha, acc))
-
-    shapes = [node.shape] + [i.shape for i in node.inputs[2:]]
-    return b.elementwise(node.shape, [product, *xs[2:]], shapes, epilogue, init=product)
+    shapes = [i.shape for i in node.inputs[2:]]
+    return b.scaled_update(node.shape, product, xs[2:], shapes, node.attr("subtract", False))
 
 
 def _matmul_relu_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:

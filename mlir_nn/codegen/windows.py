@@ -343,13 +343,8 @@ def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> i
 def _conv2d_weight_update(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     """The weight gradient, then beta * c +- alpha * gradient as its element-wise epilogue."""
     grad = _conv2d_weight_grad(b, node, xs_)
-    combine = arith.subf if node.attr("subtract", False) else arith.addf
-
-    def epilogue(g: ir.Value, c: ir.Value, alpha: ir.Value, beta: ir.Value) -> ir.Value:
-        return combine(arith.mulf(beta, c), arith.mulf(alpha, g))
-
-    shapes = [node.shape] + [i.shape for i in node.inputs[2:]]
-    return b.elementwise(node.shape, [grad, *xs_[2:]], shapes, epilogue, init=grad)
+    shapes = [i.shape for i in node.inputs[2:]]
+    return b.scaled_update(node.shape, grad, xs_[2:], shapes, node.attr("subtract", False))
 
 
 def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
