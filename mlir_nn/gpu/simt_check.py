@@ -18,6 +18,7 @@ from mlir_nn.gpu.simt import Report, SimtProgram
 from mlir_nn.ir import Graph, Node
 
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}  # max error relative to the result's scale (at least 1)
+MASKED = 0.25  # chance that a random mask element is true
 
 
 @dataclass
@@ -63,16 +64,38 @@ def _index_sources(graph: Graph) -> list[tuple[Node, int]]:
     return found
 
 
+def _condition_sources(graph: Graph) -> list[Node]:
+    """Inputs or parameters read, through reshapes, as the condition of a ``where`` (masks)."""
+    found = []
+    for node in graph.nodes:
+        if node.op != "where":
+            continue
+        source = node.inputs[0]
+        while source.op == "reshape":
+            source = source.inputs[0]
+        if source in graph.inputs or source in graph.params:
+            found.append(source)
+    return found
+
+
 def random_arguments(graph: Graph, batch: int, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Inputs from a standard normal, except class labels and gather indices (whole numbers in range);
-    parameters in (0.05, 0.95) (valid Adam moments and bias-correction powers)."""
+    """Inputs from a standard normal, except class labels and gather indices (whole numbers in range)
+    and masks (0 or 1, true with probability MASKED: a mask of attention scores that hid every
+    key of a query would make the reference's softmax NaN); parameters in (0.05, 0.95) (valid
+    Adam moments and bias-correction powers)."""
     rng = np.random.default_rng(seed)
     inputs = [rng.standard_normal([batch if d == "N" else d for d in n.shape]).astype(n.dtype) for n in graph.inputs]
     params = [rng.uniform(0.05, 0.95, [int(d) for d in n.shape]).astype(n.dtype) for n in graph.params]
-    for source, size in _index_sources(graph):
+
+    def put(source: Node, draw: Any) -> None:
         held = graph.inputs if source in graph.inputs else graph.params
         arrays, i = (inputs if held is graph.inputs else params), held.index(source)
-        arrays[i] = rng.integers(0, size, arrays[i].shape).astype(arrays[i].dtype)
+        arrays[i] = draw(arrays[i].shape).astype(arrays[i].dtype)
+
+    for source, size in _index_sources(graph):
+        put(source, lambda shape, size=size: rng.integers(0, size, shape))
+    for source in _condition_sources(graph):
+        put(source, lambda shape: rng.random(shape) < MASKED)
     return inputs, params
 
 
