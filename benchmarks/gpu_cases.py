@@ -17,7 +17,9 @@ CASES: dict[str, dict[str, Any]] = {
     "op_linear_relu": {"kind": "op", "op": "linear_relu", "sizes": [784, 1024], "batches": [512, 1]},
     "op_mse": {"kind": "op", "op": "mse", "sizes": [10], "batches": [512, 1]},
     # LeNet-5 (two 5x5 convolutions with ReLU and 2x2 max pooling, three linear layers), MSE on 10 outputs
-    "lenet_step": {"kind": "cnn_step", "sizes": [1, 28, 28, 10], "lr": 0.01, "batches": [64, 5]},
+    "lenet_step": {"kind": "cnn_step", "model": "lenet", "sizes": [1, 28, 28, 10], "lr": 0.01, "batches": [64, 5]},
+    # VGG-style: three 3x3 convolutions (32, 64, 128 channels) with ReLU and 2x2 max pooling, a linear layer
+    "vgg_step": {"kind": "cnn_step", "model": "vgg_small", "sizes": [3, 32, 32, 10], "lr": 0.01, "batches": [128, 3]},
 }
 SAMPLE = 4096  # updated parameters larger than this are checked at SAMPLE fixed positions
 
@@ -45,6 +47,18 @@ def lenet(nn: Any, classes: int) -> Any:
     return nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.ReLU(),
                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
                          nn.Linear(84, classes))
+
+
+def vgg_small(nn: Any, classes: int) -> Any:
+    """The small VGG-style net of the CNN step benchmark, for 3x32x32 images."""
+    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1),
+                         nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(2048, classes))
+
+
+def cnn(nn: Any, case: dict[str, Any]) -> Any:
+    """The case's convolutional model from a module library (mlir_nn.nn or torch.nn)."""
+    return {"lenet": lenet, "vgg_small": vgg_small}[case["model"]](nn, case["sizes"][3])
 
 
 # The resident-training check: a Trainer on the moons MLP with momentum and validation, traced

@@ -56,8 +56,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpu_cases import (  # noqa: E402
     CASES,
     TRAINER_CASE,
+    cnn,
     inputs_for,
-    lenet,
     sample_positions,
     trainer_case,
     trainer_steps,
@@ -139,7 +139,7 @@ def torch_step(case: dict, params: list[np.ndarray], inputs: list[np.ndarray]):
     dev = torch.device("cuda")
     ps = [torch.tensor(p, device=dev, requires_grad=case["kind"] in ("mlp_step", "cnn_step")) for p in params]
     if case["kind"] == "cnn_step":
-        model = lenet(torch.nn, case["sizes"][3]).to(dev)
+        model = cnn(torch.nn, case).to(dev)
         with torch.no_grad():
             for p, value in zip(model.parameters(), ps):
                 p.copy_(value)

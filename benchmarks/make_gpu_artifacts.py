@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_cases import (  # noqa: E402
     CASES,
     TRAINER_CASE,
+    cnn,
     inputs_for,
-    lenet,
     sample_positions,
     trainer_case,
     trainer_steps,
@@ -65,7 +65,7 @@ def step_function(case: dict) -> tuple:
         opt = SGD(model.parameters(), lr=case["lr"])
         return train_step(model, opt), ["x", "y"]
     if case["kind"] == "cnn_step":
-        model = lenet(nn, sizes[3])
+        model = cnn(nn, case)
         return train_step(model, SGD(model.parameters(), lr=case["lr"])), ["x", "y"]
     if case["op"] == "mse":
         return (lambda p, y: mse_loss(p, y)), ["p", "y"]
@@ -80,10 +80,10 @@ PRODUCTS = ("matmul", "linear", "gemm", "matmul_relu_grad")
 # ops lowered to several kernels in a row (pads, im2col gathers, a product, a transpose): the
 # kernels of one node are consecutive, so a run of them is one node (two equal such nodes
 # launched back to back would be counted as one)
-WINDOW_OPS = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d", "max_pool2d_index",
-              "max_pool2d_grad", "avg_pool2d", "avg_pool2d_grad", "adaptive_avg_pool2d", "adaptive_avg_pool2d_grad",
-              "pad")
-CONVOLUTIONS = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
+WINDOW_OPS = ("conv2d", "conv2d_bias", "conv2d_input_grad", "conv2d_weight_grad", "conv2d_weight_update",
+              "max_pool2d", "max_pool2d_index", "max_pool2d_grad", "avg_pool2d", "avg_pool2d_grad",
+              "adaptive_avg_pool2d", "adaptive_avg_pool2d_grad", "pad")
+CONVOLUTIONS = ("conv2d", "conv2d_bias", "conv2d_input_grad", "conv2d_weight_grad", "conv2d_weight_update")
 STAGES = tuple(STAGE_NAMES.values())  # a reduction's two kernels
 
 
@@ -96,8 +96,10 @@ def node_cost(node, batch: int) -> tuple[float, float]:
         flops = 2 * numel[-1] * k + 2 * numel[-1]  # the product and its epilogue
     elif node.op in CONVOLUTIONS:  # each element of the output (the output gradient) meets one weight per window
         outputs, weight = {"conv2d": (numel[-1], node.inputs[1].shape),
+                           "conv2d_bias": (numel[-1], node.inputs[1].shape),
                            "conv2d_input_grad": (numel[0], node.inputs[1].shape),
-                           "conv2d_weight_grad": (numel[1], node.shape)}[node.op]
+                           "conv2d_weight_grad": (numel[1], node.shape),
+                           "conv2d_weight_update": (numel[1], node.shape)}[node.op]
         macs = outputs * np.prod(weight[1:])
         flops = 2 * float(macs)
     else:
