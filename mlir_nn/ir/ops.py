@@ -209,7 +209,12 @@ register("sigmoid", 1, _unary_infer, lambda a, at, s: _sigmoid(a[0]),
          lambda emit, xs, out, g, at: [emit("sigmoid_grad", out, g)], "1 / (1 + exp(-x)).")
 register("exp", 1, _unary_infer, lambda a, at, s: np.exp(a[0]),
          lambda emit, xs, out, g, at: [emit("mul", g, out)], "exp(x).")
-register("log", 1, _unary_infer, lambda a, at, s: np.log(a[0]),
+def _log(x: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):  # log(0) = -inf, silently, as compiled code and PyTorch
+        return np.log(x)
+
+
+register("log", 1, _unary_infer, lambda a, at, s: _log(a[0]),
          lambda emit, xs, out, g, at: [emit("div", g, xs[0])], "natural log of x.")
 register("sqrt", 1, _unary_infer, lambda a, at, s: np.sqrt(a[0]),
          lambda emit, xs, out, g, at: [emit("div", g, emit("mul", 2.0, out))], "square root of x.")

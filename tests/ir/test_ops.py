@@ -1,5 +1,7 @@
 """Every op's VJP against float64 central finite differences, on random shapes."""
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -41,6 +43,13 @@ def test_binary_broadcasting_grads(op, shapes):
 @given(shape=shapes)
 def test_unary_grads(op, low, high, shape):
     check_grads(lambda x: apply(op, x), [arr(shape, low, high)])
+
+
+def test_log_of_zero_is_minus_infinity_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = Tensor(np.array([0.0, 1.0])).log().data
+    assert out[0] == -np.inf and out[1] == 0.0
 
 
 @given(shape=shapes)
