@@ -78,6 +78,14 @@ def test_convolutions(dtype, case, batch):
     check(conv_graph(dtype, *case), batch)
 
 
+def test_window_passes_on_threads_at_a_batch_of_several_partial_tasks():
+    """At batch 257 the passes over 4-D and 6-D buffers (im2col, transposes, pools, their
+    gradients) run on threads in blocks of the batch, the last one partial (parallel_maps)."""
+    check(conv_graph("float32", 5, (11, 10), 7, (3, 2), (2, 3), (2, 1, 0, 2), (2, 1), 1), 257)
+    check(conv_graph("float32", 16, (5, 4), 3, (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 1), 257)
+    check(pool_graph("float32", 3, (7, 9), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), True, True), 257, ties=True)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case,batch", [
     ((3, (7, 9), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), True, True), 2),
