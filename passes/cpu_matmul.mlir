@@ -142,7 +142,9 @@ module attributes {transform.with_named_sequence} {
       %fused, %into = transform.structured.fuse_into_containing_op %fill into %task
           : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
     }
-    // kc slices of k; per column panel, per row panel, the register kernel.
+    // (products with static rows whose default tasks would be few or uneven,
+    // `mlirnn.parallel_tasks = array<i64: column panels, row panels>`: tasks of those sizes)
+{balanced_tasks}    // kc slices of k; per column panel, per row panel, the register kernel.
     %all = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.packed} in %root
         : (!transform.any_op) -> !transform.any_op
     %slices, %k_blocks = transform.structured.tile_using_for %all tile_sizes [0, 0, 0, 0, {kc}]

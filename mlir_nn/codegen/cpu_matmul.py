@@ -41,6 +41,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mlir import ir
@@ -69,6 +70,10 @@ SCHEDULE = "cpu_matmul.mlir"
 # enough work to spread over threads.
 PACKED, PARALLEL_ROWS = "mlirnn.packed", "mlirnn.parallel"
 PARALLEL_COLUMNS = "mlirnn.parallel_columns"  # a swapped product on threads: tasks of column panels only
+# a product with static rows whose default tasks are few or uneven: tasks of the given
+# (column panels, row panels), ``balanced_tasks``
+PARALLEL_TASKS = "mlirnn.parallel_tasks"
+BALANCED_TASKS_MIN = 4  # tasks a product with static rows is split into, when its panels allow
 SWAPPED_TASK_PANELS = 4  # column panels per task of a swapped product (its one row panel is small)
 PACK, PACK_TILES, PACK_SQUARES = "mlirnn.pack", "mlirnn.pack_tiles", "mlirnn.pack_squares"
 PACK_ROWS_A, PACK_ROWS_B = "mlirnn.pack_rows_a", "mlirnn.pack_rows_b"  # row copies into A's / B's panels
@@ -215,6 +220,7 @@ class ProductPlan:
     threads: bool
     reason: str
     loops: LoopPlan | None = None  # the loop nest of a product that is not blocked
+    tasks: tuple[int, int] | None = None  # (column, row) panels per task when not the default
 
     @property
     def blocked(self) -> bool:
@@ -232,7 +238,10 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
         work = f"work {'>=' if parallel else '<'} {PARALLEL_WORK_MIN} multiply-adds per task"
         if _swaps(op):
             return ProductPlan("blocked-swapped", parallel, f"n={n} fills few block columns; {work}")
-        return ProductPlan("blocked", parallel, f"static work >= {TILED_WORK_MIN}; {work}")
+        tasks = _tasks(op) if parallel else None
+        if tasks is not None:
+            work += f", balanced tasks of {tasks[0]} x {tasks[1]} column x row panels"
+        return ProductPlan("blocked", parallel, f"static work >= {TILED_WORK_MIN}; {work}", tasks=tasks)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else f"static work < {TILED_WORK_MIN}"
            if k != 1 else "k = 1")
     plan = loop_plan(op, threads)
@@ -529,6 +538,17 @@ def _swaps(op: ir.Operation) -> bool:
     return _fill(n, _swapped_rows(n, tm)) * columns > SWAP_GAIN * rows * _fill(n, tn)
 
 
+def _tasks(op: ir.Operation) -> tuple[int, int] | None:
+    """``balanced_tasks`` of a blocked product with static rows (None: the default tasks)."""
+    m, n, _ = _sizes(op)
+    if ir.ShapedType.is_dynamic_size(m):
+        return None
+    itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
+    tm, tn = register_block(itemsize)
+    mc, nc, _ = cache_blocks(itemsize)
+    return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn)
+
+
 def _as_blocked(op: ir.Operation, plan: ProductPlan) -> ir.Value:
     """The blocked product of a large ``linalg.matmul`` (``_blocked``), as C^T transposed
     back when its columns are few (``_swaps``)."""
@@ -536,18 +556,37 @@ def _as_blocked(op: ir.Operation, plan: ProductPlan) -> ir.Value:
     ta, tb = _transposes(op)
     parallel = plan.threads
     if plan.kind == "blocked":
-        return _blocked(a, b, ta, tb, parallel, None)
+        return _blocked(a, b, ta, tb, parallel, None, plan.tasks)
     n = _sizes(op)[1]
     return transposed(_blocked(b, a, not tb, not ta, parallel, n))
 
 
-def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, rows: int | None) -> ir.Value:
+def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: int) -> tuple[int, int] | None:
+    """(column panels, row panels) per task of a product with static rows, when the default
+    tasks of ``max_cols`` x ``max_rows`` panels would be fewer than 2 * BALANCED_TASKS_MIN:
+    at least BALANCED_TASKS_MIN tasks where the panels allow, of equal size (the default
+    left a weight gradient of 9 x 6 panels with a huge k as one task on one core, and split
+    18 column panels 16 + 2); None keeps the default."""
+    chunks_c, chunks_r = -(-col_panels // max_cols), -(-row_panels // max_rows)
+    if chunks_c * chunks_r >= 2 * BALANCED_TASKS_MIN:
+        return None
+    while chunks_c * chunks_r < BALANCED_TASKS_MIN and (chunks_c < col_panels or chunks_r < row_panels):
+        if chunks_c < col_panels and (col_panels / chunks_c >= row_panels / chunks_r or chunks_r == row_panels):
+            chunks_c += 1
+        else:
+            chunks_r += 1
+    return -(-col_panels // chunks_c), -(-row_panels // chunks_r)
+
+
+def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, rows: int | None,
+             tasks: tuple[int, int] | None = None) -> ir.Value:
     """op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
     panels [nb, k, tn], a generic over (column panel, row panel, row, column, k) into a
     zero-filled [mb, tm, nb, tn] accumulator (tagged for the schedule), read back as the
     (m, n) corner of its (mb * tm, nb * tn) view: every register block is whole. ``rows``:
     the static row count of a swapped product (``_swaps``), whose register blocks take
-    all its rows when they fit, and whose tasks split its columns only."""
+    all its rows when they fit, and whose tasks split its columns only. ``tasks``: (column,
+    row) panels per task instead of the default (``balanced_tasks``)."""
     element = ir.RankedTensorType(a.type).element_type
     tm, tn = register_block(ir.FloatType(element).width // 8)
     if rows is not None:
@@ -568,9 +607,11 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, rows:
 
     product.owner.attributes[PACKED] = ir.UnitAttr.get()
     if parallel:
-        tag = PARALLEL_ROWS if rows is None else PARALLEL_COLUMNS
-        product.owner.attributes[tag] = ir.UnitAttr.get()
-        acc.owner.attributes[tag] = ir.UnitAttr.get()
+        tag, value = PARALLEL_ROWS if rows is None else PARALLEL_COLUMNS, ir.UnitAttr.get()
+        if tasks is not None:
+            tag, value = PARALLEL_TASKS, ir.DenseI64ArrayAttr.get(list(tasks))
+        product.owner.attributes[tag] = value
+        acc.owner.attributes[tag] = value
     padded = [_times(row_panels, tm), _times(col_panels, tn)]
     kind = ir.RankedTensorType.get(_static(padded), element)
     flat = tensor.collapse_shape(kind, product, [[0, 1], [2, 3]])
@@ -601,7 +642,7 @@ def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
             op.operands[use.operand_number] = _empty(dim_sizes(product), element)
 
 
-def _schedule_text(itemsize: int) -> str:
+def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = ()) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
@@ -611,11 +652,38 @@ def _schedule_text(itemsize: int) -> str:
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))
-    return text
+    return text.replace("{balanced_tasks}", "".join(_balanced_section(t) for t in sorted(tasks)))
+
+
+# tasks of products tagged PARALLEL_TASKS with these sizes, each zero-filling its accumulator tile
+_BALANCED = """    %tasks_{c}_{r} = transform.structured.match ops{["linalg.generic"]}
+        attributes {mlirnn.packed, mlirnn.parallel_tasks = array<i64: {c}, {r}>} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %task_chunks_{c}_{r}, %task_forall_{c}_{r} = transform.structured.tile_using_forall %tasks_{c}_{r}
+        tile_sizes [{c}, {r}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %task_fills_{c}_{r} = transform.structured.match ops{["linalg.fill"]}
+        attributes {mlirnn.acc_init, mlirnn.parallel_tasks = array<i64: {c}, {r}>} in %root
+        : (!transform.any_op) -> !transform.any_op
+    transform.foreach %task_fills_{c}_{r}, %task_forall_{c}_{r} : !transform.any_op, !transform.any_op {
+    ^bb0(%fill: !transform.any_op, %task: !transform.any_op):
+      %fused, %into = transform.structured.fuse_into_containing_op %fill into %task
+          : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
+    }
+"""
+
+
+def _balanced_section(tasks: tuple[int, int]) -> str:
+    return _BALANCED.replace("{c}", str(tasks[0])).replace("{r}", str(tasks[1]))
+
+
+def _task_sizes(module: ir.Module) -> set[tuple[int, int]]:
+    """The distinct PARALLEL_TASKS sizes of the products in ``module``."""
+    tagged = collect_ops(module, lambda op: op.name == "linalg.generic" and PARALLEL_TASKS in op.attributes)
+    return {tuple(ir.DenseI64ArrayAttr(op.attributes[PARALLEL_TASKS])) for op in tagged}
 
 
 def _apply_schedule(module: ir.Module, itemsize: int) -> None:
-    schedule = ir.Module.parse(_schedule_text(itemsize), module.context)
+    schedule = ir.Module.parse(_schedule_text(itemsize, _task_sizes(module)), module.context)
     entry = next(op for op in schedule.body.operations
                  if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")
     try:

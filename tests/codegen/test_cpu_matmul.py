@@ -9,6 +9,7 @@ Tolerances as in tests/backends/test_cpu_parallel.py.
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -22,6 +23,7 @@ from mlir_nn.codegen.cpu_matmul import (
     SMALL_CARRY_MAX,
     SMALL_ROW_BLOCK,
     SMALL_TASK_MIN,
+    balanced_tasks,
     rewrite_matmuls,
 )
 from mlir_nn.codegen.short_products import SHORT_K
@@ -223,6 +225,34 @@ def test_packing_pads_only_the_last_partial_panel():
     fills = [line for line in str(module).splitlines() if "linalg.fill" in line and "mlirnn.acc_init" not in line]
     tm, _ = register_block(4)
     assert fills and all(f"memref<{tm}x1024xf32>" in line for line in fills), fills
+
+
+@pytest.mark.parametrize("row_panels, col_panels, tasks", [
+    (6, 9, (5, 3)),  # one default task: 2 x 2 tasks of 5 or 4 column panels and 3 row panels
+    (11, 18, (9, 6)),  # default 16 + 2 column panels: 9 + 9, and 6 + 5 row panels
+    (2, 1, (1, 1)),  # as many tasks as there are panels
+    (66, 32, None),  # ten default tasks: kept
+])
+def test_few_or_uneven_tasks_are_balanced(row_panels, col_panels, tasks):
+    assert balanced_tasks(row_panels, col_panels, 16, 16) == tasks
+
+
+def test_a_weight_gradient_of_few_panels_runs_in_balanced_tasks():
+    """x^T @ g with 72 x 288 outputs (6 x 9 register-block panels, k the batch) was one task,
+    on one core: now four tasks on threads; it matches the reference at awkward batches."""
+    x = make_node("input", [], name="x", shape=("N", 72), dtype="float32")
+    g = make_node("input", [], name="g", shape=("N", 288), dtype="float32")
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
+    tm, tn = register_block(4)
+    mc, nc, _ = cache_blocks(4)
+    row_panels, col_panels = math.ceil(72 / tm), math.ceil(288 / tn)
+    tasks = balanced_tasks(row_panels, col_panels, mc // tm, nc // tn)
+    assert tasks is not None
+    module = emit_linalg(graph)
+    rewrite_matmuls(module, threads=True)
+    foralls = re.findall(r"scf.forall \(%\w+, %\w+\) in \((\d+), (\d+)\)", str(module))
+    assert (str(math.ceil(col_panels / tasks[0])), str(math.ceil(row_panels / tasks[1]))) in foralls
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 257))
 
 
 def test_batch_rows_are_packed_in_whole_groups_and_only_the_rest_is_masked():
