@@ -238,6 +238,45 @@ def _conv2d_weight_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand
     return reshape(b, out, out_shape, node.shape, _SPLIT_0)
 
 
+TAPS_MAX = 32  # a convolution with at most this many taps per output (C/G * KH * KW) sums them in one pass
+
+
+def _conv2d_taps(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """Each NCHW output element as the sum of its C/G * KH * KW taps, unrolled in the body of
+    one element-wise pass over the output: tap (c, i, j) reads a strided view of the padded
+    input (rows contiguous along the output's, so the loop vectorizes) and one weight that
+    does not change along them. A first layer's few input channels (LeNet's 1 x 5 x 5, a
+    VGG's 3 x 3 x 3) gain nothing from a GEMM: its im2col rows, their packing and the
+    transpose back to NCHW moved 25 times the input through memory."""
+    x_node, w_node = node.inputs[:2]
+    o, cg, kh, kw = (int(d) for d in w_node.shape)
+    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
+    n = x_node.shape[0]
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    x = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
+    w = _weight_groups(b, b.tensor_of(xs_[1], w_node.shape), w_node.shape, groups)
+    view = (n, groups, ys.out, xs.out)
+    sizes = b.sizes((n, groups, 1, ys.out, xs.out))
+    dynamic = [v for v in sizes if isinstance(v, ir.Value)]
+    static = [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes]
+    taps = [(c, i, j) for c in range(cg) for i in range(kh) for j in range(kw)]
+    views = [tensor.extract_slice(tensor_type(view, b.dtype), x, [], dynamic, [],
+                                  [0, 0, c, i * ys.dilation, j * xs.dilation], static, [1, 1, 1, ys.stride, xs.stride])
+             for c, i, j in taps]
+    # loops: n g o p q
+    maps = [_map(5, [_d(0), _d(1), _d(3), _d(4)])] * len(taps) + [_map(5, [_d(1), _d(2), c, i, j]) for c, i, j in taps]
+    out_shape = (n, groups, o // groups, ys.out, xs.out)
+
+    @linalg.generic(views + [w] * len(taps), [b.empty(out_shape)], maps + [identity_map(5)], [PARALLEL] * 5)
+    def summed(*args: ir.Value) -> ir.Value:
+        terms = [arith.mulf(args[t], args[len(taps) + t]) for t in range(len(taps))]
+        while len(terms) > 1:  # pairwise
+            terms = [arith.addf(*terms[k:k + 2]) if k + 1 < len(terms) else terms[k] for k in range(0, len(terms), 2)]
+        return terms[0]
+
+    return reshape(b, summed, out_shape, node.shape, _SPLIT_1)
+
+
 # ---------------------------------------------------------------------------- convolutions as GEMMs
 # Ungrouped convolutions: an im2col gather of the (padded or spread) image into a row per
 # output pixel, one linalg.matmul (rewritten into the blocked CPU kernels by cpu_matmul
@@ -300,6 +339,8 @@ def _pixel_rows(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
 
 
 def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    if b.strided_copies and math.prod(int(d) for d in node.inputs[1].shape[1:]) <= TAPS_MAX:
+        return _conv2d_taps(b, node, xs_)
     if int(node.attr("groups")) != 1:
         return _conv2d_direct(b, node, xs_)
     x_node, w_node = node.inputs[:2]
