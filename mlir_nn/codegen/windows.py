@@ -241,6 +241,33 @@ def _conv2d_weight_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand
 TAPS_MAX = 32  # a convolution with at most this many taps per output (C/G * KH * KW) sums them in one pass
 
 
+def _taps(shape: Shape) -> list[tuple[int, int, int]]:
+    """(channel, row, column) of each tap of a weight of ``shape`` (O, C/G, KH, KW), in its order."""
+    _, cg, kh, kw = (int(d) for d in shape)
+    return [(c, i, j) for c in range(cg) for i in range(kh) for j in range(kw)]
+
+
+def _tap_views(b: FunctionBuilder, x: Operand, x_shape: Shape, w_shape: Shape, ys: Axis, xs: Axis,
+               groups: int) -> list[ir.Value]:
+    """Per tap (c, i, j), the (N, G, P, Q) strided view of the padded, grouped input that the
+    tap multiplies with: input channel g * C/G + c at rows p * stride + i * dilation, ..."""
+    n = x_shape[0]
+    padded = _padded(b, x, x_shape, ys, xs, 0.0)
+    padded = _grouped(b, padded, tuple(x_shape[:2]) + (ys.padded, xs.padded), groups)
+    sizes = b.sizes((n, groups, 1, ys.out, xs.out))
+    dynamic = [v for v in sizes if isinstance(v, ir.Value)]
+    static = [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes]
+    kind = tensor_type((n, groups, ys.out, xs.out), b.dtype)
+    return [tensor.extract_slice(kind, padded, [], dynamic, [], [0, 0, c, i * ys.dilation, j * xs.dilation], static,
+                                 [1, 1, 1, ys.stride, xs.stride]) for c, i, j in _taps(w_shape)]
+
+
+def _pairwise_sum(terms: list[ir.Value]) -> ir.Value:
+    while len(terms) > 1:
+        terms = [arith.addf(*terms[k:k + 2]) if k + 1 < len(terms) else terms[k] for k in range(0, len(terms), 2)]
+    return terms[0]
+
+
 def _conv2d_taps(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     """Each NCHW output element as the sum of its C/G * KH * KW taps, unrolled in the body of
     one element-wise pass over the output: tap (c, i, j) reads a strided view of the padded
@@ -249,32 +276,48 @@ def _conv2d_taps(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value
     VGG's 3 x 3 x 3) gain nothing from a GEMM: its im2col rows, their packing and the
     transpose back to NCHW moved 25 times the input through memory."""
     x_node, w_node = node.inputs[:2]
-    o, cg, kh, kw = (int(d) for d in w_node.shape)
-    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
-    n = x_node.shape[0]
-    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
-    x = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
+    o = int(w_node.shape[0])
+    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), tuple(int(d) for d in w_node.shape[2:]))
+    views = _tap_views(b, xs_[0], x_node.shape, w_node.shape, ys, xs, groups)
     w = _weight_groups(b, b.tensor_of(xs_[1], w_node.shape), w_node.shape, groups)
-    view = (n, groups, ys.out, xs.out)
-    sizes = b.sizes((n, groups, 1, ys.out, xs.out))
-    dynamic = [v for v in sizes if isinstance(v, ir.Value)]
-    static = [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes]
-    taps = [(c, i, j) for c in range(cg) for i in range(kh) for j in range(kw)]
-    views = [tensor.extract_slice(tensor_type(view, b.dtype), x, [], dynamic, [],
-                                  [0, 0, c, i * ys.dilation, j * xs.dilation], static, [1, 1, 1, ys.stride, xs.stride])
-             for c, i, j in taps]
+    taps = _taps(w_node.shape)
     # loops: n g o p q
     maps = [_map(5, [_d(0), _d(1), _d(3), _d(4)])] * len(taps) + [_map(5, [_d(1), _d(2), c, i, j]) for c, i, j in taps]
-    out_shape = (n, groups, o // groups, ys.out, xs.out)
+    out_shape = (x_node.shape[0], groups, o // groups, ys.out, xs.out)
 
     @linalg.generic(views + [w] * len(taps), [b.empty(out_shape)], maps + [identity_map(5)], [PARALLEL] * 5)
     def summed(*args: ir.Value) -> ir.Value:
-        terms = [arith.mulf(args[t], args[len(taps) + t]) for t in range(len(taps))]
-        while len(terms) > 1:  # pairwise
-            terms = [arith.addf(*terms[k:k + 2]) if k + 1 < len(terms) else terms[k] for k in range(0, len(terms), 2)]
-        return terms[0]
+        return _pairwise_sum([arith.mulf(args[t], args[len(taps) + t]) for t in range(len(taps))])
 
     return reshape(b, summed, out_shape, node.shape, _SPLIT_1)
+
+
+def _conv2d_weight_grad_taps(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    """The weight gradient of a convolution with few taps without im2col: one pass that adds
+    g * input for every tap into a partial sum per (output channel, tap, output column), the
+    column loop innermost and parallel (the adds vectorize along it; an image's input stays in
+    L1 while its output channels pass), then a sum over the columns."""
+    x_node, g_node = node.inputs[:2]
+    o, cg, kh, kw = (int(d) for d in node.shape)
+    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
+    x = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
+    gy = _grouped(b, b.tensor_of(xs_[1], g_node.shape), g_node.shape, groups)
+    # loops: n | g o c i j | p | q
+    n, g, oc, c, i, j, p, q = range(8)
+    maps = [_map(8, [_d(n), _d(g), _d(oc), _d(p), _d(q)]),
+            _map(8, [_d(n), _d(g), _d(c), _windowed(ys, p, i), _windowed(xs, q, j)]),
+            _map(8, [_d(g), _d(oc), _d(c), _d(i), _d(j), _d(q)])]
+    part_shape = (groups, o // groups, cg, kh, kw, xs.out)
+    iterators = [REDUCTION] + [PARALLEL] * 5 + [REDUCTION, PARALLEL]
+
+    @linalg.generic([gy, x], [b.filled(part_shape, 0.0)], maps, iterators)
+    def partial(gv: ir.Value, xv: ir.Value, total: ir.Value) -> ir.Value:
+        return arith.addf(total, arith.mulf(gv, xv))
+
+    total = b.reduce(part_shape[:5], [partial], [identity_map(6)], _map(6, [_d(k) for k in range(5)]),
+                     [PARALLEL] * 5 + [REDUCTION], lambda v: v)
+    return reshape(b, total, part_shape[:5], node.shape, _SPLIT_0)
 
 
 # ---------------------------------------------------------------------------- convolutions as GEMMs
@@ -369,6 +412,8 @@ def _conv2d_bias(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value
 
 
 def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    if b.strided_copies and math.prod(int(d) for d in node.shape[1:]) <= TAPS_MAX:
+        return _conv2d_weight_grad_taps(b, node, xs_)
     if int(node.attr("groups")) != 1:
         return _conv2d_weight_grad_direct(b, node, xs_)
     x_node, g_node = node.inputs[:2]

@@ -108,22 +108,29 @@ def test_adaptive_pooling_and_pad(dtype):
 @pytest.mark.parametrize("c, kernel, groups, taps", [(1, (5, 5), 1, 25), (3, (3, 3), 1, 27), (4, (3, 3), 4, 9),
                                                       (6, (5, 5), 1, None)])
 def test_convolutions_with_few_taps_sum_them_in_one_pass(c, kernel, groups, taps):
-    """A forward convolution with at most TAPS_MAX taps per output is one element-wise pass
-    over NCHW, its taps strided views of the padded input (no im2col product); more taps, or
+    """A convolution with at most TAPS_MAX taps per output: the forward pass is one
+    element-wise pass over NCHW, its taps strided views of the padded input, and the weight
+    gradient one pass of partial sums per output column; no im2col product. More taps, or
     the CUDA target (no subviews), keep the GEMM or the direct loop."""
     from mlir_nn.codegen import emit_linalg
 
+    at = dict(stride=(2, 1), padding=(1, 1, 2, 0), dilation=(1, 2), groups=groups)
     x = _leaf("input", "x", ("N", c, 9, 8), "float32")
     w = _leaf("param", "w", (8, c // groups) + kernel, "float32")
-    y = make_node("conv2d", [x, w], stride=(2, 1), padding=(1, 1, 2, 0), dilation=(1, 2), groups=groups)
-    graph = Graph((x,), (w,), (y,), name="conv")
-    text = str(emit_linalg(graph, strided_copies=True))
+    y = make_node("conv2d", [x, w], **at)
+    forward = Graph((x,), (w,), (y,), name="conv")
+    g = _leaf("input", "g", y.shape, "float32")
+    weights = Graph((x, g), (), (make_node("conv2d_weight_grad", [x, g], kernel=kernel, **at),), name="weights")
+    text, wtext = (str(emit_linalg(graph, strided_copies=True)) for graph in (forward, weights))
     if taps is None:
-        assert "linalg.matmul" in text
+        assert "linalg.matmul" in text and "linalg.matmul" in wtext
     else:
         assert "linalg.matmul" not in text and text.count("tensor.extract_slice") == taps
-    assert "tensor.extract_slice" not in str(emit_linalg(graph, strided_copies=False))
-    check(graph, 5)
+        assert "linalg.matmul" not in wtext
+    assert "tensor.extract_slice" not in str(emit_linalg(forward, strided_copies=False))
+    assert "linalg.matmul" in str(emit_linalg(weights, strided_copies=False)) or groups > 1
+    check(forward, 5)
+    check(weights, 5)
 
 
 def test_pads_and_spreads_are_slice_copies_only_when_asked():
