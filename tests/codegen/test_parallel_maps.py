@@ -47,14 +47,14 @@ def test_only_large_maps_not_yet_on_threads_are_spread(shape, spread):
     assert (f"(d0 * {PARALLEL_MAP_ROWS})" in text) == bool(spread)  # the offset of a row block
 
 
-_WINDOWS = """
-#in = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2 + d4, d3)>
+_RANK_4 = """
+#in = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, IN, d3)>
 #win = affine_map<(d0, d1, d2, d3, d4) -> (d4)>
 #out = affine_map<(d0, d1, d2, d3, d4) -> (OUT)>
-func.func @windows(%a: memref<Lx8x17x16xf32>, %w: memref<2xf32>, %c: memref<WINDOWSxf32>, %b: memref<Lx8x16x16xf32>) {
+func.func @passes(%a: memref<Lx8xROWSx16xf32>, %w: memref<2xf32>, %c: memref<OUTSHAPExf32>, %b: memref<Lx8x16x16xf32>) {
   linalg.generic {indexing_maps = [#in, #win, #out],
                   iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
-      ins(%a, %w : memref<Lx8x17x16xf32>, memref<2xf32>) outs(%c : memref<WINDOWSxf32>) {
+      ins(%a, %w : memref<Lx8xROWSx16xf32>, memref<2xf32>) outs(%c : memref<OUTSHAPExf32>) {
   ^bb0(%x: f32, %unused: f32, %y: f32):
     %s = arith.maximumf %x, %y : f32
     linalg.yield %s : f32
@@ -65,15 +65,18 @@ func.func @windows(%a: memref<Lx8x17x16xf32>, %w: memref<2xf32>, %c: memref<WIND
 """
 
 
-@pytest.mark.parametrize("lead, out, windows, spread", [
-    ("?", "d0, d1, d2, d3", "?x8x16x16", 2),  # a dynamic batch: a pooling-like window reduction and a copy
-    ("9", "d0, d1, d2, d3", "9x8x16x16", 2),  # 9 rows of 2048 elements: tasks of 8 rows
-    ("8", "d0, d1, d2, d3", "8x8x16x16", 0),  # one task's worth: stays serial
-    ("9", "d1, d0, d2, d3", "8x9x16x16", 1),  # the window's output leads with another loop: only the copy
+@pytest.mark.parametrize("lead, read, out, out_shape, spread", [
+    ("?", "d2", "d0, d1, d2, d3", "?x8x16x16", 2),  # a dynamic batch: a reduction over an inner loop and a copy
+    ("9", "d2", "d0, d1, d2, d3", "9x8x16x16", 2),  # 9 rows of 2048 elements: tasks of 8 rows
+    ("8", "d2", "d0, d1, d2, d3", "8x8x16x16", 0),  # one task's worth: stays serial
+    ("9", "d2", "d1, d0, d2, d3", "8x9x16x16", 1),  # the reduction's output leads with another loop: only the copy
+    ("9", "d2 + d4", "d0, d1, d2, d3", "9x8x16x16", 1),  # a window read (pooling): only the copy
 ])
-def test_passes_over_rank_4_buffers_are_spread_over_their_leading_dim(lead, out, windows, spread):
+def test_passes_over_rank_4_buffers_are_spread_over_their_leading_dim(lead, read, out, out_shape, spread):
     with ir.Context(), ir.Location.unknown():
-        module = ir.Module.parse(_WINDOWS.replace("Lx", lead + "x").replace("OUT", out).replace("WINDOWS", windows))
+        rows = "17" if "+" in read else "16"
+        text = _RANK_4.replace("Lx", lead + "x").replace("ROWS", rows).replace("IN", read)
+        module = ir.Module.parse(text.replace("OUTSHAPE", out_shape).replace("OUT", out))
         assert spread_maps(module) == spread
         assert module.operation.verify()
         text = str(module)
