@@ -52,6 +52,14 @@ def _inside_threads(op: ir.Operation) -> bool:
     return False
 
 
+def _reads_whole_dims(indexing: ir.AffineMap) -> bool:
+    """Whether each result of ``indexing`` is a loop (each loop at most once) or a constant: no
+    window (a sum of loops) and no stride."""
+    dims = [str(r) for r in indexing.results if isinstance(r, ir.AffineDimExpr)]
+    constants = [r for r in indexing.results if isinstance(r, ir.AffineConstantExpr)]
+    return len(dims) + len(constants) == len(indexing.results) and len(set(dims)) == len(dims)
+
+
 def _leading_dim_splits(op: ir.Operation) -> bool:
     """Whether tiling loop 0 splits every output along its leading dim alone: loop 0 is
     parallel and each output map reads it as its first result and nowhere else."""
@@ -60,7 +68,7 @@ def _leading_dim_splits(op: ir.Operation) -> bool:
     if "parallel" not in str(ir.ArrayAttr(op.attributes["iterator_types"])[0]):
         return False
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-    if not all(m.is_projected_permutation for m in maps):
+    if not all(_reads_whole_dims(m) for m in maps):
         return False  # window reads (im2col, pooling): tiled, their loops became gathers and scatters
     lead = str(ir.AffineDimExpr.get(0))
     for out in maps[len(op.opview.inputs):]:
