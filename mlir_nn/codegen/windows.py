@@ -7,7 +7,9 @@ window operand, as linalg's own pooling ops do. Gradients that scatter (a transp
 convolution, the pooling gradients) gather instead: the output gradient is spread out by
 the stride and padded by the window span, so that every input position reads a plain
 window of it. On the CPU, the input gradient of a convolution with few input channels is
-a GEMM whose columns are added back tap by tap (``codegen.col2im``) instead. The fused ops
+a GEMM whose columns are added back tap by tap (``codegen.col2im``) instead, and a
+convolution with few taps per output (TAPS_MAX) reads its taps as strided views of the
+padded input, forward and weight gradient, with no im2col at all. The fused ops
 the optimizer's conv rules make (``conv2d_bias``, ``conv2d_weight_update``) are the same
 products with element-wise epilogues.
 """
