@@ -42,5 +42,6 @@ def test_row_ops_match_the_reference(width, dtype):
         got = executable.run([x, g], [mask])
         for i, (a, w) in enumerate(zip(got, want)):
             scale = max(1.0, float(np.abs(w).max()))
-            np.testing.assert_allclose(a, w, rtol=TOL[dtype], atol=TOL[dtype] * scale, err_msg=f"output {i}, {rows} rows")
+            np.testing.assert_allclose(a, w, rtol=TOL[dtype], atol=TOL[dtype] * scale,
+                                       err_msg=f"output {i}, {rows} rows")
         assert np.all(got[0][:, mask == 1] == 0.0)
