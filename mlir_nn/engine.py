@@ -521,8 +521,8 @@ class Tensor:
         return apply("log_softmax", self, axis=normalize_axes("log_softmax", axis, self.ndim)[0])
 
     def softmax(self, axis: int = -1) -> Tensor:
-        """exp(x) / sum(exp(x)) along ``axis``, as exp(log_softmax(x)): finite for any finite x."""
-        return self.log_softmax(axis).exp()
+        """exp(x - max) / sum(exp(x - max)) along ``axis``: finite for any finite x."""
+        return apply("softmax", self, axis=normalize_axes("softmax", axis, self.ndim)[0])
 
     def assign(self, value: Any) -> None:
         """Overwrite this tensor's value in place (traced as a parameter update)."""

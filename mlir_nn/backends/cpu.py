@@ -163,6 +163,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
         from mlir_nn.codegen.fp_env import flush_subnormals
         from mlir_nn.codegen.fuse_updates import fuse_elementwise_chains
         from mlir_nn.codegen.hoist_scalars import hoist_scalar_work
+        from mlir_nn.codegen.inline_math import inline_f32_math
         from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
         from mlir_nn.codegen.lane_loads import scalarize_lane_loads
         from mlir_nn.codegen.parallel_maps import spread_maps
@@ -171,6 +172,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
     start = time.perf_counter()
     module = emit_linalg(graph, wide_sums=True, strided_copies=True)  # float32 sums accumulate in float64
     stages = {"linalg": str(module)}
+    inline_f32_math(module)  # no libm call per element: loops with exp or erf vectorize
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]
     write_updates_in_place(module, fn, len(graph.outputs), [slot[name] for name, _ in graph.updates])

@@ -15,14 +15,14 @@ from mlir.dialects import arith, linalg, math, tensor
 
 from mlir_nn.codegen import philox
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
-from mlir_nn.codegen.maps import broadcast_map, dims_map, identity_map, permutation_map, reduction_map
+from mlir_nn.codegen.maps import dims_map, identity_map, permutation_map, reduction_map
 from mlir_nn.codegen.reshapes import view_reshape
+from mlir_nn.codegen.row_ops import ROW_LOWERINGS, Rows
 from mlir_nn.codegen.sequence import SEQUENCE_LOWERINGS
 from mlir_nn.codegen.tensor_types import tensor_type
 from mlir_nn.codegen.windows import WINDOW_LOWERINGS
 from mlir_nn.ir import Node
 from mlir_nn.ir.ops import sum_to_axes
-from mlir_nn.ir.shapes import Shape
 
 Rule = Callable[[FunctionBuilder, Node, list[Operand]], ir.Value | float]
 OGT = arith.CmpFPredicate.OGT
@@ -132,29 +132,8 @@ def _eq(b: FunctionBuilder, x: ir.Value, y: ir.Value) -> ir.Value:
     return arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, x, y), b.scalar(1.0), b.scalar(0.0))
 
 
-class _Rows:
-    """Maps for reducing a tensor along one axis into a kept size-1 axis (per-row statistics)."""
-
-    def __init__(self, shape: Shape, axis: int) -> None:
-        rank = len(shape)
-        self.shape, self.kept = shape, tuple(1 if i == axis else d for i, d in enumerate(shape))
-        self.whole, self.row = identity_map(rank), broadcast_map(self.kept, shape)
-        self.out = reduction_map(rank, (axis,), True)
-        self.iterators = [REDUCTION if i == axis else PARALLEL for i in range(rank)]
-
-    def reduce(self, b: FunctionBuilder, operands: list[ir.Value], maps: list[ir.AffineMap], fn,
-               **kw) -> ir.Value:
-        return b.reduce(self.kept, operands, maps, self.out, self.iterators, fn, **kw)
-
-    def max_and_sum_exp(self, b: FunctionBuilder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
-        """max(x) and sum(exp(x - max)) along the axis: the stable log-sum-exp's two passes."""
-        m = self.reduce(b, [x], [self.whole], lambda v: v, init=float("-inf"), combine=arith.maximumf)
-        s = self.reduce(b, [x, m], [self.whole, self.row], lambda v, mv: math.exp(arith.subf(v, mv)))
-        return m, s
-
-
 def _log_softmax(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
-    rows = _Rows(node.shape, int(node.attr("axis")))
+    rows = Rows(node.shape, int(node.attr("axis")))
     x = b.tensor_of(xs[0], node.shape)
     m, s = rows.max_and_sum_exp(b, x)
     lowest = b.scalar(float(np.finfo(node.dtype).min))  # x - max may overflow to -inf: clamp it
@@ -166,7 +145,7 @@ def _log_softmax(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
 
 
 def _log_softmax_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
-    rows = _Rows(node.shape, int(node.attr("axis")))
+    rows = Rows(node.shape, int(node.attr("axis")))
     y, g = (b.tensor_of(v, node.shape) for v in xs)
     total = rows.reduce(b, [g], [rows.whole], lambda v: v)
     return b.elementwise(node.shape, [y, g, total], [node.shape, node.shape, rows.kept],
@@ -186,7 +165,7 @@ def _one_hot(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
 
 
 def _softmax_xent_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
-    rows = _Rows(node.shape, 1)
+    rows = Rows(node.shape, 1)
     y, p = (b.tensor_of(v, node.shape) for v in xs)
     mass = rows.reduce(b, [p], [rows.whole], lambda v: v)
     scale = arith.divf(b.scalar(float(node.attr("scale"))), b.count([node.shape[0]]))
@@ -331,6 +310,7 @@ LOWERINGS: dict[str, Rule] = {
     "log_softmax": _log_softmax,
     "log_softmax_grad": _log_softmax_grad,
     "one_hot": _one_hot,
+    **ROW_LOWERINGS,
     "softmax_xent_grad": _softmax_xent_grad,
     "stack": _stack,
     "index": _index,

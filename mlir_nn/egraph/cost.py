@@ -21,7 +21,7 @@ from mlir_nn.ir.shapes import Shape, numel
 
 FREE = ("leaf", "input", "param", "const", "reshape")  # no kernel: data already there, or a view
 TRANSCENDENTAL = ("exp", "log", "tanh", "sigmoid", "sqrt", "pow", "tanh_grad", "sigmoid_grad",
-                  "log_softmax", "log_softmax_grad", "softmax_xent_grad")
+                  "log_softmax", "log_softmax_grad", "softmax_xent_grad", "softmax", "softmax_grad")
 MATMULS = ("matmul", "linear", "gemm", "matmul_relu_grad")
 
 

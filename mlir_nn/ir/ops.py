@@ -614,6 +614,68 @@ register("log_softmax_grad", 2, _axis_infer("log_softmax_grad", 2), _log_softmax
          "Backward of log_softmax from its output y: g - exp(y) * sum(g, axis). Operands: (y, grad).")
 
 
+def _softmax_reference(args, attrs, shape):
+    x, axis = args[0], attrs["axis"]
+    with np.errstate(invalid="ignore"):  # a row of -inf only is NaN, as PyTorch's
+        e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _softmax_grad_reference(args, attrs, shape):
+    y, g = args
+    return y * (g - np.sum(y * g, axis=attrs["axis"], keepdims=True))
+
+
+register("softmax", 1, _axis_infer("softmax", 1), _softmax_reference,
+         lambda emit, xs, out, g, at: [emit("softmax_grad", out, g, axis=at["axis"])],
+         "exp(x - max) / sum(exp(x - max)) along axis, one kernel: no log-probabilities in between, and a "
+         "gradient read from the probabilities alone.")
+register("softmax_grad", 2, _axis_infer("softmax_grad", 2), _softmax_grad_reference, None,
+         "Backward of softmax from its output y: y * (g - sum(y * g, axis)). Operands: (y, grad).")
+
+
+def _last_axis_infer(op: str, operands: int) -> Infer:
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        result = _same_shape_infer(op)(types, attrs) if operands > 1 else types[0]
+        if not result.shape:
+            raise ShapeError(f"{op}: expected a tensor of at least 1 dimension, got a scalar")
+        if not attrs["eps"] >= 0.0:
+            raise ValueError(f"{op}: eps must be a non-negative number, got {attrs['eps']!r}")
+        return result
+
+    return infer
+
+
+def _row_statistics(x: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """x - mean and 1 / sqrt(var + eps) over the last axis (biased variance)."""
+    centered = x - np.mean(x, axis=-1, keepdims=True)
+    variance = np.mean(centered * centered, axis=-1, keepdims=True)
+    return centered, (1.0 / np.sqrt(variance + np.asarray(eps, x.dtype))).astype(x.dtype)
+
+
+def _layer_norm_reference(args, attrs, shape):
+    centered, rstd = _row_statistics(args[0], attrs["eps"])
+    return centered * rstd
+
+
+def _layer_norm_grad_reference(args, attrs, shape):
+    x, g = args
+    centered, rstd = _row_statistics(x, attrs["eps"])
+    normalized = centered * rstd
+    mean_g = np.mean(g, axis=-1, keepdims=True)
+    mean_gx = np.mean(g * normalized, axis=-1, keepdims=True)
+    return rstd * (g - mean_g - normalized * mean_gx)
+
+
+register("layer_norm", 1, _last_axis_infer("layer_norm", 1), _layer_norm_reference,
+         lambda emit, xs, out, g, at: [emit("layer_norm_grad", xs[0], g, eps=at["eps"])],
+         "(x - mean) / sqrt(var + eps) over the last axis (biased variance): LayerNorm before its scale and "
+         "shift, as one kernel.")
+register("layer_norm_grad", 2, _last_axis_infer("layer_norm_grad", 2), _layer_norm_grad_reference, None,
+         "Backward of layer_norm from its input x (statistics recomputed) and the gradient g of the normalized "
+         "x^ = (x - mean) * r: r * (g - mean(g) - x^ * mean(g * x^)), means over the last axis. Operands: (x, g).")
+
+
 def _one_hot_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     (labels,) = types
     if len(labels.shape) != 1:

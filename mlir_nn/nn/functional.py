@@ -139,8 +139,10 @@ def layer_norm(x: Any, normalized_shape: int | tuple[int, ...], weight: Tensor |
     if not normalized or tuple(x.shape[x.ndim - len(normalized):]) != normalized or x.ndim < len(normalized):
         raise ShapeError(f"layer_norm: input has shape {fmt_shape(x.shape)}, expected it to end with "
                          f"{fmt_shape(normalized)}")
-    axes = tuple(range(x.ndim - len(normalized), x.ndim))
-    out = _normalize(x, axes, eps)
+    if len(normalized) == 1:
+        out = apply("layer_norm", x, eps=float(eps))  # one kernel each way
+    else:
+        out = _normalize(x, tuple(range(x.ndim - len(normalized), x.ndim)), eps)
     if weight is not None:
         out = out * weight
     return out if bias is None else out + bias

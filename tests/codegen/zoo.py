@@ -42,7 +42,9 @@ def elementwise_zoo(width: int, dtype: str) -> Graph:
         n("reshape", [n("sum", [x], axes=(0, 1), keepdims=False)], shape=(1, 1)),
         n("eq", [x, b]), n("max", [x], axes=(1,), keepdims=True), n("max", [x], axes=(0,), keepdims=False),
         n("max", [x], axes=(0, 1), keepdims=False), n("log_softmax", [x], axis=1), n("log_softmax", [x], axis=0),
-        n("log_softmax_grad", [x, y], axis=1), n("softmax_xent_grad", [n("log_softmax", [x], axis=1), y], scale=-0.5),
+        n("log_softmax_grad", [x, y], axis=1), n("softmax", [x], axis=1), n("softmax", [x], axis=0),
+        n("softmax_grad", [x, y], axis=1), n("layer_norm", [x], eps=1e-5), n("layer_norm_grad", [x, y], eps=0.5),
+        n("softmax_xent_grad", [n("log_softmax", [x], axis=1), y], scale=-0.5),
         n("one_hot", [last_class], classes=width), n("index", [stacked], index=1), stacked,
         # nn layers (issue 21a): s stands for every key and offset chunk (any value is taken mod 2**16)
         n("erf", [x]), n("numel", [x], axes=(0,)), n("dropout", [x] + [s] * 7, p=0.5, slot=3),
