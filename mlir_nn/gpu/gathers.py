@@ -1,15 +1,17 @@
-"""Product operands read through the copy that gathered them: implicit GEMM for convolutions.
+"""Product operands read through the ops that gathered them: implicit GEMM for convolutions.
 
-The shared codegen writes a convolution as a gather into a buffer followed by a product
-over a collapsed view of it: the im2col columns (``(N, P, Q, C, KH, KW)`` read from the
-padded image at ``p * stride + kh * dilation``, viewed as ``(N * P * Q, C * KH * KW)``)
-and the pixel rows of an output gradient (NCHW moved to ``(N * H * W, C)``). Such a
-buffer is only written by one all-parallel ``linalg.generic`` that copies its single input
-through an affine map, and only read by the product. ``find_gather`` recognizes it; the
-register-tiled kernel (``mlir_nn.gpu.matmul``) then loads element ``(row, col)`` of the
-view straight from the gather's input, ``image[read(delinearize(row, col))]``, and
-``Gather.erase`` removes the copy and its buffer: the GEMM's K loop walks the window
-indexing instead of a materialized im2col buffer.
+The shared codegen writes a convolution as gathers into buffers followed by a product over a
+collapsed view of the last one: the input padded (a generic that selects zero outside the
+image), the im2col columns (``(N, P, Q, C, KH, KW)`` read from the padded image at
+``p * stride + kh * dilation``, viewed as ``(N * P * Q, C * KH * KW)``), an output
+gradient spread by the stride or moved to pixel rows, a weight flipped. Each such buffer
+is written only by one all-parallel ``linalg.generic`` (a ``Source``): inputs read through
+plain affine maps, a body of scalar arithmetic, ``linalg.index`` and loads. ``find_gather``
+recognizes the product's operand as one, together with the sources its producer reads in
+turn; the register-tiled kernel (``mlir_nn.gpu.matmul``) then computes element
+``(row, col)`` of the view in place, evaluating the producers' bodies at the delinearized
+index instead of loading a materialized buffer, and ``Gather.erase`` removes the producers
+and buffers nothing else reads: the GEMM's K loop walks the window indexing.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from mlir.ir import (
     AffineMulExpr,
     ArrayAttr,
     IndexType,
+    IntegerAttr,
     MemRefType,
     Operation,
     Value,
@@ -35,49 +38,97 @@ from mlir.ir import (
 VIEWS = ("memref.expand_shape", "memref.collapse_shape", "memref.cast")
 
 
+BODY_OPS = ("arith.", "math.", "linalg.index", "memref.load", "linalg.yield")
+
+
 @dataclass
-class Gather:
-    """``view`` (a collapse of ``buffer``) equals ``image[read(i)]`` at every buffer index ``i``."""
+class Source:
+    """A buffer (``alloc``) written only by ``producer``, element by element."""
 
-    copy: Operation  # the linalg.generic filling the buffer
-    view: Operation  # memref.collapse_shape of the buffer: the product's operand
-    buffer: Operation  # memref.alloc
-    image: Value
-    read: AffineMap  # buffer index -> image index
-    groups: list[list[int]]  # the view's reassociation
+    alloc: Operation
+    producer: Operation
 
-    def _extent(self, d: int) -> Value:
-        t = MemRefType(self.buffer.results[0].type)
+    @property
+    def buffer(self) -> Value:
+        return self.alloc.results[0]
+
+    def extent(self, d: int) -> Value:
+        t = MemRefType(self.buffer.type)
         if not t.is_dynamic_dim(d):
             return _index(t.shape[d])
-        return self.buffer.operands[sum(t.is_dynamic_dim(i) for i in range(d))]
+        return self.alloc.operands[sum(t.is_dynamic_dim(i) for i in range(d))]
+
+
+@dataclass
+class Gather:
+    """``view`` (a collapse of ``source``'s buffer) computed element by element from ``sources``
+    (``source`` first, then what its producer reads, recursively)."""
+
+    view: Operation
+    sources: list[Source]
+    groups: list[list[int]]  # the view's reassociation
 
     def size(self, axis: int) -> Value:
         """Extent of the view's ``axis``, from the buffer's sizes (not through the view)."""
         total = None
         for d in self.groups[axis]:
-            total = self._extent(d) if total is None else arith.muli(total, self._extent(d))
+            e = self.sources[0].extent(d)
+            total = e if total is None else arith.muli(total, e)
         return total
 
     def load(self, row: Value, col: Value) -> Value:
-        """``view[row, col]`` read from the image (the caller keeps it inside the view)."""
+        """``view[row, col]``, computed (the caller keeps it inside the view)."""
         at: list[Value] = []
         for flat, group in zip((row, col), self.groups):
             parts = []
             for d in reversed(group[1:]):
-                extent = self._extent(d)
+                extent = self.sources[0].extent(d)
                 parts.append(arith.remui(flat, extent))
                 flat = arith.divui(flat, extent)
             at += [flat, *reversed(parts)]
-        return memref.load(self.image, [_evaluate(e, at) for e in self.read.results])
+        return self._element(self.sources[0], at)
+
+    def _read(self, v: Value, at: list[Value]) -> Value:
+        for source in self.sources:
+            if source.buffer == v:
+                return self._element(source, at)
+        return memref.load(v, at)
+
+    def _element(self, source: Source, at: list[Value]) -> Value:
+        """The producer's body at index ``at``: inputs read (or computed) through their maps."""
+        op = source.producer
+        block = op.regions[0].blocks[0]
+        args = list(block.arguments)
+        mapping: dict[Value, Value] = {}
+        for arg, v, attr in zip(args[:-1], list(op.operands)[:-1], ArrayAttr(op.attributes["indexing_maps"])):
+            index = [_evaluate(e, at) for e in AffineMapAttr(attr).value.results]
+            mapping[arg] = self._read(v, index) if isinstance(v.type, MemRefType) else v
+        body = [o.operation for o in block.operations]
+        for child in body[:-1]:
+            if child.name == "linalg.index":
+                mapping[child.results[0]] = at[IntegerAttr(child.attributes["dim"]).value]
+                continue
+            new = child.clone()
+            for i, v in enumerate(new.operands):
+                if v in mapping:
+                    new.operands[i] = mapping[v]
+            for old, fresh in zip(child.results, new.results):
+                mapping[old] = fresh
+        result = body[-1].operands[0]
+        return mapping.get(result, result)
 
     def erase(self) -> None:
-        """Remove the copy and its buffer (call once the view has no readers left)."""
-        self.copy.erase()
+        """Remove the view and every source nothing else reads any more (call once the product's
+        kernel replaced the product)."""
         self.view.erase()
-        for use in list(self.buffer.results[0].uses):
-            use.owner.operation.erase()  # deallocs
-        self.buffer.erase()
+        for source in self.sources:
+            users = [u.owner.operation for u in source.buffer.uses]
+            if any(u != source.producer and u.name != "memref.dealloc" for u in users):
+                continue
+            source.producer.erase()
+            for use in list(source.buffer.uses):
+                use.owner.operation.erase()  # deallocs
+            source.alloc.erase()
 
 
 def _index(v: int) -> Value:
@@ -119,20 +170,44 @@ def root(v: Value) -> Value:
     return v
 
 
-def _is_copy(op: Operation, buffer: Value) -> bool:
-    """All-parallel, one input read through a plain affine map, ``buffer`` written at the identity."""
-    if op.name != "linalg.generic" or len(op.operands) != 2 or op.operands[1] != buffer:
-        return False
-    if any("parallel" not in str(k) for k in ArrayAttr(op.attributes["iterator_types"])):
-        return False
-    read, write = (AffineMapAttr(m).value for m in ArrayAttr(op.attributes["indexing_maps"]))
-    body = [o.operation for o in op.regions[0].blocks[0].operations]
-    return (isinstance(op.operands[0].type, MemRefType) and write == AffineMap.get_identity(write.n_dims)
-            and read.n_symbols == 0 and all(_plain(e) for e in read.results)
-            and len(body) == 1 and body[0].operands[0] == op.regions[0].blocks[0].arguments[0])
+def _source(buffer: Value, block_ops: list[Operation]) -> Source | None:
+    """``buffer`` as a ``Source``: an allocation every other user of which only reads it or frees it,
+    written by one top-level all-parallel generic (inputs through plain maps, identity output, a
+    body of ``BODY_OPS`` that does not read the output)."""
+    alloc = _owner(buffer)
+    if alloc is None or alloc.name != "memref.alloc":
+        return None
+    writers = [op for op in block_ops if buffer in written(op)]
+    if len(writers) != 1 or writers[0] not in block_ops:
+        return None
+    op = writers[0]
+    if any(u.owner.operation.name not in ("memref.dealloc", "memref.collapse_shape", "memref.expand_shape")
+           and not u.owner.operation.name.startswith("linalg.") for u in buffer.uses):
+        return None
+    if op.name != "linalg.generic" or any("parallel" not in str(k) for k in ArrayAttr(op.attributes["iterator_types"])):
+        return None
+    n_in, n_out = list(op.attributes["operandSegmentSizes"])
+    maps = [AffineMapAttr(m).value for m in ArrayAttr(op.attributes["indexing_maps"])]
+    if n_out != 1 or op.operands[n_in] != buffer or maps[-1] != AffineMap.get_identity(maps[-1].n_dims):
+        return None
+    if any(m.n_symbols or not all(_plain(e) for e in m.results) for m in maps[:-1]):
+        return None
+    block = op.regions[0].blocks[0]
+    body = [o.operation for o in block.operations]
+    if list(block.arguments[-1].uses) or any(o.regions or not o.name.startswith(BODY_OPS) for o in body):
+        return None
+    return Source(alloc, op)
 
 
-def _written(op: Operation) -> list[Value]:
+def _reads(source: Source) -> list[Value]:
+    """Buffers the producer reads: its memref inputs and what its body loads."""
+    op = source.producer
+    n_in, _ = list(op.attributes["operandSegmentSizes"])
+    loads = [o.operation.operands[0] for o in op.regions[0].blocks[0].operations if o.operation.name == "memref.load"]
+    return [root(v) for v in list(op.operands)[:n_in] + loads if isinstance(v.type, MemRefType)]
+
+
+def written(op: Operation) -> list[Value]:
     """Buffers a top-level op writes (linalg outs, copy targets)."""
     if op.name.startswith("linalg."):
         n_in, _ = list(op.attributes["operandSegmentSizes"])
@@ -143,31 +218,29 @@ def _written(op: Operation) -> list[Value]:
 
 
 def find_gather(operand: Value, reader: Operation, block_ops: list[Operation]) -> Gather | None:
-    """The gather behind ``operand`` of ``reader`` (see the module docstring), if it is one whose
-    image nothing writes between the copy and ``reader``."""
+    """The gather behind ``operand`` of ``reader`` (see the module docstring), if nothing writes what
+    its producers read between each producer and ``reader``."""
     view = _owner(operand)
-    if view is None or view.name != "memref.collapse_shape":
+    if view is None or view.name != "memref.collapse_shape" or reader not in block_ops:
         return None
     if [u.owner.operation for u in operand.uses] != [reader]:
         return None
-    buffer = view.operands[0]
-    alloc = _owner(buffer)
-    if alloc is None or alloc.name != "memref.alloc":
-        return None
-    users = [u.owner.operation for u in buffer.uses]
-    copies = [u for u in users if u.name == "linalg.generic"]
-    if len(copies) != 1 or any(u.name not in ("linalg.generic", "memref.dealloc") and u != view for u in users):
-        return None
-    copy = copies[0]
-    t = MemRefType(buffer.type)
+    t = MemRefType(view.operands[0].type)
     groups = [[int(d) for d in g] for g in ArrayAttr(view.attributes["reassociation"])]
-    if not _is_copy(copy, buffer) or len(groups) != 2 or any(t.is_dynamic_dim(d) for g in groups for d in g[1:]):
+    if len(groups) != 2 or any(t.is_dynamic_dim(d) for g in groups for d in g[1:]):
         return None
-    if copy not in block_ops or reader not in block_ops:
+    first = _source(view.operands[0], block_ops)
+    if first is None:
         return None
-    start, end = block_ops.index(copy), block_ops.index(reader)
-    image = root(copy.operands[0])
-    if start > end or any(image in _written(op) for op in block_ops[start + 1:end]):
-        return None
-    read = AffineMapAttr(ArrayAttr(copy.attributes["indexing_maps"])[0]).value
-    return Gather(copy, view, alloc, copy.operands[0], read, groups)
+    sources, end = [first], block_ops.index(reader)
+    for source in sources:  # grows: the sources each producer reads, when they are sources themselves
+        start = block_ops.index(source.producer)
+        if start > end:
+            return None
+        for read in _reads(source):
+            inner = _source(read, block_ops) if _owner(read) is not None and read == root(read) else None
+            if inner is not None and all(s.buffer != read for s in sources):
+                sources.append(inner)
+            elif inner is None and any(read in written(op) for op in block_ops[start + 1:end]):
+                return None
+    return Gather(view, sources, groups)

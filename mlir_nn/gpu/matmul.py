@@ -36,6 +36,13 @@ the GPU (an ``scf.parallel`` block loop holding one ``scf.forall`` thread loop):
 * the epilogue (bias, ReLU, the ReLU-gradient mask, ``W - lr * grad``) is applied to the
   accumulators in registers and each result stored once, inside the matrix bounds.
 
+Convolutions are implicit GEMMs: an operand gathered into a buffer by all-parallel generics
+(padding, im2col columns, an output gradient's pixel rows or spread, a flipped weight) is
+computed in place from their bodies (``mlir_nn.gpu.gathers``; always the guarded scalar
+path), and a result moved to NCHW by a permuting copy, or updated in place by an
+element-wise op right after (bias and ReLU, a folded weight update), is stored through it
+(``mlir_nn.gpu.scatters``).
+
 All targets (sm_80 and later) have ``cp.async``. The SIMT interpreter
 (``mlir_nn.gpu.simt``) checks these kernels, the async copies included; the CPU emulation
 of the schedule (``mlir_nn.gpu.emulate``) runs the 16x16 shared-memory schedule instead,

@@ -7,8 +7,11 @@ convolution adds its bias and ReLU in place on that NCHW buffer. ``find_scatter`
 recognizes the copy (and such an element-wise epilogue right after it) when nothing else
 reads C; the register-tiled kernel (``mlir_nn.gpu.matmul``) then stores element ``(m, n)``
 straight to ``D[perm(delinearize(m, n))]``, the epilogue applied in registers, and
-``Scatter.erase`` removes the copy, the epilogue and C. The ops that define D and the
-epilogue's operands (allocations, views, sizes) are moved before the product.
+``Scatter.erase`` removes the copy, the epilogue and C. A weight gradient's result is
+instead viewed as the weight's shape and updated in place by a folded update
+(``beta * w +- alpha * dW``): that epilogue is applied in registers the same way, C kept.
+The ops that define D and the epilogue's operands (allocations, views, sizes) are moved
+before the product.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from mlir.dialects import arith, memref
 from mlir.ir import AffineConstantExpr, AffineDimExpr, AffineMapAttr, ArrayAttr, IndexType, MemRefType, Operation, Value
 
+from mlir_nn.gpu.gathers import root, written
 from mlir_nn.gpu.schedule import clone_body, iterator_kinds
 
 HOISTABLE = ("memref.alloc", "memref.expand_shape", "memref.collapse_shape", "memref.cast", "memref.dim",
@@ -30,7 +34,7 @@ class Scatter:
 
     c: Operation  # memref.alloc of the product's result
     view: Operation  # memref.expand_shape of C
-    copy: Operation
+    copy: Operation | None  # None: C is updated in place through the view by the epilogue, and kept
     dest: Value
     order: list[int]
     groups: list[list[int]]
@@ -55,7 +59,11 @@ class Scatter:
         memref.store(value, self.dest, index)
 
     def erase(self) -> None:
-        """Remove the copy, the epilogue and C (call once the product's kernel replaced its ops)."""
+        """Remove the copy, the epilogue and C (call once the product's kernel replaced its ops);
+        without a copy, the epilogue only."""
+        if self.copy is None:
+            self.epilogue.erase()
+            return
         for op in (self.epilogue, self.copy, self.view):
             if op is not None:
                 op.erase()
@@ -138,6 +146,16 @@ def _hoist(v: Value, before: Operation, block_ops: list[Operation], limit: int, 
     return True
 
 
+def _unchanged(epilogue: Operation, block_ops: list[Operation], start: int) -> bool:
+    """Nothing between ``block_ops[start]`` and the epilogue writes what the epilogue reads (but the
+    result it updates)."""
+    n_in, _ = list(epilogue.attributes["operandSegmentSizes"])
+    out = root(epilogue.operands[n_in])
+    reads = {root(v) for v in list(epilogue.operands)[:n_in] if isinstance(v.type, MemRefType)} - {out}
+    between = block_ops[start + 1:block_ops.index(epilogue)]
+    return not any(r in written(op) for op in between for r in reads if op != epilogue)
+
+
 def find_scatter(c: Value, contraction: Operation, product_ops: list[Operation],
                  block_ops: list[Operation]) -> tuple[Scatter, list[Operation]] | None:
     """The copy that moves the product's result ``c`` (see the module docstring) and the ops to move
@@ -150,8 +168,22 @@ def find_scatter(c: Value, contraction: Operation, product_ops: list[Operation],
     if len(views) != 1 or any(u not in product_ops and u.name != "memref.dealloc" and u != views[0] for u in users):
         return None
     view = views[0]
+    groups = [[int(d) for d in g] for g in ArrayAttr(view.attributes["reassociation"])]
+    t = MemRefType(view.results[0].type)
+    if len(groups) != 2 or any(t.is_dynamic_dim(d) for g in groups for d in g[1:]):
+        return None
     readers = [u.owner.operation for u in view.results[0].uses]
-    if len(readers) != 1 or readers[0].name != "linalg.generic" or readers[0] not in block_ops:
+    if any(r not in block_ops for r in readers):
+        return None
+    at = block_ops.index(contraction)
+    first = min(readers, key=block_ops.index) if readers else None
+    if first is not None and _is_epilogue(first, view.results[0]):  # updated in place, read later as it is
+        moves: list[Operation] = []
+        hoisted = all(_hoist(v, contraction, block_ops, at, moves) for v in first.operands)
+        if not _unchanged(first, block_ops, at) or not hoisted:
+            return None
+        return Scatter(alloc, view, None, view.results[0], list(range(t.rank)), groups, first), moves
+    if len(readers) != 1 or readers[0].name != "linalg.generic":
         return None
     copy = readers[0]
     if len(copy.operands) != 2 or copy.operands[0] != view.results[0] or not _pure_copy(copy):
@@ -162,18 +194,16 @@ def find_scatter(c: Value, contraction: Operation, product_ops: list[Operation],
     if read is None or write != list(range(len(write))):
         return None
     dest = copy.operands[1]
-    at, start = block_ops.index(contraction), block_ops.index(copy)
+    start = block_ops.index(copy)
     if any(block_ops.index(u.owner.operation) < start for u in dest.uses
            if u.owner.operation in block_ops and u.owner.operation.name not in HOISTABLE):
         return None
     following = [o for o in block_ops[start + 1:] if o.name.startswith("linalg.")]
     epilogue = following[0] if following and _is_epilogue(following[0], dest) else None
+    if epilogue is not None and not _unchanged(epilogue, block_ops, at):
+        epilogue = None
     moves: list[Operation] = []
     needed = [dest] + (list(epilogue.operands)[:-1] if epilogue is not None else [])
     if not all(_hoist(v, contraction, block_ops, at, moves) for v in needed):
-        return None
-    groups = [[int(d) for d in g] for g in ArrayAttr(view.attributes["reassociation"])]
-    t = MemRefType(view.results[0].type)
-    if len(groups) != 2 or any(t.is_dynamic_dim(d) for g in groups for d in g[1:]):
         return None
     return Scatter(alloc, view, copy, dest, read, groups, epilogue), moves

@@ -29,9 +29,8 @@ def test_biased_convolution_is_one_product_kernel(spec, batch):
     graph = _conv_bias(*spec)
     program = compile_graph(graph, (), cubin=False)
     kernels = [r["kernel"] for r in program.plan["program"] if r["op"] == "gpu.launch_func"]
-    padded = any(spec[5])
-    others = [k for k in kernels if not k.endswith(("_tile64", "_tile128"))]
-    assert len(others) == int(padded), kernels  # the padding kernel only: no transpose, no bias pass
+    # the product only: padding and columns read through (gpu.gathers), no transpose, no bias pass
+    assert all(k.endswith(("_tile64", "_tile128")) for k in kernels), kernels
     shapes = [r["shape"] for r in program.plan["program"] if r["op"] == "memref.alloc"]
     assert [None, spec[2]] not in shapes, shapes  # no pixel rows (N * P * Q, O)
     result = check_graph(graph, batch, program=program)
@@ -76,3 +75,21 @@ def test_rows_are_stored_through_the_copy_only_when_nothing_else_reads_them(betw
         assert (scatter is not None) == found
         if found:
             assert scatter[0].order == [0, 2, 3, 1] and scatter[0].epilogue is None and scatter[1] == []
+
+
+@pytest.mark.parametrize("subtract,batch", [(True, 3), (False, 1)])
+def test_folded_weight_update_is_applied_in_the_product(subtract, batch):
+    """conv2d_weight_update: beta * w +- alpha * dW updates the product's result in place, in registers."""
+    attrs = dict(stride=(1, 2), padding=(2, 0, 1, 1), dilation=(2, 1), groups=1)
+    x = _leaf("input", "x", ("N", 5, 8, 7), "float32")
+    g = _leaf("input", "g", ("N", 6, 6, 4), "float32")
+    w = _leaf("param", "w", (6, 5, 3, 2), "float32")
+    lr = _leaf("param", "lr", (), "float32")
+    beta = make_node("const", [], value=0.75, dtype="float32")
+    y = make_node("conv2d_weight_update", [x, g, w, lr, beta], kernel=(3, 2), subtract=subtract, **attrs)
+    graph = Graph((x, g), (w, lr), (y,), name="conv_update")
+    program = compile_graph(graph, (), cubin=False)
+    kernels = [r["kernel"] for r in program.plan["program"] if r["op"] == "gpu.launch_func"]
+    assert kernels == ["conv_update_k00_conv2d_weight_update_tile64"], kernels
+    result = check_graph(graph, batch, program=program)
+    assert result.ok, result.problems
