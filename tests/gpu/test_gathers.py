@@ -109,3 +109,25 @@ def test_a_gather_is_read_through_only_while_its_image_is_unchanged(between, fou
             assert gather.groups == [[0, 1, 2], [3, 4, 5]]
             assert [s.producer for s in gather.sources] == [o for o in ops if o.name == "linalg.generic"][:1]
 
+
+
+def test_static_batch_convolution_with_bias_and_gradients_is_three_kernels():
+    """A static batch of 3: the biased, ReLU'd convolution and both gradients, one product kernel each."""
+    from mlir_nn.ir import Graph, make_node
+    from tests.codegen.test_windows import _leaf
+
+    x = _leaf("input", "x", (3, 17, 9, 6), "float32")
+    w = _leaf("param", "w", (7, 17, 2, 3), "float32")
+    b = _leaf("param", "b", (7,), "float32")
+    attrs = dict(stride=(1, 2), padding=(0, 1, 2, 0), dilation=(2, 1), groups=1)
+    y = make_node("conv2d_bias", [x, w, b], activation="relu", **attrs)
+    g = _leaf("input", "g", y.shape, "float32")
+    outputs = (y, make_node("conv2d_input_grad", [g, w], input_hw=(9, 6), **attrs),
+               make_node("conv2d_weight_grad", [x, g], kernel=(2, 3), **attrs))
+    graph = Graph((x, g), (w, b), outputs, name="static")
+    program = compile_graph(graph, (), cubin=False)
+    kernels = [r["kernel"] for r in program.plan["program"] if r["op"] == "gpu.launch_func"]
+    assert kernels == ["static_k00_conv2d_bias_tile64", "static_k01_conv2d_input_grad_tile64",
+                       "static_k02_conv2d_weight_grad_tile64"], kernels
+    result = check_graph(graph, 3, program=program)
+    assert result.ok, result.problems
