@@ -45,13 +45,12 @@ def test_small_cnn_training_step_is_simt_clean():
 
 
 @pytest.mark.parametrize("name,batch,tiled", [
-    ("lenet_step", 5, ("conv2d_bias", "conv2d_weight_update")),
+    ("lenet_step", 5, ("conv2d_bias", "conv2d_input_grad", "conv2d_weight_update")),
     ("vgg_step", 3, ("conv2d_bias", "conv2d_input_grad", "conv2d_weight_update")),
 ])
 def test_cnn_steps_of_the_gpu_check_are_simt_clean(name, batch, tiled):
-    """The float32 CNN steps the GPU check times: each convolution in ``tiled`` is register-tiled
-    kernels only (an implicit GEMM, mlir_nn.gpu.gathers and scatters); LeNet's input gradient
-    into 6 channels stays the product + col2im form."""
+    """The float32 CNN steps the GPU check times: every convolution, its input and its weight
+    gradient are register-tiled kernels only (implicit GEMMs: mlir_nn.gpu.gathers and scatters)."""
     import runpy
     from pathlib import Path
 
