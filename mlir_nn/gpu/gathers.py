@@ -178,7 +178,7 @@ def _source(buffer: Value, block_ops: list[Operation]) -> Source | None:
     if alloc is None or alloc.name != "memref.alloc":
         return None
     writers = [op for op in block_ops if buffer in written(op)]
-    if len(writers) != 1 or writers[0] not in block_ops:
+    if len(writers) != 1:
         return None
     op = writers[0]
     if any(u.owner.operation.name not in ("memref.dealloc", "memref.collapse_shape", "memref.expand_shape")
@@ -237,7 +237,7 @@ def find_gather(operand: Value, reader: Operation, block_ops: list[Operation]) -
         start = block_ops.index(source.producer)
         if start > end:
             return None
-        for read in _reads(source):
+        for read in _reads(source):  # a source read by a body's load stays (the cloned load reads it)
             inner = _source(read, block_ops) if _owner(read) is not None and read == root(read) else None
             if inner is not None and all(s.buffer != read for s in sources):
                 sources.append(inner)
