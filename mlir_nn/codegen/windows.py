@@ -440,8 +440,10 @@ def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir
     if int(node.attr("groups")) != 1:
         return _conv2d_input_grad_direct(b, node, xs_)
     if int(node.shape[1]) < FEW_CHANNELS:
-        col2im = _conv2d_input_grad_col2im if b.strided_copies else _conv2d_input_grad_gathered
-        return col2im(b, node, xs_)
+        if b.strided_copies:
+            return _conv2d_input_grad_col2im(b, node, xs_)
+        if str(b.element) != "f32":  # CUDA float32 products compute the columns in place instead
+            return _conv2d_input_grad_gathered(b, node, xs_)
     g_node, w_node = node.inputs
     o, c, kh, kw = (int(d) for d in w_node.shape)
     n, _, h, wd = node.shape
@@ -456,6 +458,8 @@ def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir
 
 
 FEW_CHANNELS = 16  # an input gradient with fewer input channels is a narrow product: col2im form instead
+# (on the CPU, and for CUDA float64; CUDA's float32 products read the spread gradient's columns through
+# the window indexing, mlir_nn.gpu.gathers, where the col2im form would add two buffers and two passes)
 
 
 def _conv2d_input_grad_col2im(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:

@@ -36,6 +36,13 @@ the GPU (an ``scf.parallel`` block loop holding one ``scf.forall`` thread loop):
 * the epilogue (bias, ReLU, the ReLU-gradient mask, ``W - lr * grad``) is applied to the
   accumulators in registers and each result stored once, inside the matrix bounds.
 
+Convolutions are implicit GEMMs: an operand gathered into a buffer by all-parallel generics
+(padding, im2col columns, an output gradient's pixel rows or spread, a flipped weight) is
+computed in place from their bodies (``mlir_nn.gpu.gathers``; always the guarded scalar
+path), and a result moved to NCHW by a permuting copy, or updated in place by an
+element-wise op right after (bias and ReLU, a folded weight update), is stored through it
+(``mlir_nn.gpu.scatters``).
+
 All targets (sm_80 and later) have ``cp.async``. The SIMT interpreter
 (``mlir_nn.gpu.simt``) checks these kernels, the async copies included; the CPU emulation
 of the schedule (``mlir_nn.gpu.emulate``) runs the 16x16 shared-memory schedule instead,
@@ -44,6 +51,7 @@ which float64 products still use.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlir.dialects import arith, memref, nvgpu, scf, vector
@@ -69,6 +77,8 @@ from mlir.ir import (
     VectorType,
 )
 
+from mlir_nn.gpu.gathers import Gather, find_gather
+from mlir_nn.gpu.scatters import Scatter, find_scatter
 from mlir_nn.gpu.schedule import MATMUL, NODE, clone_body, is_contraction, iterator_kinds
 
 THREADS = (16, 16)  # (y, x) threads of every product's block
@@ -114,6 +124,9 @@ class Product:
     c: Value
     a_k_major: bool  # A is indexed (k, m), i.e. transposed
     b_n_major: bool  # B is indexed (n, k), i.e. transposed
+    a_gather: Gather | None = None  # A read through the copy that gathered it (mlir_nn.gpu.gathers)
+    b_gather: Gather | None = None
+    scatter: Scatter | None = None  # C stored through the copy that moves it (mlir_nn.gpu.scatters)
 
 
 def _dims(attr: Attribute) -> list[int] | None:
@@ -146,7 +159,8 @@ def _is_epilogue_of(op: Operation, c: Value) -> bool:
 
 def find_products(func: Operation) -> list[Product]:
     """Every float32 fill + contraction (+ epilogue) group of ``func``'s top level (see the module docstring)."""
-    ops = [o.operation for o in func.regions[0].blocks[0].operations if o.operation.name.startswith("linalg.")]
+    block_ops = [o.operation for o in func.regions[0].blocks[0].operations]
+    ops = [o for o in block_ops if o.name.startswith("linalg.")]
     found = []
     for i, op in enumerate(ops):
         if op.name != "linalg.generic" or not is_contraction(op, iterator_kinds(op)) or i == 0:
@@ -162,8 +176,18 @@ def find_products(func: Operation) -> list[Product]:
         if list(body[0].operands) != args[:2] or list(body[1].operands) != [args[2], body[0].results[0]]:
             continue  # out + a * b in this order, so the result rounds like the reference
         epilogue = ops[i + 1] if i + 1 < len(ops) and _is_epilogue_of(ops[i + 1], c) else None
-        found.append(Product(ops[i - 1], op, epilogue, a, b, c, maps[0] == [2, 0], maps[1] == [1, 2]))
-    return found
+        product = Product(ops[i - 1], op, epilogue, a, b, c, maps[0] == [2, 0], maps[1] == [1, 2],
+                          find_gather(a, op, block_ops), find_gather(b, op, block_ops))
+        found.append((product, find_scatter(c, op, [o for o in (ops[i - 1], op, epilogue) if o], block_ops)))
+    moved: list[Operation] = []
+    for product, scatter in found:  # once every product is found: moving ops reorders the block
+        if scatter is not None:
+            product.scatter = scatter[0]
+            for o in scatter[1]:
+                if o not in moved:
+                    o.move_before(product.fill)
+                    moved.append(o)
+    return [product for product, _ in found]
 
 
 def _index(v: int) -> Value:
@@ -171,20 +195,26 @@ def _index(v: int) -> Value:
 
 
 def _dim(v: Value, axis: int) -> Value:
+    """Extent of ``axis`` of ``v``: static, the allocation's size operand, else a ``memref.dim``."""
     t = MemRefType(v.type)
-    return _index(t.shape[axis]) if not t.is_dynamic_dim(axis) else memref.dim(v, _index(axis))
+    if not t.is_dynamic_dim(axis):
+        return _index(t.shape[axis])
+    owner = v.owner.operation if hasattr(v.owner, "operation") else None
+    if owner is not None and owner.name == "memref.alloc":
+        return owner.operands[sum(t.is_dynamic_dim(i) for i in range(axis))]
+    return memref.dim(v, _index(axis))
 
 
 def _ult(a: Value, b: Value) -> Value:
     return arith.cmpi(arith.CmpIPredicate.ult, a, b)
 
 
-def _guarded_load(source: Value, row: Value, col: Value, rows: Value, cols: Value) -> Value:
-    """``source[row, col]`` inside the matrix, else 0."""
+def _guarded_load(read: Callable[[Value, Value], Value], row: Value, col: Value, rows: Value, cols: Value) -> Value:
+    """``read(row, col)`` inside the matrix, else 0."""
     f32 = F32Type.get()
     branch = scf.IfOp(arith.andi(_ult(row, rows), _ult(col, cols)), [f32], has_else=True)
     with InsertionPoint(branch.then_block):
-        scf.YieldOp([memref.load(source, [row, col])])
+        scf.YieldOp([read(row, col)])
     with InsertionPoint(branch.else_block):
         scf.YieldOp([arith.constant(f32, 0.0)])
     return branch.results[0]
@@ -213,12 +243,13 @@ class Operand:
     extent: Value  # the size of i
     k_size: Value
     tile: int  # bm or bn
+    gather: Gather | None = None  # read through the window indexing instead of ``source``
 
     @property
     def path(self) -> str:
         """"async" (16-byte cp.async), "vector" (128-bit loads, stored transposed) or "scalar"."""
         t = MemRefType(self.source.type)
-        if t.is_dynamic_dim(1) or t.shape[1] % VECTOR:
+        if self.gather is not None or t.is_dynamic_dim(1) or t.shape[1] % VECTOR:
             return "scalar"
         return "async" if self.k_major else "vector"
 
@@ -235,14 +266,15 @@ def _issue(op: Operand, tiling: Tiling, k0: Value, t: Value, shared: Value, stag
     tokens: list[Value] = []
     staged: list[Staged] = []
     if op.path == "scalar":
+        read = op.gather.load if op.gather is not None else (lambda r, c: memref.load(op.source, [r, c]))
         for j in range(per):  # neighbouring threads on neighbouring elements
             e = arith.addi(t, _index(j * threads))
             if op.k_major:
                 k, i = arith.divui(e, _index(op.tile)), arith.remui(e, _index(op.tile))
-                value = _guarded_load(op.source, arith.addi(k0, k), arith.addi(op.base, i), op.k_size, op.extent)
+                value = _guarded_load(read, arith.addi(k0, k), arith.addi(op.base, i), op.k_size, op.extent)
             else:
                 i, k = arith.divui(e, _index(tiling.bk)), arith.remui(e, _index(tiling.bk))
-                value = _guarded_load(op.source, arith.addi(op.base, i), arith.addi(k0, k), op.extent, op.k_size)
+                value = _guarded_load(read, arith.addi(op.base, i), arith.addi(k0, k), op.extent, op.k_size)
             staged.append((value, k, i))
         return tokens, staged
     for v in range(per // VECTOR):
@@ -332,8 +364,8 @@ def _kernel(p: Product, tiling: Tiling, name: str, rows: Value, cols: Value, k_s
         ty, tx, ip = _thread_loop()
         with ip:
             t = arith.addi(arith.muli(ty, _index(THREADS[1])), tx)
-            a = Operand(p.a, p.a_k_major, arith.muli(bm, _index(tiling.bm)), rows, k_size, tiling.bm)
-            b = Operand(p.b, not p.b_n_major, arith.muli(bn, _index(tiling.bn)), cols, k_size, tiling.bn)
+            a = Operand(p.a, p.a_k_major, arith.muli(bm, _index(tiling.bm)), rows, k_size, tiling.bm, p.a_gather)
+            b = Operand(p.b, not p.b_n_major, arith.muli(bn, _index(tiling.bn)), cols, k_size, tiling.bn, p.b_gather)
 
             def issue(k0: Value, stage: Value) -> tuple[Value | None, list[Staged], list[Staged]]:
                 """Start the K step at ``k0`` into ``stage``: async copies in flight, the rest in registers."""
@@ -377,7 +409,10 @@ def _kernel(p: Product, tiling: Tiling, name: str, rows: Value, cols: Value, k_s
                     with InsertionPoint(branch.then_block):
                         acc = k_loop.results[i * tn + j]
                         value = _apply_epilogue(p.epilogue, m, n, acc) if p.epilogue else acc
-                        memref.store(value, p.c, [m, n])
+                        if p.scatter is not None:
+                            p.scatter.store(value, m, n)
+                        else:
+                            memref.store(value, p.c, [m, n])
                         scf.YieldOp([])
         memref.dealloc(a_tile)
         memref.dealloc(b_tile)
@@ -389,7 +424,8 @@ def rewrite(p: Product, name: str) -> None:
     one ``tiling_for``'s rule picks."""
     with InsertionPoint(p.contraction), Location.unknown():
         rows, cols = _dim(p.c, 0), _dim(p.c, 1)
-        k_size = _dim(p.a, 0 if p.a_k_major else 1)
+        k_axis = 0 if p.a_k_major else 1
+        k_size = p.a_gather.size(k_axis) if p.a_gather else _dim(p.a, k_axis)
         c_type = MemRefType(p.c.type)
         if c_type.has_static_shape:
             tiling = tiling_for(*c_type.shape)
@@ -403,6 +439,11 @@ def rewrite(p: Product, name: str) -> None:
     for op in (p.epilogue, p.contraction, p.fill):
         if op is not None:
             op.erase()
+    for gather in (p.a_gather, p.b_gather):
+        if gather is not None:
+            gather.erase()
+    if p.scatter is not None:
+        p.scatter.erase()
 
 
 def register_tile(func: Operation, names: list[str]) -> int:

@@ -169,7 +169,8 @@ def test_few_channel_input_gradient_equals_pytorch_in_float64(stride, padding, d
 
 def test_few_channel_input_gradient_adds_taps_in_place_without_a_spread_buffer():
     """col2im on the CPU: one strided add per kernel tap into the padded image, no 6-D spread of
-    the columns (the gather's buffer); CUDA keeps the gather."""
+    the columns (the gather's buffer); CUDA keeps the gather in float64, and in float32 takes the
+    columns of the spread gradient (read in place by its implicit GEMM)."""
     from mlir_nn.codegen import emit_linalg
 
     x = _leaf("input", "x", ("N", 6, 14, 14), "float32")
@@ -179,7 +180,11 @@ def test_few_channel_input_gradient_adds_taps_in_place_without_a_spread_buffer()
     graph = Graph((x, g), (w,), (make_node("conv2d_input_grad", [g, w], input_hw=(14, 14), **attrs),), name="dx")
     cpu, cuda = (str(emit_linalg(graph, strided_copies=flag)) for flag in (True, False))
     assert cpu.count("tensor.insert_slice") == 25 and "?x18x18x6x5x5" not in cpu
-    assert "?x18x18x6x5x5" in cuda
+    assert "?x18x18x6x5x5" not in cuda and "?x14x14x16x5x5" in cuda  # columns of the spread gradient
+    x64, w64, g64 = (_leaf(n.op, n.attr("name"), n.shape, "float64") for n in (x, w, g))
+    graph64 = Graph((x64, g64), (w64,), (make_node("conv2d_input_grad", [g64, w64], input_hw=(14, 14), **attrs),),
+                    name="dx")
+    assert "?x18x18x6x5x5" in str(emit_linalg(graph64, strided_copies=False))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -42,3 +42,40 @@ def test_small_cnn_training_step_is_simt_clean():
     graph, _, _ = trace_step(step, [x, y], ["x", "y"])
     result = check_graph(optimize(graph, batch_estimate=3)[0], 3)
     assert result.ok, result.problems
+
+
+@pytest.mark.parametrize("name,batch,tiled", [
+    ("lenet_step", 5, ("conv2d_bias", "conv2d_input_grad", "conv2d_weight_update")),
+    ("vgg_step", 3, ("conv2d_bias", "conv2d_input_grad", "conv2d_weight_update")),
+])
+def test_cnn_steps_of_the_gpu_check_are_simt_clean(name, batch, tiled):
+    """The float32 CNN steps the GPU check times: every convolution, its input and its weight
+    gradient are register-tiled kernels only (implicit GEMMs: mlir_nn.gpu.gathers and scatters)."""
+    import runpy
+    from pathlib import Path
+
+    import numpy as np
+
+    from mlir_nn import nn
+    from mlir_nn.backends.cuda import compile_graph
+    from mlir_nn.egraph import optimize
+    from mlir_nn.jit import trace_step
+    from mlir_nn.optim import SGD
+    from mlir_nn.trainer import train_step
+
+    cases = runpy.run_path(str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_cases.py"))
+    case = cases["CASES"][name]
+    np.random.seed(0)
+    model = cases["cnn"](nn, case)
+    step = train_step(model, SGD(model.parameters(), lr=case["lr"]))
+    x = np.zeros((batch, *case["sizes"][:3]), np.float32)
+    y = np.zeros((batch, case["sizes"][3]), np.float32)
+    graph, _, _ = trace_step(step, [x, y], ["x", "y"])
+    graph = optimize(graph, batch_estimate=case["batches"][0])[0]
+    program = compile_graph(graph, (), cubin=False)
+    kernels = [r["kernel"] for r in program.plan["program"] if r["op"] == "gpu.launch_func"]
+    for op in tiled:
+        mine = [k for k in kernels if k.split("_", 2)[2].removesuffix("_tile64").removesuffix("_tile128") == op]
+        assert mine and all(k.endswith(("_tile64", "_tile128")) for k in mine), (op, kernels)
+    result = check_graph(graph, batch, program=program)
+    assert result.ok, result.problems
