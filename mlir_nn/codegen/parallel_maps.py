@@ -6,9 +6,10 @@ block of PARALLEL_MAP_ROWS rows (a product's epilogue, an optimizer's update) ru
 Passes over tensors of rank 3 and more (layout transposes, bias and activation epilogues,
 reductions over inner loops, copies and fills) are spread over their leading dim in blocks of
 at least PARALLEL_MAP_MIN elements: on a 2-core machine such passes were about half of a CNN
-step's time, all of it on one core. Passes that read windows (an im2col gather, pooling) are
-not: tiled, LLVM vectorized their loops as gathers and scatters, and a VGG step on one thread
-took 25% longer.
+step's time, all of it on one core. Passes that read windows (an im2col copy, pooling and its
+gradient) are spread too, since compiled functions prefer no gathers and scatters
+(``backends.host_cpu``): before, LLVM vectorized their tiled loops into them and a VGG step
+on one thread took 25% longer, so they stayed serial (a fifth of a VGG-small step on one core).
 
 This runs after ``fuse_updates`` and ``hoist_scalars``, on the fused passes. Tiled on
 tensors, before the pipeline's element-wise fusion, each op of an update chain became a loop
@@ -52,14 +53,6 @@ def _inside_threads(op: ir.Operation) -> bool:
     return False
 
 
-def _reads_whole_dims(indexing: ir.AffineMap) -> bool:
-    """Whether each result of ``indexing`` is a loop (each loop at most once) or a constant: no
-    window (a sum of loops) and no stride."""
-    dims = [str(r) for r in indexing.results if isinstance(r, ir.AffineDimExpr)]
-    constants = [r for r in indexing.results if isinstance(r, ir.AffineConstantExpr)]
-    return len(dims) + len(constants) == len(indexing.results) and len(set(dims)) == len(dims)
-
-
 def _leading_dim_splits(op: ir.Operation) -> bool:
     """Whether tiling loop 0 splits every output along its leading dim alone: loop 0 is
     parallel and each output map reads it as its first result and nowhere else."""
@@ -68,8 +61,6 @@ def _leading_dim_splits(op: ir.Operation) -> bool:
     if "parallel" not in str(ir.ArrayAttr(op.attributes["iterator_types"])[0]):
         return False
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-    if not all(_reads_whole_dims(m) for m in maps):
-        return False  # window reads (im2col, pooling): tiled, their loops became gathers and scatters
     lead = str(ir.AffineDimExpr.get(0))
     for out in maps[len(op.opview.inputs):]:
         results = [str(r) for r in out.results]

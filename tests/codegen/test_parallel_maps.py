@@ -70,7 +70,7 @@ func.func @passes(%a: memref<Lx8xROWSx16xf32>, %w: memref<2xf32>, %c: memref<OUT
     ("9", "d2", "d0, d1, d2, d3", "9x8x16x16", 2),  # 9 rows of 2048 elements: tasks of 8 rows
     ("8", "d2", "d0, d1, d2, d3", "8x8x16x16", 0),  # one task's worth: stays serial
     ("9", "d2", "d1, d0, d2, d3", "8x9x16x16", 1),  # the reduction's output leads with another loop: only the copy
-    ("9", "d2 + d4", "d0, d1, d2, d3", "9x8x16x16", 1),  # a window read (pooling): only the copy
+    ("9", "d2 + d4", "d0, d1, d2, d3", "9x8x16x16", 2),  # a window read (pooling)
     ("9", "3", "d0, d1, d2, d3", "9x8x16x16", 2),  # a constant index (a convolution tap's weight) is no window
 ])
 def test_passes_over_rank_4_buffers_are_spread_over_their_leading_dim(lead, read, out, out_shape, spread):
