@@ -20,6 +20,7 @@ threaded passes over memory, reading and writing 2M elements each, instead of on
 from __future__ import annotations
 
 import math
+import re
 
 from mlir import ir
 from mlir.dialects.transform import interpreter
@@ -27,7 +28,7 @@ from mlir.dialects.transform import interpreter
 from mlir_nn.codegen.walk import collect_ops
 
 PARALLEL_MAP_ROWS, PARALLEL_MAP_MIN = 32, 1 << 14  # rows per task; elements per task from which it pays
-PARALLEL_MAP = "mlirnn.parallel_map"  # its value: the rows (leading indices) of a task
+PARALLEL_MAP = "mlirnn.parallel_map"  # its value: the tile sizes of a task (rows of its leading dim first)
 _THREADED = frozenset({"scf.forall", "scf.parallel"})
 _SPREAD_OPS = frozenset({"linalg.generic", "linalg.copy", "linalg.fill"})  # (rank >= 3: all; 2-D: generics)
 _SEQUENCE = """
@@ -37,9 +38,9 @@ BODY    transform.yield
   }
 }
 """
-_TILE = """    %maps_ROWS = transform.structured.match ops{["linalg.generic", "linalg.copy", "linalg.fill"]}
-        attributes {mlirnn.parallel_map = ROWS : i64} in %root : (!transform.any_op) -> !transform.any_op
-    %rows_ROWS, %forall_ROWS = transform.structured.tile_using_forall %maps_ROWS tile_sizes [ROWS]
+_TILE = """    %maps_K = transform.structured.match ops{["linalg.generic", "linalg.copy", "linalg.fill"]}
+        attributes {mlirnn.parallel_map = array<i64: SIZES>} in %root : (!transform.any_op) -> !transform.any_op
+    %tiles_K, %forall_K = transform.structured.tile_using_forall %maps_K tile_sizes [SIZES]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
 """
 
@@ -69,13 +70,56 @@ def _leading_dim_splits(op: ir.Operation) -> bool:
     return True
 
 
-def _task_rows(op: ir.Operation) -> int | None:
-    """Rows (indices of the leading dim) per task if ``op`` is a large pass to spread, else None.
-    2-D: an all-parallel generic whose outputs have a static row length and at least
-    PARALLEL_MAP_MIN elements per block of PARALLEL_MAP_ROWS rows. Rank 3 and more: a generic
-    (reductions over inner loops allowed), copy or fill with static inner dims, in blocks of
-    at least PARALLEL_MAP_MIN elements, at least two of them. Never one tagged by another
-    schedule or already on threads."""
+def _loop_ranges(op: ir.Operation) -> list[int | None]:
+    """Each loop's trip count of the generic ``op`` as its operands' static shapes give it
+    (None: dynamic or not read as a plain dim)."""
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    ranges: list[int | None] = [None] * len(ir.ArrayAttr(op.attributes["iterator_types"]))
+    for value, indexing in zip(op.operands, maps, strict=True):
+        shape = ir.ShapedType(value.type).shape if isinstance(value.type, ir.ShapedType) else []
+        for size, result in zip(shape, indexing.results, strict=False):
+            if isinstance(result, ir.AffineDimExpr) and not ir.ShapedType.is_dynamic_size(size):
+                ranges[ir.AffineDimExpr(result).position] = size
+    return ranges
+
+
+def _inner_split(op: ir.Operation) -> tuple[int, ...] | None:
+    """Tile sizes that split a generic over a parallel loop other than its first, when loop 0
+    cannot be split (a sum over the batch: a convolution's bias or few-tap weight gradient,
+    per channel): the first parallel loop that each output reads as one plain dim and nowhere
+    else, in tasks of at least PARALLEL_MAP_MIN iterations (a dynamic loop, the batch, counted
+    as PARALLEL_MAP_ROWS, as 2-D passes over dynamic rows are spread), at least two tasks."""
+    if op.name != "linalg.generic":
+        return None
+    iterators = [str(i) for i in ir.ArrayAttr(op.attributes["iterator_types"])]
+    outputs = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])][len(op.opview.inputs):]
+    ranges = _loop_ranges(op)
+    for loop in range(1, len(iterators)):
+        size = ranges[loop]
+        if "parallel" not in iterators[loop] or size is None or not all(_reads_plainly(m, loop) for m in outputs):
+            continue
+        per_index = math.prod(r or PARALLEL_MAP_ROWS for r in ranges) // size
+        count = -(-PARALLEL_MAP_MIN // per_index)
+        if size > count:
+            return (0,) * loop + (count,)
+    return None
+
+
+def _reads_plainly(indexing: ir.AffineMap, loop: int) -> bool:
+    """Whether ``indexing`` has loop ``loop`` as one result of its own and in no other."""
+    plain = [r for r in indexing.results if isinstance(r, ir.AffineDimExpr) and ir.AffineDimExpr(r).position == loop]
+    mentions = [r for r in indexing.results if re.search(rf"\bd{loop}\b", str(r))]
+    return len(plain) == 1 and len(mentions) == 1
+
+
+def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
+    """Tile sizes of a task if ``op`` is a large pass to spread, else None: rows (indices of the
+    leading dim), or (``_inner_split``) a count of another loop's indices. 2-D: an
+    all-parallel generic whose outputs have a static row length and at least PARALLEL_MAP_MIN
+    elements per block of PARALLEL_MAP_ROWS rows. Rank 3 and more: a generic (reductions over
+    inner loops allowed), copy or fill with static inner dims, in blocks of at least
+    PARALLEL_MAP_MIN elements, at least two of them. Never one tagged by another schedule or
+    already on threads."""
     if op.name not in _SPREAD_OPS or op.results or any(name.startswith("mlirnn.") for name in op.attributes):
         return None
     outs = list(op.operands)[len(op.opview.inputs):]
@@ -94,24 +138,24 @@ def _task_rows(op: ir.Operation) -> int | None:
         rows = PARALLEL_MAP_ROWS
         if PARALLEL_MAP_ROWS * per_row < PARALLEL_MAP_MIN:
             return None
-    else:
-        if not _leading_dim_splits(op):
-            return None
+    elif _leading_dim_splits(op):
         rows = -(-PARALLEL_MAP_MIN // per_row)
-    return rows if ir.ShapedType.is_dynamic_size(shape[0]) or shape[0] > rows else None
+    else:
+        return _inner_split(op)
+    return (rows,) if ir.ShapedType.is_dynamic_size(shape[0]) or shape[0] > rows else None
 
 
 def spread_maps(module: ir.Module) -> int:
-    """Put large passes of ``module`` (bufferized) on threads in blocks of rows; how many."""
+    """Put large passes of ``module`` (bufferized) on threads in blocks of tiles; how many."""
     with module.context:
         found = [(op, rows) for op in collect_ops(module, lambda op: _task_rows(op) is not None)
                  for rows in [_task_rows(op)]]
         if not found:
             return 0
-        index = ir.IntegerType.get_signless(64)
-        for op, rows in found:
-            op.attributes[PARALLEL_MAP] = ir.IntegerAttr.get(index, rows)
-        body = "".join(_TILE.replace("ROWS", str(rows)) for rows in sorted({rows for _, rows in found}))
+        for op, sizes in found:
+            op.attributes[PARALLEL_MAP] = ir.DenseI64ArrayAttr.get(list(sizes))
+        body = "".join(_TILE.replace("SIZES", ", ".join(map(str, sizes))).replace("_K", f"_{k}")
+                       for k, sizes in enumerate(sorted({sizes for _, sizes in found})))
         schedule = ir.Module.parse(_SEQUENCE.replace("BODY", body))
         interpreter.apply_named_sequence(module.operation, schedule.body.operations[0], schedule)
     return len(found)

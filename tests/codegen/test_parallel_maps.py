@@ -65,15 +65,19 @@ func.func @passes(%a: memref<Lx8xROWSx16xf32>, %w: memref<2xf32>, %c: memref<OUT
 """
 
 
-@pytest.mark.parametrize("lead, read, out, out_shape, spread", [
-    ("?", "d2", "d0, d1, d2, d3", "?x8x16x16", 2),  # a dynamic batch: a reduction over an inner loop and a copy
-    ("9", "d2", "d0, d1, d2, d3", "9x8x16x16", 2),  # 9 rows of 2048 elements: tasks of 8 rows
-    ("8", "d2", "d0, d1, d2, d3", "8x8x16x16", 0),  # one task's worth: stays serial
-    ("9", "d2", "d1, d0, d2, d3", "8x9x16x16", 1),  # the reduction's output leads with another loop: only the copy
-    ("9", "d2 + d4", "d0, d1, d2, d3", "9x8x16x16", 2),  # a window read (pooling)
-    ("9", "3", "d0, d1, d2, d3", "9x8x16x16", 2),  # a constant index (a convolution tap's weight) is no window
+@pytest.mark.parametrize("lead, read, out, out_shape, spread, inner", [
+    ("?", "d2", "d0, d1, d2, d3", "?x8x16x16", 2, None),  # a dynamic batch: a reduction over an inner loop and a copy
+    ("9", "d2", "d0, d1, d2, d3", "9x8x16x16", 2, None),  # 9 rows of 2048 elements: tasks of 8 rows
+    ("8", "d2", "d0, d1, d2, d3", "8x8x16x16", 0, None),  # one task's worth: stays serial
+    ("9", "d2 + d4", "d0, d1, d2, d3", "9x8x16x16", 2, None),  # a window read (pooling)
+    ("9", "3", "d0, d1, d2, d3", "9x8x16x16", 2, None),  # a constant index (a convolution tap's weight) is no window
+    # the output leads with loop 1: split over it, in tasks of ceil(PARALLEL_MAP_MIN / (9 x 16 x 16 x 2)) = 4 indices
+    ("9", "d2", "d1, d0, d2, d3", "8x9x16x16", 2, "(d0 * 4)"),
+    # a sum over loop 0 into one row per loop-1 index (a bias gradient per channel)
+    ("9", "d2", "d1, 0, 0, 0", "8x1x1x1", 2, "(d0 * 4)"),
+    ("9", "d2", "0, 0, 0, 0", "1x1x1x1", 1, None),  # a sum over every loop: only the copy
 ])
-def test_passes_over_rank_4_buffers_are_spread_over_their_leading_dim(lead, read, out, out_shape, spread):
+def test_passes_over_rank_4_buffers_are_spread(lead, read, out, out_shape, spread, inner):
     with ir.Context(), ir.Location.unknown():
         rows = "17" if "+" in read else "16"
         text = _RANK_4.replace("Lx", lead + "x").replace("ROWS", rows).replace("IN", read)
@@ -83,6 +87,7 @@ def test_passes_over_rank_4_buffers_are_spread_over_their_leading_dim(lead, read
         text = str(module)
     assert text.count("scf.forall") == spread
     assert ("(d0 * 8)" in text) == bool(spread)  # blocks of ceil(PARALLEL_MAP_MIN / 2048) = 8 leading indices
+    assert inner is None or inner in text
 
 
 def _adam_graph(widths: list[int]):
