@@ -116,7 +116,8 @@ def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
     """Tile sizes of a task if ``op`` is a large pass to spread, else None: rows (indices of the
     leading dim), or (``_inner_split``) a count of another loop's indices. 2-D: an
     all-parallel generic whose outputs have a static row length and at least PARALLEL_MAP_MIN
-    elements per block of PARALLEL_MAP_ROWS rows. Rank 3 and more: a generic (reductions over
+    elements per block of PARALLEL_MAP_ROWS rows (with a static row count, short rows in taller
+    blocks of PARALLEL_MAP_MIN elements). Rank 3 and more: a generic (reductions over
     inner loops allowed), copy or fill with static inner dims, in blocks of at least
     PARALLEL_MAP_MIN elements, at least two of them. Never one tagged by another schedule or
     already on threads."""
@@ -137,7 +138,9 @@ def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
             return None
         rows = PARALLEL_MAP_ROWS
         if PARALLEL_MAP_ROWS * per_row < PARALLEL_MAP_MIN:
-            return None
+            if ir.ShapedType.is_dynamic_size(shape[0]):
+                return None
+            rows = -(-PARALLEL_MAP_MIN // per_row)  # a static row count: taller blocks of short rows
     elif _leading_dim_splits(op):
         rows = -(-PARALLEL_MAP_MIN // per_row)
     else:

@@ -35,16 +35,19 @@ func.func @maps(%a: memref<SHAPE>, %b: memref<SHAPE>, %n: index) {
 """
 
 
-@pytest.mark.parametrize("shape, spread", [("64x1024xf32", 1), ("?x512xf32", 1), ("64x256xf32", 0),
-                                           ("32x1024xf32", 0), ("64x?xf32", 0)])
-def test_only_large_maps_not_yet_on_threads_are_spread(shape, spread):
+@pytest.mark.parametrize("shape, spread, rows", [
+    ("64x1024xf32", 1, PARALLEL_MAP_ROWS), ("?x512xf32", 1, PARALLEL_MAP_ROWS), ("64x256xf32", 0, None),
+    ("32x1024xf32", 0, None), ("64x?xf32", 0, None), ("?x100xf32", 0, None),
+    ("300x100xf32", 1, 164),  # static short rows: blocks of ceil(PARALLEL_MAP_MIN / 100) rows
+])
+def test_only_large_maps_not_yet_on_threads_are_spread(shape, spread, rows):
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(_MAPS.replace("SHAPE", shape))
         assert spread_maps(module) == spread
         assert module.operation.verify()
         text = str(module)
     assert text.count("scf.forall") == 1 + spread
-    assert (f"(d0 * {PARALLEL_MAP_ROWS})" in text) == bool(spread)  # the offset of a row block
+    assert ("(d0 * " in text) == bool(spread) and (rows is None or f"(d0 * {rows})" in text)  # a row block's offset
 
 
 _RANK_4 = """
