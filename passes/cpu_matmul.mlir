@@ -30,6 +30,11 @@ module attributes {transform.with_named_sequence} {
         : (!transform.any_op) -> !transform.any_op
     %pack_chunks, %pack_forall = transform.structured.tile_using_forall %pack_parallel tile_sizes [4]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    // (row copies into a few panels, as a weight gradient's over a static batch: tasks of rows)
+    %pack_parallel_rows = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_parallel_rows}
+        in %root : (!transform.any_op) -> !transform.any_op
+    %pack_row_chunks, %pack_row_forall = transform.structured.tile_using_forall %pack_parallel_rows
+        tile_sizes [0, {pack_task_rows}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     %pack_rows_a = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_rows_a} in %root
         : (!transform.any_op) -> !transform.any_op
     // (several rows per vector op, masked at a dynamic end: single rows would fold into copies;

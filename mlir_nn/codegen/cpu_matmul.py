@@ -79,6 +79,10 @@ PACK, PACK_TILES, PACK_SQUARES = "mlirnn.pack", "mlirnn.pack_tiles", "mlirnn.pac
 PACK_ROWS_A, PACK_ROWS_B = "mlirnn.pack_rows_a", "mlirnn.pack_rows_b"  # row copies into A's / B's panels
 PACK_ROW_GROUPS = "mlirnn.pack_row_groups"  # row copies in static groups of PACK_ROWS_STEP rows
 PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
+# Row copies into at most PACK_TASK_PANELS panels (tasks of that many panels would be one) spread
+# over their rows instead, in tasks of PACK_TASK_ROWS (a weight gradient's k: a static batch;
+# vectorized with masks, so a partial last task is fine)
+PACK_PARALLEL_ROWS, PACK_TASK_PANELS, PACK_TASK_ROWS = "mlirnn.pack_parallel_rows", 4, 256
 # Small products whose inner two loops have static sizes: vector code per outer iteration.
 SMALL_VECTOR = "mlirnn.small_vector"
 SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 4  # those over a dynamic batch: in blocks of rows
@@ -438,7 +442,9 @@ def _pack_copy(split: ir.Value, into: ir.Value, perm: list[int], tag: str | None
     if tag is not None:
         pack.owner.attributes[tag] = ir.UnitAttr.get()
     if parallel:
-        pack.owner.attributes[PACK_PARALLEL] = ir.UnitAttr.get()
+        panels = dim_sizes(into)[0]
+        few = isinstance(panels, int) and panels <= PACK_TASK_PANELS and tag in (PACK_ROWS_A, PACK_ROWS_B)
+        pack.owner.attributes[PACK_PARALLEL_ROWS if few else PACK_PARALLEL] = ir.UnitAttr.get()
     return pack
 
 
@@ -648,7 +654,8 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = ()) -> str:
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
              "row_panels": mc // tm, "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
-             "small_rows": SMALL_ROW_BLOCK, "small_task_rows": SMALL_TASK_ROWS}
+             "small_rows": SMALL_ROW_BLOCK, "small_task_rows": SMALL_TASK_ROWS,
+             "pack_task_rows": PACK_TASK_ROWS}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))

@@ -20,6 +20,7 @@ from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import (
     PACK_ROWS_STEP,
+    PACK_TASK_ROWS,
     SMALL_CARRY_MAX,
     SMALL_ROW_BLOCK,
     SMALL_TASK_MIN,
@@ -273,3 +274,19 @@ def test_batch_rows_are_packed_in_whole_groups_and_only_the_rest_is_masked():
     masked = [line for line in transfers
               if line.split("]")[1].split("{")[0].count("%") == (2 if "transfer_read" in line else 1)]
     assert len(masked) == 4, masked  # each operand's rest: one read, one write
+
+
+def test_packings_into_few_panels_spread_over_the_batch():
+    """x^T @ g with 16 x 100 outputs and k the batch (a convolution's weight gradient): g's
+    rows go into 4 column panels, so a task of 4 panels held the whole packing on one core;
+    it is now split into tasks of PACK_TASK_ROWS rows on threads, and matches the reference
+    with a partial last task."""
+    x = make_node("input", [], name="x", shape=(3000, 16), dtype="float32")
+    g = make_node("input", [], name="g", shape=(3000, 100), dtype="float32")
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
+    module = emit_linalg(graph)
+    rewrite_matmuls(module, threads=True)
+    text = str(module)
+    packings = re.findall(r"scf.forall \(%\w+\) in \((%?\w+)\)", text)  # one per operand
+    assert packings == [str(math.ceil(3000 / PACK_TASK_ROWS))] * 2 and f"(d0 * {PACK_TASK_ROWS})" in text
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (3000,))
