@@ -82,7 +82,8 @@ class Kernel:
 _MEMORY: dict[str, Kernel] = {}
 _BACKEND_SOURCES = ("backends/cpu.py", "support/cpu_target.py", "backends/lowering.py", "backends/native.py",
                     "backends/memory_plan.py", "backends/input_guard.py", "backends/kernel_split.py",
-                    "backends/kernel_build.py", "backends/kernel_cache.py", "backends/host_cpu.py")
+                    "backends/kernel_build.py", "backends/kernel_cache.py", "backends/host_cpu.py",
+                    "backends/task_aliasing.py")
 PLAN_PASS = "buffer-deallocation-pipeline"  # the memory plan and the input check run right before it
 SCHEDULE = "cpu_matmul.mlir"  # the transform schedule mlir_nn.codegen.cpu_matmul applies
 PARALLEL_FN = "parallel_compute_fn"  # a parallel loop body outlined by the async-parallel-for pass

@@ -22,6 +22,7 @@ from mlir_nn.backends.host_cpu import tune_for_host
 from mlir_nn.backends.kernel_split import NOALIAS, Chunk
 from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
 from mlir_nn.backends.native import compile_object
+from mlir_nn.backends.task_aliasing import mark_task_arguments
 from mlir_nn.codegen.copies import strided_copies_as_loops
 from mlir_nn.codegen.lane_loads import scalarize_lane_loads
 from mlir_nn.support.pipelines import Pipeline
@@ -40,7 +41,8 @@ class Job:
 
 def lower_tail(module: ir.Module, tail: Pipeline) -> None:
     """The pipeline's passes from the split on, with the hooks the cpu backend runs there."""
-    run_pipeline(module, tail, {"convert-linalg-to-loops": strided_copies_as_loops})
+    run_pipeline(module, tail, {"async-to-async-runtime": mark_task_arguments,
+                                "convert-linalg-to-loops": strided_copies_as_loops})
     scalarize_lane_loads(module)
 
 
@@ -78,11 +80,13 @@ def rename(text: str, names: list[str], prefix: str) -> str:
 
 def mark_kernels(module: ir.Module, kernels: tuple[str, ...]) -> None:
     """Kernels stay functions of their own (LLVM would inline each into the step, and keep
-    it too); ``noalias`` on their pointer arguments that ``kernel_split`` found unshared."""
+    it too); ``noalias`` on the pointer arguments that ``kernel_split`` found unshared in
+    kernels, and ``task_aliasing`` in their parallel tasks."""
     for op in [op.operation for op in module.body.operations]:
-        if op.name != "llvm.func" or _name(op) not in kernels or not op.regions[0].blocks:
+        if op.name != "llvm.func" or not op.regions[0].blocks:
             continue
-        op.attributes["no_inline"] = ir.UnitAttr.get()
+        if _name(op) in kernels:
+            op.attributes["no_inline"] = ir.UnitAttr.get()
         if NOALIAS not in op.attributes:
             continue
         marked = set(ir.DenseI64ArrayAttr(op.attributes[NOALIAS]))

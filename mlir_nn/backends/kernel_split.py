@@ -222,7 +222,7 @@ _VIEWS = frozenset({"memref.subview", "memref.collapse_shape", "memref.expand_sh
                     "memref.reinterpret_cast"})
 
 
-def _root(value: ir.Value) -> ir.Value:
+def root_buffer(value: ir.Value) -> ir.Value:
     """The buffer a memref value views: a step argument, an allocation or a workspace view."""
     while isinstance(value.owner, ir.OpView | ir.Operation) and value.owner.name in _VIEWS:
         value = value.owner.operands[0]
@@ -235,7 +235,7 @@ def _mark_noalias(kernel: func.FuncOp, arguments: list[ir.Value], single_op: boo
     checks parameters, copies inputs that overlap one, allocates outputs); workspace views
     used by one op are live together, so the memory plan gave them disjoint bytes (a piece of
     several ops may read a buffer whose bytes a later op of it reuses: those stay unmarked)."""
-    roots = [_root(v) if isinstance(v.type, ir.MemRefType) else None for v in arguments]
+    roots = [root_buffer(v) if isinstance(v.type, ir.MemRefType) else None for v in arguments]
     marked, position = [], 0
     for i, root in enumerate(roots):
         shared = root is None or any(r is not None and r == root for j, r in enumerate(roots) if j != i)

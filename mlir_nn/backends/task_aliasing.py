@@ -1,0 +1,99 @@
+"""``noalias`` on the buffers of a kernel's parallel tasks, as on the kernel's own.
+
+``async-parallel-for`` moves the body of a kernel's parallel loop into ``parallel_compute_fn``,
+which takes the loop's buffers as arguments of its own; the ``noalias`` that ``kernel_split``
+found for the kernel's arguments did not reach them, so LLVM kept every store of a task
+(a per-channel partial sum, a packed panel) in memory where a value in a register would do, and
+guarded vector loops with overlap checks. A task's buffer is marked when it views an argument
+of its kernel marked ``noalias`` (``kernel_split.NOALIAS``) that no other buffer of the task
+views; this runs on the kernels right after ``async-parallel-for``, while each task is still a
+``func.func`` that its kernel calls directly with the buffers, and tags the task with NOALIAS
+as ``kernel_split`` tags kernels (the LLVM conversion drops ``llvm.noalias`` on memref
+arguments; ``kernel_build.mark_kernels`` applies the tag to the lowered functions).
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+
+from mlir_nn.backends.kernel_split import NOALIAS, root_buffer
+
+TASK_PREFIX = "parallel_compute_fn"  # the functions async-parallel-for outlines
+DISPATCH_PREFIX = "async_dispatch_fn"  # and those that start the tasks, forwarding the buffers
+
+
+def _name(op: ir.Operation) -> str:
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def _noalias_arguments(kernel: ir.Operation) -> set[int]:
+    """Indices of ``kernel``'s memref arguments whose aligned pointer NOALIAS lists."""
+    if NOALIAS not in kernel.attributes:
+        return set()
+    marked, found, position = set(ir.DenseI64ArrayAttr(kernel.attributes[NOALIAS])), set(), 0
+    for i, argument in enumerate(kernel.regions[0].blocks[0].arguments):
+        if isinstance(argument.type, ir.MemRefType):
+            if position + 1 in marked:
+                found.add(i)
+            position += 3 + 2 * ir.MemRefType(argument.type).rank
+        else:
+            position += 1
+    return found
+
+
+def _task_calls(kernel: ir.Operation) -> list[ir.Operation]:
+    calls: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "func.call" and ir.FlatSymbolRefAttr(op.attributes["callee"]).value.startswith(TASK_PREFIX):
+            calls.append(op)
+        return ir.WalkResult.ADVANCE
+
+    kernel.walk(visit)
+    return calls
+
+
+def _marked_parameters(call: ir.Operation, kernel: ir.Operation, noalias: set[int]) -> list[bool]:
+    """For each operand of ``call``: whether it views a noalias argument of ``kernel`` that no
+    other operand views."""
+    arguments = list(kernel.regions[0].blocks[0].arguments)
+    roots = [root_buffer(v) if isinstance(v.type, ir.MemRefType) else None for v in call.operands]
+    marked = []
+    for i, root in enumerate(roots):
+        owner = next((k for k, a in enumerate(arguments) if root is not None and a == root), None)
+        alone = root is not None and not any(r is not None and r == root for j, r in enumerate(roots) if j != i)
+        marked.append(owner is not None and owner in noalias and alone)
+    return marked
+
+
+def mark_task_arguments(module: ir.Module) -> int:
+    """Mark the buffers of each task that its kernel calls once with them (see the module's
+    docstring); returns how many buffers were marked."""
+    functions = {_name(op): op for op in [op.operation for op in module.body.operations] if op.name == "func.func"}
+    calls_by_task: dict[str, list[tuple[ir.Operation, ir.Operation]]] = {}
+    for kernel in functions.values():
+        if not _name(kernel).startswith((TASK_PREFIX, DISPATCH_PREFIX)):
+            for call in _task_calls(kernel):
+                callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+                calls_by_task.setdefault(callee, []).append((call, kernel))
+    count = 0
+    for task, calls in calls_by_task.items():
+        if len(calls) != 1 or task not in functions:
+            continue  # (each parallel loop gets a task function of its own, called once from its kernel)
+        call, kernel = calls[0]
+        marked = _marked_parameters(call, kernel, _noalias_arguments(kernel))
+        if any(marked):
+            functions[task].attributes[NOALIAS] = ir.DenseI64ArrayAttr.get(_aligned_positions(call, marked))
+            count += sum(marked)
+    return count
+
+
+def _aligned_positions(call: ir.Operation, marked: list[bool]) -> list[int]:
+    """Positions, in LLVM's calling convention, of the aligned pointers of the ``marked``
+    memref operands of ``call`` (a memref: allocated and aligned pointers, offset, sizes, strides)."""
+    positions, position = [], 0
+    for value, mark in zip(call.operands, marked, strict=True):
+        if mark:
+            positions.append(position + 1)
+        position += 3 + 2 * ir.MemRefType(value.type).rank if isinstance(value.type, ir.MemRefType) else 1
+    return positions

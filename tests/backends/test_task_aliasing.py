@@ -1,0 +1,76 @@
+"""noalias on the buffers of parallel tasks (real MLIR passes: async-parallel-for, the LLVM conversion)."""
+
+import pytest
+from mlir import ir
+from mlir.passmanager import PassManager
+
+from mlir_nn.backends.kernel_build import mark_kernels
+from mlir_nn.backends.kernel_split import NOALIAS
+from mlir_nn.backends.task_aliasing import TASK_PREFIX, mark_task_arguments
+
+_THREADS = "scf-forall-to-parallel,async-parallel-for{async-dispatch=true min-task-size=1 num-workers=-1}"
+_TO_LLVM = ("async-to-async-runtime,async-runtime-ref-counting,convert-async-to-llvm,convert-linalg-to-loops,"
+            "expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-to-llvm,"
+            "reconcile-unrealized-casts")
+# a kernel that squares rows of (a view of) %a into (a view of) SOURCE on threads; NOALIAS marks
+# the aligned pointers of both arguments (LLVM positions 1 and 8: a 2-D memref is 7 values) or
+# only of %a
+_KERNEL = """
+func.func @kscale(%a: memref<64x32xf32>, %b: memref<64x32xf32>) attributes {mlir_nn.noalias = array<i64: MARKED>} {
+  %in = memref.subview %a[0, 0] [64, 16] [1, 1] : memref<64x32xf32> to memref<64x16xf32, strided<[32, 1]>>
+  %out = memref.subview SOURCE[0, 16] [64, 16] [1, 1]
+      : memref<64x32xf32> to memref<64x16xf32, strided<[32, 1], offset: 16>>
+  scf.forall (%i) in (4) {
+    %row = affine.apply affine_map<(d0) -> (d0 * 16)>(%i)
+    %x = memref.subview %in[%row, 0] [16, 16] [1, 1]
+        : memref<64x16xf32, strided<[32, 1]>> to memref<16x16xf32, strided<[32, 1], offset: ?>>
+    %y = memref.subview %out[%row, 0] [16, 16] [1, 1]
+        : memref<64x16xf32, strided<[32, 1], offset: 16>> to memref<16x16xf32, strided<[32, 1], offset: ?>>
+    linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, affine_map<(d0, d1) -> (d0, d1)>],
+                    iterator_types = ["parallel", "parallel"]}
+        ins(%x : memref<16x16xf32, strided<[32, 1], offset: ?>>)
+        outs(%y : memref<16x16xf32, strided<[32, 1], offset: ?>>) {
+    ^bb0(%v: f32, %w: f32):
+      %s = arith.mulf %v, %v : f32
+      linalg.yield %s : f32
+    }
+  }
+  return
+}
+"""
+
+
+def _task_noalias(marked: str, source: str) -> tuple[int, list[int] | None, list[int]]:
+    """(buffers marked, the task's NOALIAS before lowering, its noalias pointer arguments after)."""
+    with ir.Context():
+        module = ir.Module.parse(_KERNEL.replace("MARKED", marked).replace("SOURCE", source))
+        PassManager.parse(f"builtin.module({_THREADS})").run(module.operation)
+        count = mark_task_arguments(module)
+        task = next(op.operation for op in module.body.operations
+                    if ir.StringAttr(op.operation.attributes["sym_name"]).value.startswith(TASK_PREFIX))
+        tagged = list(ir.DenseI64ArrayAttr(task.attributes[NOALIAS])) if NOALIAS in task.attributes else None
+        PassManager.parse(f"builtin.module({_TO_LLVM})").run(module.operation)
+        mark_kernels(module, ("kscale",))
+        lowered = next(op.operation for op in module.body.operations
+                       if ir.StringAttr(op.operation.attributes["sym_name"]).value.startswith(TASK_PREFIX))
+        attrs = ir.ArrayAttr(lowered.attributes["arg_attrs"]) if "arg_attrs" in lowered.attributes else []
+        return count, tagged, [i for i in range(len(attrs)) if "llvm.noalias" in str(attrs[i])]
+
+
+def test_a_task_of_a_kernel_with_unshared_buffers_gets_them_noalias():
+    count, tagged, pointers = _task_noalias("1, 8", "%b")
+    # the task's arguments: its block range (index values) first, then %a and %b
+    assert count == 2 and tagged is not None and len(tagged) == 2 and tagged[1] - tagged[0] == 7
+    assert pointers == tagged
+
+
+@pytest.mark.parametrize("marked, source", [
+    ("1, 8", "%a"),  # both of the task's buffers view %a (its two halves)
+    ("1", "%b"),  # %b may alias another argument of the kernel
+])
+def test_a_task_buffer_that_may_share_memory_is_not_marked(marked, source):
+    count, tagged, pointers = _task_noalias(marked, source)
+    if source == "%a":
+        assert (count, tagged, pointers) == (0, None, [])
+    else:
+        assert count == 1 and tagged is not None and len(tagged) == 1 and pointers == tagged
