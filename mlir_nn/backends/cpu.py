@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mlir_nn.backends import kernel_cache, kernel_pool, task_runtime, thin_call
+from mlir_nn.backends import host_cpu, kernel_cache, kernel_pool, task_runtime, thin_call
 from mlir_nn.backends.compile_cache import LIBRARY as LIBRARY_NAME
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.errors import NativeError
@@ -264,6 +264,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     kernel_pool.start()  # the workers import MLIR while this process lowers
     thin_call.prepare()  # their compilers run while this one does
     task_runtime.BUILD.prepare()
+    host_cpu.prepare()  # the target every compiled function is tuned for
     module, stages, timings, plan, split = lower_with_plan(graph, pipeline, threads)
     if split is None:
         check_lowered_to_llvm(module, pipeline)

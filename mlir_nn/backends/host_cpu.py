@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
 from functools import cache
-
-from mlir import ir
+from typing import TYPE_CHECKING
 
 from mlir_nn.backends.native import llvm_tool
+
+if TYPE_CHECKING:  # MLIR is imported only to tune a module (loading a cached step does without it)
+    from mlir import ir
 
 PREFERENCES = ("+prefer-no-gather", "+prefer-no-scatter")
 _PROBE = "define void @probe() {\n  ret void\n}\n"
@@ -33,10 +36,23 @@ def _run(command: list[str], stdin: str = "") -> str | None:
     return result.stdout if result.returncode == 0 else None
 
 
-@cache
+_PROBING = threading.Lock()
+
+
 def host_target() -> tuple[str, tuple[str, ...]] | None:
     """(CPU name, features) of the host as LLVM detects them, or None when LLVM's tools are not
-    found or do not say."""
+    found or do not say (asked once per process)."""
+    with _PROBING:
+        return _probe()
+
+
+def prepare() -> None:
+    """Ask LLVM in the background (two subprocesses, about 40 ms) while a step lowers."""
+    threading.Thread(target=host_target, daemon=True).start()
+
+
+@cache
+def _probe() -> tuple[str, tuple[str, ...]] | None:
     opt, config = llvm_tool("opt"), llvm_tool("llvm-config")
     triple = _run([config, "--host-target"]) if config else None
     if opt is None or not triple:
@@ -59,6 +75,8 @@ def target_features() -> tuple[str, ...] | None:
 def tune_for_host(module: ir.Module) -> None:
     """Give each function defined in the LLVM-dialect ``module`` the host's CPU name and
     ``target_features`` (nothing when the host is unknown)."""
+    from mlir import ir
+
     host, features = host_target(), target_features()
     if host is None or features is None:
         return
