@@ -31,12 +31,13 @@
   Over a dynamic batch (``mlirnn.small_rows``, the narrow layers of a large batch) it runs
   in blocks of SMALL_ROW_BLOCK rows, one contraction each (each row of B feeds that many
   independent FMA chains; a weight gradient's accumulator is loaded and stored once per
-  block), the last partial block row by row; a sum over the batch whose accumulator has
-  more than SMALL_CARRY_MAX elements (it is carried through the batch loop) is split into
-  chunks of its rows, one product each (``_in_chunks``); when the batch is the rows and a row has
-  SMALL_TASK_MIN multiply-adds, in tasks of SMALL_TASK_ROWS rows on threads
-  (``mlirnn.small_tasks``). The moons MLP's step at batch 10000 went from 7.5 to 1 ms on
-  one core.
+  block), the last partial block row by row; in the (m, k, n) order each block loops over
+  k in steps of SMALL_K_STEP (``mlirnn.small_k_steps``), not unrolled over the whole of k;
+  a sum over the batch whose accumulator has more than SMALL_CARRY_MAX elements (it is
+  carried through the batch loop) is split into chunks of its rows, one product each
+  (``_in_chunks``); when the batch is the rows and a row has SMALL_TASK_MIN multiply-adds,
+  in tasks of SMALL_TASK_ROWS rows on threads (``mlirnn.small_tasks``). The moons MLP's step
+  at batch 10000 went from 7.5 to 1 ms on one core.
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 # Small products whose inner two loops have static sizes: vector code per outer iteration.
 SMALL_VECTOR = "mlirnn.small_vector"
 SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 4  # those over a dynamic batch: in blocks of rows
+# Those in the (m, k, n) order whose k is a multiple of SMALL_K_STEP (and longer): a loop over
+# k in steps of that many, the block's accumulators carried in registers. Unrolled whole, the
+# k = 256 forward product of a 256-10 output layer (1280 FMAs) took LLVM about a second.
+SMALL_K_STEPS, SMALL_K_STEP = "mlirnn.small_k_steps", 8
 # Those whose rows are the batch on threads: tasks of SMALL_TASK_ROWS rows when a row has at
 # least SMALL_TASK_MIN multiply-adds (a task then has >= 1M of them). Narrower ones, the moons
 # step's, stay on the calling thread: a task's coroutine frame is a heap allocation, and the
@@ -203,6 +208,8 @@ def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
         tags.append(SMALL_VECTOR if _static_sizes(sizes[order[0]]) else SMALL_ROWS)
         if tags[0] == SMALL_ROWS and threads and order[0] == 0 and inner[0] * inner[1] >= SMALL_TASK_MIN:
             tags.append(SMALL_TASKS)
+        if tags[0] == SMALL_ROWS and order == [0, 2, 1] and k > SMALL_K_STEP and k % SMALL_K_STEP == 0:
+            tags.append(SMALL_K_STEPS)
     # k (the batch) outermost: the whole of C is carried through the batch loop
     chunked = tags[:1] == [SMALL_ROWS] and order[0] == 2 and inner[0] * inner[1] > SMALL_CARRY_MAX
     chunks = tuple(_chunks(inner[0], inner[1])) if chunked else None
@@ -253,6 +260,8 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
     if plan.tags[0] == SMALL_VECTOR:
         return ProductPlan("small-vector", False, vector, plan)
     chunks = f", {len(plan.chunks)} chunks of at most {SMALL_CARRY_MAX} elements" if plan.chunks else ""
+    if SMALL_K_STEPS in plan.tags:
+        chunks += f", k in steps of {SMALL_K_STEP}"
     return ProductPlan("small-rows", SMALL_TASKS in plan.tags, f"{vector}, blocks of {SMALL_ROW_BLOCK} rows{chunks}",
                        plan)
 
@@ -648,7 +657,7 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = ()) -> str:
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
              "row_panels": mc // tm, "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
-             "small_rows": SMALL_ROW_BLOCK, "small_task_rows": SMALL_TASK_ROWS}
+             "small_rows": SMALL_ROW_BLOCK, "small_task_rows": SMALL_TASK_ROWS, "small_k_step": SMALL_K_STEP}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))
