@@ -127,7 +127,8 @@ def test_only_a_k_in_whole_steps_loops_over_k():
     assert SMALL_K_STEPS not in tags(4 * SMALL_K_STEP + 1) and SMALL_K_STEPS not in tags(SMALL_K_STEP)
 
 
-@pytest.mark.parametrize("k, m, dtype", [(100, 13, "float32"), (40, 33, "float64")])
+@pytest.mark.parametrize("k, m, dtype", [(100, 13, "float32"), (40, 33, "float64"),
+                                         (101, 13, "float32")])  # 101 rows: no equal chunks, separate products
 def test_batch_sums_with_a_large_accumulator_run_in_chunks_and_match_the_reference(k, m, dtype):
     """A product summed over the batch (x^T g) whose (k, m) accumulator would be carried whole
     through the batch loop is split into chunks of its rows, each at most SMALL_CARRY_MAX."""
@@ -139,6 +140,27 @@ def test_batch_sums_with_a_large_accumulator_run_in_chunks_and_match_the_referen
     # a chunk of x^T g's rows (k of them); SMALL_K_STEP rows are x @ w's steps over the rows of w
     chunks = sorted(r for r in rows if SMALL_ROW_BLOCK < r < k and r != SMALL_K_STEP)
     assert chunks and max(chunks) * m <= SMALL_CARRY_MAX, rows
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK,), dtype)
+
+
+@pytest.mark.parametrize("k, m, dtype, chunk", [(256, 10, "float32", 16), (40, 33, "float64", 5)])
+def test_equal_chunks_of_a_batch_sum_are_one_loop(k, m, dtype, chunk):
+    """x^T g over the batch, its rows in equal chunks (a divisor of k): one loop over the
+    chunks with the batch loop inside, its body compiled once (not one product per chunk: ten
+    kernels for 256 x 10), each chunk's accumulator carried in registers through the batch."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weight_gradient")
+    module = emit_linalg(graph)
+    with module.context:
+        plan = loop_plan(collect_ops(module, lambda o: o.name == "linalg.matmul")[0], threads=False)
+    assert plan.chunk == chunk and plan.chunks is None and chunk * m <= SMALL_CARRY_MAX
+    rewrite_matmuls(module, threads=False)
+    text = str(module)
+    element = "f32" if dtype == "float32" else "f64"
+    assert len(re.findall(rf"scf.for %\w+ = %c0 to %c{k} step %c{chunk} ", text)) == 1
+    assert len(re.findall(rf"iter_args\(.*\) -> \(vector<{chunk}x{m}x{element}>\)", text)) == 3  # blocks, rest
+    assert text.count("vector.fma") == (SMALL_ROW_BLOCK + 1) * chunk
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK,), dtype)
 
 
