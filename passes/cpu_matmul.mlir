@@ -89,7 +89,9 @@ module attributes {transform.with_named_sequence} {
     // (over a dynamic batch, `mlirnn.small_rows`: blocks of {small_rows} rows, one contraction each,
     // so that each B[k, :] read feeds {small_rows} rows' independent FMA chains; the loop is peeled,
     // its last partial block runs row by row)
-    // (`mlirnn.small_tasks`: first split into tasks of {small_task_rows} rows on threads)
+    // (`mlirnn.small_chunk = rows`, a sum over the batch with a large accumulator: first a loop over
+    // chunks of that many of its rows, the batch loop inside)
+{small_chunks}    // (`mlirnn.small_tasks`: first split into tasks of {small_task_rows} rows on threads)
     %small_tasks = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_tasks} in %root
         : (!transform.any_op) -> !transform.any_op
     %small_task, %small_forall = transform.structured.tile_using_forall %small_tasks tile_sizes [{small_task_rows}]
@@ -106,6 +108,12 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns to %whole_loop {
         transform.apply_patterns.canonicalization
       } : !transform.any_op
+      // (`mlirnn.small_k_steps`, the (m, k, n) order: a loop over k in steps of {small_k_step}, the
+      // block's accumulators hoisted into registers below, instead of k unrolled whole)
+      %whole_k = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_k_steps} in %whole_loop
+          : (!transform.any_op) -> !transform.any_op
+      %whole_steps, %whole_k_loop = transform.structured.tile_using_for %whole_k tile_sizes [0, {small_k_step}, 0]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
       %whole_block = transform.structured.match ops{["linalg.generic"]} in %whole_loop
           : (!transform.any_op) -> !transform.any_op
       transform.structured.vectorize %whole_block : !transform.any_op
@@ -113,7 +121,13 @@ module attributes {transform.with_named_sequence} {
           : (!transform.any_op) -> !transform.any_op
       %rest_row, %rest_rows = transform.structured.tile_using_for %rest_block tile_sizes [1, 0, 0]
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-      transform.structured.vectorize %rest_row : !transform.any_op
+      %rest_k = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_k_steps} in %rest_rows
+          : (!transform.any_op) -> !transform.any_op
+      %rest_steps, %rest_k_loop = transform.structured.tile_using_for %rest_k tile_sizes [0, {small_k_step}, 0]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+      %rest_vector = transform.structured.match ops{["linalg.generic"]} in %rest_loop
+          : (!transform.any_op) -> !transform.any_op
+      transform.structured.vectorize %rest_vector : !transform.any_op
     }
 
     // Sums over the batch (`mlirnn.row_sum`, mlir_nn/codegen/row_sums.py): a vector per row, the totals

@@ -112,7 +112,7 @@ def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[objec
 
     from mlir_nn.backends.kernel_build import lower_tail
 
-    module, stages, timings, _, split = lower_with_plan(graph, pipeline, threads)
+    module, stages, timings, _, split, _ = lower_with_plan(graph, pipeline, threads)
     if split is not None:
         start = time.perf_counter()
         module = ir.Module.parse(split.chunks(1)[0].text, module.context)
@@ -146,18 +146,21 @@ def tail_pipeline(pipeline: Pipeline) -> Pipeline:
 
 
 def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
-                    ) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None, Split | None]:
+                    ) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None, Split | None,
+                               tuple[str, ...]]:
     """``lower`` and the step's memory plan (None when the pipeline has no ``PLAN_PASS``).
     Large products use threads when ``threads`` is set and the pipeline has the async
     passes. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
     argument and an input check guards the body (``memory_plan``, ``input_guard``). A
     pipeline with ``kernel_split.SPLIT_PASS`` stops there: the step is split into kernels
-    (the last item; ``stages`` then has no "llvm" text yet), else that item is None."""
+    (the fifth item; ``stages`` then has no "llvm" text yet), else that item is None. The
+    last item lists the passes run: ``PLAN_PASS`` is skipped when the plan left no heap buffer
+    (``memory_plan.needs_deallocation``; it took 0.3 to 0.5 s of a deep MLP's build)."""
     with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
         from mlir_nn.backends.input_guard import guard_inputs
         from mlir_nn.backends.kernel_split import split_step
         from mlir_nn.backends.lowering import run_pipeline
-        from mlir_nn.backends.memory_plan import plan_memory
+        from mlir_nn.backends.memory_plan import needs_deallocation, plan_memory
         from mlir_nn.codegen import emit_linalg, symbol_name
         from mlir_nn.codegen.copies import strided_copies_as_loops
         from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
@@ -183,10 +186,12 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
     start = time.perf_counter()
     plans: list[MemoryPlan] = []
 
-    def plan_and_guard(module: object) -> None:
+    def plan_and_guard(module: object) -> bool:
+        """The plan and the input check; True (skip ``PLAN_PASS``) when no heap buffer is left."""
         plan, workspace = plan_memory(module, batch_dims(graph))
         guard_inputs(module, list(range(len(graph.inputs))), workspace, label_inputs(graph))
         plans.append(plan)
+        return not needs_deallocation(module)
 
 
     def fuse_and_hoist(module: object) -> None:
@@ -202,7 +207,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
              "convert-linalg-to-loops": strided_copies_as_loops}
     tail = tail_pipeline(pipeline)
     head = Pipeline(pipeline.name, pipeline.passes[:len(pipeline.passes) - len(tail.passes)])
-    run_pipeline(module, head if tail.passes else pipeline, hooks)
+    passes = run_pipeline(module, head if tail.passes else pipeline, hooks)
     split = None
     if tail.passes and plans:
         split = split_step(module)
@@ -210,7 +215,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
         scalarize_lane_loads(module)
         stages["llvm"] = str(module)
     timings["passes"] = time.perf_counter() - start
-    return module, stages, timings, plans[-1] if plans else None, split
+    return module, stages, timings, plans[-1] if plans else None, split, passes
 
 
 def batch_dims(graph: Graph) -> set[tuple[int, int]]:
@@ -265,7 +270,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     thin_call.prepare()  # their compilers run while this one does
     task_runtime.BUILD.prepare()
     host_cpu.prepare()  # the target every compiled function is tuned for
-    module, stages, timings, plan, split = lower_with_plan(graph, pipeline, threads)
+    module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads)
     if split is None:
         check_lowered_to_llvm(module, pipeline)
     if plan is None:

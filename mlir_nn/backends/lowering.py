@@ -25,27 +25,30 @@ def _diagnostics(error: Exception) -> str:
     return "\n".join(lines)
 
 
-Hook = Callable[[ir.Module], None]
+Hook = Callable[[ir.Module], bool | None]  # True: skip the pass it runs before
 
 
-def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook] | None = None) -> None:
-    """Lower ``module`` in place. ``hooks`` maps a pass name to a function run on the module
-    right before the first pass whose name starts with it. On failure, rerun pass by pass
-    on a copy to find the culprit. The copy is a clone taken up front (a tenth of the time of
-    printing the module, which a step of a few hundred kernels took 0.15 s for)."""
+def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook] | None = None) -> tuple[str, ...]:
+    """Lower ``module`` in place; the passes run. ``hooks`` maps a pass name to a function
+    run on the module right before the first pass whose name starts with it; one that returns
+    True skips that pass. On failure, rerun pass by pass on a copy to find the culprit. The
+    copy is a clone taken up front (a tenth of the time of printing the module, which a step
+    of a few hundred kernels took 0.15 s for)."""
     original = module.operation.clone()
     hooks = hooks or {}
     cuts = sorted({next(i for i, p in enumerate(pipeline.passes) if p.startswith(name)): hook
                    for name, hook in hooks.items() if any(p.startswith(name) for p in pipeline.passes)}.items())
     bounds = [0] + [i for i, _ in cuts] + [len(pipeline.passes)]
+    ran: list[str] = []
     try:
         with module.context:
             for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-                if k > 0:
-                    cuts[k - 1][1](module)
+                if k > 0 and cuts[k - 1][1](module) is True:
+                    lo += 1
                 if hi > lo:
                     PassManager.parse("builtin.module(" + ",".join(pipeline.passes[lo:hi]) + ")").run(module.operation)
-        return
+                    ran.extend(pipeline.passes[lo:hi])
+        return tuple(ran)
     except ir.MLIRError as error:
         whole = _diagnostics(error)
     except ValueError as error:  # the pipeline text itself does not parse: one line saying where
@@ -57,8 +60,8 @@ def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook
         probe = ir.Module.parse(str(original))
         starts = dict(cuts)
         for i, name in enumerate(pipeline.passes, 1):
-            if i - 1 in starts:
-                starts[i - 1](probe)
+            if i - 1 in starts and starts[i - 1](probe) is True:
+                continue
             try:
                 PassManager.parse("builtin.module(" + name + ")", context).run(probe.operation)
             except ir.MLIRError as error:

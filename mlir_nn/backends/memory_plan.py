@@ -232,6 +232,24 @@ def plan_memory(module: ir.Module, batch_dims: Collection[tuple[int, int]]) -> t
     return MemoryPlan(tuple(group_bytes), len(allocs), heap, linear_fixed), workspace
 
 
+# ops whose buffers the buffer-deallocation pipeline frees (an alloca is freed on return)
+HEAP_OPS = frozenset({"memref.alloc", "memref.realloc", "bufferization.clone", "bufferization.alloc_tensor"})
+
+
+def needs_deallocation(module: ir.Module) -> bool:
+    """Whether some op of ``module`` still makes a heap buffer (after ``plan_memory``, one it
+    could not place in the workspace): without one, the deallocation passes have nothing to do."""
+    found = False
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal found
+        found = op.name in HEAP_OPS
+        return ir.WalkResult.INTERRUPT if found else ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
 def _padded(size: int, per_row: bool) -> int:
     """Whole cache lines, except per-row sizes under one (a 1-column buffer takes 4 bytes a
     row, not 64): those are padded to 16 or 4 bytes and aligned to that much."""

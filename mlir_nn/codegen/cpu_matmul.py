@@ -31,12 +31,14 @@
   Over a dynamic batch (``mlirnn.small_rows``, the narrow layers of a large batch) it runs
   in blocks of SMALL_ROW_BLOCK rows, one contraction each (each row of B feeds that many
   independent FMA chains; a weight gradient's accumulator is loaded and stored once per
-  block), the last partial block row by row; a sum over the batch whose accumulator has
-  more than SMALL_CARRY_MAX elements (it is carried through the batch loop) is split into
-  chunks of its rows, one product each (``_in_chunks``); when the batch is the rows and a row has
-  SMALL_TASK_MIN multiply-adds, in tasks of SMALL_TASK_ROWS rows on threads
-  (``mlirnn.small_tasks``). The moons MLP's step at batch 10000 went from 7.5 to 1 ms on
-  one core.
+  block), the last partial block row by row; in the (m, k, n) order each block loops over
+  k in steps of SMALL_K_STEP (``mlirnn.small_k_steps``), not unrolled over the whole of k;
+  a sum over the batch whose accumulator has more than SMALL_CARRY_MAX elements (it is
+  carried through the batch loop) is split into chunks of its rows: a loop over equal chunks
+  (``mlirnn.small_chunk``) when a divisor of the rows makes them large enough, else one
+  product each (``_in_chunks``); when the batch is the rows and a row has SMALL_TASK_MIN multiply-adds,
+  in tasks of SMALL_TASK_ROWS rows on threads (``mlirnn.small_tasks``). The moons MLP's step
+  at batch 10000 went from 7.5 to 1 ms on one core.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ PACK_PARALLEL_ROWS, PACK_TASK_PANELS, PACK_TASK_ROWS = "mlirnn.pack_parallel_row
 # Small products whose inner two loops have static sizes: vector code per outer iteration.
 SMALL_VECTOR = "mlirnn.small_vector"
 SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 4  # those over a dynamic batch: in blocks of rows
+# Those in the (m, k, n) order whose k is a multiple of SMALL_K_STEP (and longer): a loop over
+# k in steps of that many, the block's accumulators carried in registers. Unrolled whole, the
+# k = 256 forward product of a 256-10 output layer (1280 FMAs) took LLVM about a second.
+SMALL_K_STEPS, SMALL_K_STEP = "mlirnn.small_k_steps", 8
 # Those whose rows are the batch on threads: tasks of SMALL_TASK_ROWS rows when a row has at
 # least SMALL_TASK_MIN multiply-adds (a task then has >= 1M of them). Narrower ones, the moons
 # step's, stay on the calling thread: a task's coroutine frame is a heap allocation, and the
@@ -97,6 +103,10 @@ SMALL_VECTOR_MAX = 1 << 12  # elements of the inner loops' vector (LLVM took min
 # carried whole took LLVM 5 s; in chunks of 256 elements it compiles in a fraction of that and
 # its step (256-10, batch 128, one core) went from about 60 to 33 us (512: 80 us, spilled).
 SMALL_CARRY_MAX = 256
+# Chunks of equal rows (a divisor of the row count, filling more than half of SMALL_CARRY_MAX)
+# are one loop over the chunks, its body compiled once: as separate products, the ten chunks of a
+# 256 x 10 weight gradient were ten kernels, more than half of the LLVM input of a 256-256-10 MLP.
+SMALL_CHUNK = "mlirnn.small_chunk"  # the rows of each chunk
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -171,8 +181,8 @@ class LoopPlan:
     """How a product that is not blocked runs as a loop nest: the operands' transposes (B
     copied to (k, n) first when ``copy_b``), the loop order (of matmul dims m, n, k), the
     schedule tags of its vector code and, for a sum over the batch whose accumulator is
-    large, the (offset, length) chunks of its middle loop. ``row_vector``: vector code per
-    row of a small static (k, n) B."""
+    large, the (offset, length) chunks of its middle loop, or ``chunk``, the rows of the equal
+    chunks of one loop over them. ``row_vector``: vector code per row of a small static (k, n) B."""
 
     ta: bool
     tb: bool
@@ -181,6 +191,7 @@ class LoopPlan:
     order: tuple[int, ...]
     tags: tuple[str, ...]
     chunks: tuple[tuple[int, int], ...] | None
+    chunk: int | None = None
 
 
 def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
@@ -207,10 +218,13 @@ def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
         tags.append(SMALL_VECTOR if _static_sizes(sizes[order[0]]) else SMALL_ROWS)
         if tags[0] == SMALL_ROWS and threads and order[0] == 0 and inner[0] * inner[1] >= SMALL_TASK_MIN:
             tags.append(SMALL_TASKS)
+        if tags[0] == SMALL_ROWS and order == [0, 2, 1] and k > SMALL_K_STEP and k % SMALL_K_STEP == 0:
+            tags.append(SMALL_K_STEPS)
     # k (the batch) outermost: the whole of C is carried through the batch loop
     chunked = tags[:1] == [SMALL_ROWS] and order[0] == 2 and inner[0] * inner[1] > SMALL_CARRY_MAX
-    chunks = tuple(_chunks(inner[0], inner[1])) if chunked else None
-    return LoopPlan(ta, tb, row_vector, copy_b, tuple(order), tuple(tags), chunks)
+    chunk = _loop_chunk(inner[0], inner[1]) if chunked else None
+    chunks = tuple(_chunks(inner[0], inner[1])) if chunked and chunk is None else None
+    return LoopPlan(ta, tb, row_vector, copy_b, tuple(order), tuple(tags), chunks, chunk)
 
 
 @dataclass(frozen=True)
@@ -257,6 +271,10 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
     if plan.tags[0] == SMALL_VECTOR:
         return ProductPlan("small-vector", False, vector, plan)
     chunks = f", {len(plan.chunks)} chunks of at most {SMALL_CARRY_MAX} elements" if plan.chunks else ""
+    if plan.chunk:
+        chunks = f", a loop over chunks of {plan.chunk} x {inner[1]} elements"
+    if SMALL_K_STEPS in plan.tags:
+        chunks += f", k in steps of {SMALL_K_STEP}"
     return ProductPlan("small-rows", SMALL_TASKS in plan.tags, f"{vector}, blocks of {SMALL_ROW_BLOCK} rows{chunks}",
                        plan)
 
@@ -271,7 +289,10 @@ def _as_generic(op: ir.Operation, plan: LoopPlan) -> ir.Value:
         c = _zeros(dim_sizes(c), ir.RankedTensorType(c.type).element_type)
     order, tags = list(plan.order), list(plan.tags)
     if plan.chunks is None:
-        return _looped(a, b, c, plan.ta, plan.tb, order, tags)
+        product = _looped(a, b, c, plan.ta, plan.tb, order, tags)
+        if plan.chunk:
+            product.owner.attributes[SMALL_CHUNK] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), plan.chunk)
+        return product
     return _in_chunks(a, b, c, plan.ta, plan.tb, order, tags, list(plan.chunks))
 
 
@@ -290,6 +311,14 @@ def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: li
     for tag in tags:
         product.owner.attributes[tag] = ir.UnitAttr.get()
     return product
+
+
+def _loop_chunk(size: int, lanes: int) -> int | None:
+    """The rows of equal chunks of ``size`` rows of ``lanes`` elements for one loop over them:
+    the largest divisor of ``size`` with at most SMALL_CARRY_MAX elements, None when it has at
+    most half of that."""
+    rows = max((d for d in range(1, SMALL_CARRY_MAX // lanes + 1) if size % d == 0), default=0)
+    return rows if 2 * rows * lanes > SMALL_CARRY_MAX else None
 
 
 def _chunks(size: int, lanes: int) -> list[tuple[int, int]]:
@@ -648,18 +677,28 @@ def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
             op.operands[use.operand_number] = _empty(dim_sizes(product), element)
 
 
-def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = ()) -> str:
+def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (), chunks: Iterable[int] = ()) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
              "row_panels": mc // tm, "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
-             "small_rows": SMALL_ROW_BLOCK, "small_task_rows": SMALL_TASK_ROWS,
+             "small_rows": SMALL_ROW_BLOCK, "small_task_rows": SMALL_TASK_ROWS, "small_k_step": SMALL_K_STEP,
              "pack_task_rows": PACK_TASK_ROWS}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))
+    text = text.replace("{small_chunks}", "".join(_CHUNK_LOOP.replace("{chunk_rows}", str(r)) for r in sorted(chunks)))
     return text.replace("{balanced_tasks}", "".join(_balanced_section(t) for t in sorted(tasks)))
+
+
+# a loop over the equal chunks of SMALL_CHUNK rows of the products tagged with that many
+_CHUNK_LOOP = """    %chunked_{chunk_rows} = transform.structured.match ops{["linalg.generic"]}
+        attributes {mlirnn.small_chunk = {chunk_rows} : i64} in %root : (!transform.any_op) -> !transform.any_op
+    %chunk_{chunk_rows}, %chunk_loop_{chunk_rows} = transform.structured.tile_using_for %chunked_{chunk_rows}
+        tile_sizes [0, {chunk_rows}, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+"""
 
 
 # tasks of products tagged PARALLEL_TASKS with these sizes, each zero-filling its accumulator tile
@@ -689,8 +728,14 @@ def _task_sizes(module: ir.Module) -> set[tuple[int, int]]:
     return {tuple(ir.DenseI64ArrayAttr(op.attributes[PARALLEL_TASKS])) for op in tagged}
 
 
+def _chunk_rows(module: ir.Module) -> set[int]:
+    """The distinct SMALL_CHUNK sizes of the products in ``module``."""
+    tagged = collect_ops(module, lambda op: op.name == "linalg.generic" and SMALL_CHUNK in op.attributes)
+    return {ir.IntegerAttr(op.attributes[SMALL_CHUNK]).value for op in tagged}
+
+
 def _apply_schedule(module: ir.Module, itemsize: int) -> None:
-    schedule = ir.Module.parse(_schedule_text(itemsize, _task_sizes(module)), module.context)
+    schedule = ir.Module.parse(_schedule_text(itemsize, _task_sizes(module), _chunk_rows(module)), module.context)
     entry = next(op for op in schedule.body.operations
                  if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")
     try:

@@ -33,7 +33,7 @@ def _renamed(graph: Graph, outputs: slice, name: str) -> Graph:
 
 def _keys(graph: Graph) -> dict[str, str]:
     """kernel -> its key in the kernel cache."""
-    *_, split = cpu.lower_with_plan(graph, load_pipeline("cpu"))
+    *_, split, _ = cpu.lower_with_plan(graph, load_pipeline("cpu"))
     return cpu.kernel_keys(split, cpu.tail_pipeline(load_pipeline("cpu")))
 
 

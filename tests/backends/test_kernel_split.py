@@ -170,7 +170,7 @@ def test_a_bad_worker_count_names_the_variable(monkeypatch):
 def test_a_pipeline_without_the_split_pass_is_lowered_whole():
     pipeline = load_pipeline("cpu")
     whole = type(pipeline)("whole", tuple(p for p in pipeline.passes if not p.startswith("scf-forall-to-parallel")))
-    *_, split = lower_with_plan(matmul_zoo(3, 2, "float32"), whole)
+    *_, split, _ = lower_with_plan(matmul_zoo(3, 2, "float32"), whole)
     assert split is None
 
 

@@ -22,9 +22,12 @@ from mlir_nn.codegen.cpu_matmul import (
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
     SMALL_CARRY_MAX,
+    SMALL_K_STEP,
+    SMALL_K_STEPS,
     SMALL_ROW_BLOCK,
     SMALL_TASK_MIN,
     balanced_tasks,
+    loop_plan,
     rewrite_matmuls,
 )
 from mlir_nn.codegen.short_products import SHORT_K
@@ -87,7 +90,46 @@ def test_small_products_are_vector_code_and_match_the_reference(k, m, dtype):
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
 
 
-@pytest.mark.parametrize("k, m, dtype", [(100, 13, "float32"), (40, 33, "float64")])
+def _product_graph(k: int, m: int, dtype: str) -> Graph:
+    """x @ w over the batch, x: (N, k), w: (k, m): the output layer of an MLP."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    w = make_node("param", [], name="w", shape=(k, m), dtype=dtype)
+    return Graph((x,), (w,), (make_node("matmul", [x, w]),), name="output_layer")
+
+
+@pytest.mark.parametrize("k, m, dtype", [(256, 10, "float32"), (48, 7, "float64")])
+def test_small_rows_with_a_long_k_loop_over_k_in_steps(k, m, dtype):
+    """x @ w over the batch with a long static k: each block of rows (and each row of the last
+    partial block) loops over k in steps of SMALL_K_STEP, its accumulators carried in vector
+    registers through that loop, instead of k unrolled whole (1280 FMAs for k = 256 took LLVM
+    about a second to compile)."""
+    graph = _product_graph(k, m, dtype)
+    module = emit_linalg(graph)
+    rewrite_matmuls(module, threads=False)
+    text = str(module)
+    element = "f32" if dtype == "float32" else "f64"
+    loop = rf"scf.for %\w+ = %c0 to %c{k} step %c{SMALL_K_STEP} iter_args\(.*\) -> \(vector<(\d+)x{m}x{element}>\)"
+    steps = re.findall(loop, text)
+    assert sorted(map(int, steps)) == [1, SMALL_ROW_BLOCK], steps  # the whole blocks' loop and the rest's
+    assert text.count("vector.fma") == (SMALL_ROW_BLOCK + 1) * SMALL_K_STEP
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
+
+
+def test_only_a_k_in_whole_steps_loops_over_k():
+    """k not a multiple of SMALL_K_STEP (the steps would be partial) or no longer than one step
+    stays unrolled."""
+    def tags(k: int) -> tuple[str, ...]:
+        module = emit_linalg(_product_graph(k, 10, "float32"))
+        op = collect_ops(module, lambda o: o.name == "linalg.matmul")[0]
+        with module.context:
+            return loop_plan(op, threads=False).tags
+
+    assert SMALL_K_STEPS in tags(4 * SMALL_K_STEP)
+    assert SMALL_K_STEPS not in tags(4 * SMALL_K_STEP + 1) and SMALL_K_STEPS not in tags(SMALL_K_STEP)
+
+
+@pytest.mark.parametrize("k, m, dtype", [(100, 13, "float32"), (40, 33, "float64"),
+                                         (101, 13, "float32")])  # 101 rows: no equal chunks, separate products
 def test_batch_sums_with_a_large_accumulator_run_in_chunks_and_match_the_reference(k, m, dtype):
     """A product summed over the batch (x^T g) whose (k, m) accumulator would be carried whole
     through the batch loop is split into chunks of its rows, each at most SMALL_CARRY_MAX."""
@@ -96,8 +138,30 @@ def test_batch_sums_with_a_large_accumulator_run_in_chunks_and_match_the_referen
     assert rewrite_matmuls(module)[0] == 0
     element = "f32" if dtype == "float32" else "f64"
     rows = {int(r) for r in re.findall(rf"vector<(\d+)x{m}x{element}>", str(module))}
-    chunks = sorted(r for r in rows if SMALL_ROW_BLOCK < r < k)  # a chunk of x^T g's rows (k of them)
+    # a chunk of x^T g's rows (k of them); SMALL_K_STEP rows are x @ w's steps over the rows of w
+    chunks = sorted(r for r in rows if SMALL_ROW_BLOCK < r < k and r != SMALL_K_STEP)
     assert chunks and max(chunks) * m <= SMALL_CARRY_MAX, rows
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK,), dtype)
+
+
+@pytest.mark.parametrize("k, m, dtype, chunk", [(256, 10, "float32", 16), (40, 33, "float64", 5)])
+def test_equal_chunks_of_a_batch_sum_are_one_loop(k, m, dtype, chunk):
+    """x^T g over the batch, its rows in equal chunks (a divisor of k): one loop over the
+    chunks with the batch loop inside, its body compiled once (not one product per chunk: ten
+    kernels for 256 x 10), each chunk's accumulator carried in registers through the batch."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weight_gradient")
+    module = emit_linalg(graph)
+    with module.context:
+        plan = loop_plan(collect_ops(module, lambda o: o.name == "linalg.matmul")[0], threads=False)
+    assert plan.chunk == chunk and plan.chunks is None and chunk * m <= SMALL_CARRY_MAX
+    rewrite_matmuls(module, threads=False)
+    text = str(module)
+    element = "f32" if dtype == "float32" else "f64"
+    assert len(re.findall(rf"scf.for %\w+ = %c0 to %c{k} step %c{chunk} ", text)) == 1
+    assert len(re.findall(rf"iter_args\(.*\) -> \(vector<{chunk}x{m}x{element}>\)", text)) == 3  # blocks, rest
+    assert text.count("vector.fma") == (SMALL_ROW_BLOCK + 1) * chunk
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK,), dtype)
 
 
