@@ -8,10 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mlir_nn
+from mlir_nn.codegen import emit_linalg
+from mlir_nn.codegen.cpu_matmul import SWAPPED_LOOP_MAX
+from mlir_nn.codegen.schedule_report import product_schedules
 from mlir_nn.engine import Tensor
+from mlir_nn.jit.trace import trace_step
 from tests.holder import Holder
 
-SIZES = [(1, 1, 1, 1), (1, 7, 13, 33), (3, 13, 1, 7), (2, 33, 7, 13), (5, 7, 33, 1), (4, 64, 16, 64)]
+SIZES = [(1, 1, 1, 1), (1, 7, 13, 33), (3, 13, 1, 7), (2, 33, 7, 13), (5, 7, 33, 1), (4, 64, 16, 64),
+         (3, 64, 64, 16), (2, 33, 47, 5)]
 
 
 def _compiled(f, *arrays, dynamic_batch=False):
@@ -102,3 +107,15 @@ def test_bmm_over_a_dynamic_batch_equals_pytorch():
         out = h @ h.transpose(1, 2)
         (out * out).sum().backward()
         _close(compiled(x), [out.detach().numpy(), tw.grad.numpy()])
+
+
+@pytest.mark.parametrize("sizes", [(3, 64, 64, 16), (2, 33, 47, 5)], ids=lambda s: "x".join(map(str, s)))
+def test_small_static_products_with_few_columns_loop_instead_of_packing(sizes):
+    """A per-matrix product (attention's 64x16x64) that would run swapped with at most
+    SWAPPED_LOOP_MAX work is a vector loop nest: no packing of both operands per matrix."""
+    batch, m, k, n = sizes
+    a, b = np.zeros((batch, m, k), np.float32), np.zeros((batch, k, n), np.float32)
+    graph, _, _ = trace_step(lambda x, y: x @ y, [a, b], ["a", "b"], dynamic_batch=False)
+    report = product_schedules(emit_linalg(graph, strided_copies=True))
+    assert [(s.m, s.n, s.k) for s in report] == [(m, n, k)] and m * n * k <= SWAPPED_LOOP_MAX
+    assert report[0].schedule != "blocked-swapped", report[0]
