@@ -43,11 +43,11 @@ def lower_tail(module: ir.Module, tail: Pipeline) -> None:
     """The pipeline's passes from the split on, with the hooks the cpu backend runs there."""
     run_pipeline(module, tail, {"async-to-async-runtime": _mark_tasks,
                                 "convert-linalg-to-loops": strided_copies_as_loops})
+    scalarize_lane_loads(module)
 
 
 def _mark_tasks(module: ir.Module) -> None:
     mark_task_arguments(module)  # (a hook: its pass runs after it)
-    scalarize_lane_loads(module)
 
 
 def _name(op: ir.Operation) -> str:
