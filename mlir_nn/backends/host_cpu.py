@@ -68,7 +68,8 @@ def target_features() -> tuple[str, ...] | None:
     host = host_target()
     if host is None:
         return None
-    kept = [feature for feature in host[1] if feature[1:] not in {p[1:] for p in PREFERENCES}]
+    preferred = {p[1:] for p in PREFERENCES}
+    kept = [feature for feature in host[1] if feature[1:] not in preferred]
     return (*kept, *PREFERENCES)
 
 

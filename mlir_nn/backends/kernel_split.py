@@ -229,6 +229,19 @@ def root_buffer(value: ir.Value) -> ir.Value:
     return value
 
 
+def aligned_pointer_positions(values: list[ir.Value]) -> list[int | None]:
+    """For each of ``values`` passed to a function: the position, among the function's arguments
+    in LLVM's calling convention, of its aligned pointer if it is a memref (its descriptor is the
+    allocated and aligned pointers, offset, sizes and strides), else None (one argument)."""
+    positions: list[int | None] = []
+    position = 0
+    for value in values:
+        memref = isinstance(value.type, ir.MemRefType)
+        positions.append(position + 1 if memref else None)
+        position += 3 + 2 * ir.MemRefType(value.type).rank if memref else 1
+    return positions
+
+
 def _mark_noalias(kernel: func.FuncOp, arguments: list[ir.Value], single_op: bool) -> None:
     """Mark the buffers that no other argument shares memory with (``NOALIAS``), so that LLVM
     needs no runtime overlap checks. Distinct step arguments are distinct arrays (the backend
@@ -236,13 +249,12 @@ def _mark_noalias(kernel: func.FuncOp, arguments: list[ir.Value], single_op: boo
     used by one op are live together, so the memory plan gave them disjoint bytes (a piece of
     several ops may read a buffer whose bytes a later op of it reuses: those stay unmarked)."""
     roots = [root_buffer(v) if isinstance(v.type, ir.MemRefType) else None for v in arguments]
-    marked, position = [], 0
-    for i, root in enumerate(roots):
+    marked = []
+    for i, (root, position) in enumerate(zip(roots, aligned_pointer_positions(arguments), strict=True)):
         shared = root is None or any(r is not None and r == root for j, r in enumerate(roots) if j != i)
         view = root is not None and isinstance(root.owner, ir.OpView | ir.Operation)
         if not shared and (single_op or not view):
-            marked.append(position + 1)  # the aligned pointer of its descriptor
-        position += 3 + 2 * ir.MemRefType(arguments[i].type).rank if root is not None else 1
+            marked.append(position)
     if marked:
         kernel.attributes[NOALIAS] = ir.DenseI64ArrayAttr.get(marked)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from mlir_nn.backends.kernel_split import NOALIAS, root_buffer
+from mlir_nn.backends.kernel_split import NOALIAS, aligned_pointer_positions, root_buffer
 
 TASK_PREFIX = "parallel_compute_fn"  # the functions async-parallel-for outlines
 DISPATCH_PREFIX = "async_dispatch_fn"  # and those that start the tasks, forwarding the buffers
@@ -30,15 +30,9 @@ def _noalias_arguments(kernel: ir.Operation) -> set[int]:
     """Indices of ``kernel``'s memref arguments whose aligned pointer NOALIAS lists."""
     if NOALIAS not in kernel.attributes:
         return set()
-    marked, found, position = set(ir.DenseI64ArrayAttr(kernel.attributes[NOALIAS])), set(), 0
-    for i, argument in enumerate(kernel.regions[0].blocks[0].arguments):
-        if isinstance(argument.type, ir.MemRefType):
-            if position + 1 in marked:
-                found.add(i)
-            position += 3 + 2 * ir.MemRefType(argument.type).rank
-        else:
-            position += 1
-    return found
+    marked = set(ir.DenseI64ArrayAttr(kernel.attributes[NOALIAS]))
+    positions = aligned_pointer_positions(list(kernel.regions[0].blocks[0].arguments))
+    return {i for i, position in enumerate(positions) if position in marked}
 
 
 def _task_calls(kernel: ir.Operation) -> list[ir.Operation]:
@@ -83,17 +77,9 @@ def mark_task_arguments(module: ir.Module) -> int:
         call, kernel = calls[0]
         marked = _marked_parameters(call, kernel, _noalias_arguments(kernel))
         if any(marked):
-            functions[task].attributes[NOALIAS] = ir.DenseI64ArrayAttr.get(_aligned_positions(call, marked))
+            positions = aligned_pointer_positions(list(call.operands))
+            functions[task].attributes[NOALIAS] = ir.DenseI64ArrayAttr.get(
+                [p for p, mark in zip(positions, marked, strict=True) if mark and p is not None])
             count += sum(marked)
     return count
 
-
-def _aligned_positions(call: ir.Operation, marked: list[bool]) -> list[int]:
-    """Positions, in LLVM's calling convention, of the aligned pointers of the ``marked``
-    memref operands of ``call`` (a memref: allocated and aligned pointers, offset, sizes, strides)."""
-    positions, position = [], 0
-    for value, mark in zip(call.operands, marked, strict=True):
-        if mark:
-            positions.append(position + 1)
-        position += 3 + 2 * ir.MemRefType(value.type).rank if isinstance(value.type, ir.MemRefType) else 1
-    return positions
