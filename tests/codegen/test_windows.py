@@ -227,3 +227,14 @@ def test_weight_gradient_with_a_folded_update(dtype, groups, subtract):
     beta = make_node("const", [], value=0.75, dtype=dtype)
     y = make_node("conv2d_weight_update", [x, g, w, lr, beta], kernel=(3, 2), subtract=subtract, **attrs)
     check(Graph((x, g), (w, lr), (y,), name="conv_update"), 3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_max_pooling_over_tiling_windows_reads_strided_views(dtype):
+    """2 x 2 windows of stride 2 that tile the input: the pool is a pass over the output reading one
+    strided view per window position (no reduction loop over the windows); its argmax and gradient
+    route ties to the first position, as the reference."""
+    graph = pool_graph(dtype, 3, (6, 10), (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False, True)
+    text = get_backend("cpu").compile(graph).stages["linalg"]
+    assert text.count("[1, 1, 2, 2] : tensor<?x3x6x10x") == 4
+    check(graph, 7, ties=True)
