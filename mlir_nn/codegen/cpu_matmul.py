@@ -732,20 +732,12 @@ _CHUNK_LOOP = """    %chunked_{chunk_rows} = transform.structured.match ops{["li
 """
 
 
-# tasks of products tagged PARALLEL_TASKS with these sizes, each zero-filling its accumulator tile
+# tasks of products tagged PARALLEL_TASKS with these sizes (their zero fills: as the others')
 _BALANCED = """    %tasks_{c}_{r} = transform.structured.match ops{["linalg.generic"]}
         attributes {mlirnn.packed, mlirnn.parallel_tasks = array<i64: {c}, {r}>} in %root
         : (!transform.any_op) -> !transform.any_op
     %task_chunks_{c}_{r}, %task_forall_{c}_{r} = transform.structured.tile_using_forall %tasks_{c}_{r}
         tile_sizes [{c}, {r}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    %task_fills_{c}_{r} = transform.structured.match ops{["linalg.fill"]}
-        attributes {mlirnn.acc_init, mlirnn.parallel_tasks = array<i64: {c}, {r}>} in %root
-        : (!transform.any_op) -> !transform.any_op
-    transform.foreach %task_fills_{c}_{r}, %task_forall_{c}_{r} : !transform.any_op, !transform.any_op {
-    ^bb0(%fill: !transform.any_op, %task: !transform.any_op):
-      %fused, %into = transform.structured.fuse_into_containing_op %fill into %task
-          : (!transform.any_op, !transform.any_op) -> (!transform.any_op, !transform.any_op)
-    }
 """
 
 

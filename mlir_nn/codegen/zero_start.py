@@ -1,7 +1,7 @@
 """Blocked products start their register accumulators at zero instead of zero-filling a buffer.
 
-After the CPU matmul schedule, a blocked product's accumulator (a task's tile of it when on
-threads) is a ``linalg.fill`` with 0 (tagged ``mlirnn.acc_init``) that the kc-slice loop
+After the CPU matmul schedule, a blocked product's accumulator (the tasks' shared output when
+on threads) is a ``linalg.fill`` with 0 (tagged ``mlirnn.acc_init``) that the kc-slice loop
 (``mlirnn.kc_loop``) starts from: a pass over the whole accumulator before any product
 work, and a read of those zeros by every register block of the first slice. Every register
 block is read and then written once per slice (the padding makes all blocks whole), so the
@@ -33,9 +33,13 @@ def _block_reads(value: ir.Value) -> list[ir.Operation] | None:
             found = _block_reads(op.results[0])
         elif op.name == "scf.for" and position >= FOR_INITS:
             found = _block_reads(op.regions[0].blocks[0].arguments[1 + position - FOR_INITS])
+        elif op.name == "scf.forall" and position >= len(op.operands) - len(op.results):
+            # a shared output of tasks: each task's tile of it is its block argument
+            arguments = op.regions[0].blocks[0].arguments
+            found = _block_reads(arguments[len(arguments) - len(op.operands) + position])
         elif op.name == "vector.transfer_read" and position == 0:
             found = [op]
-        elif (op.name == "tensor.insert_slice" and position == 1) or (
+        elif (op.name in ("tensor.insert_slice", "tensor.parallel_insert_slice") and position == 1) or (
                 op.name == "vector.transfer_write" and position == 1):
             found = []  # written into: what it yields holds products, not zeros
         else:
