@@ -51,6 +51,7 @@ from mlir import ir
 from mlir.dialects import arith, bufferization, linalg, tensor
 from mlir.dialects.transform import interpreter
 
+from mlir_nn.codegen.im2col_panels import im2col_panels, im2col_source, panel_rows
 from mlir_nn.codegen.maps import dims_map, matmul_maps
 from mlir_nn.codegen.row_sums import tag_row_sums
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
@@ -594,6 +595,7 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
         return None
     itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
     tm, tn = register_block(itemsize)
+    tm = _image_panels(op.operands[0], _transposes(op)[0], tm)[0]
     mc, nc, _ = cache_blocks(itemsize)
     return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn)
 
@@ -640,9 +642,13 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, rows:
     tm, tn = register_block(ir.FloatType(element).width // 8)
     if rows is not None:
         tm = _swapped_rows(rows, tm)
-    packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A)
+        columns = None
+    else:
+        tm, columns = _image_panels(a, ta, tm)
+    packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A) if columns is None else im2col_panels(columns, tm)
     packed_b = _panels(b, 0 if tb else 1, tn, parallel, PACK_ROWS_B)
-    m, n = dim_sizes(a)[1 if ta else 0], dim_sizes(b)[0 if tb else 1]
+    m = dim_sizes(a)[1 if ta else 0] if columns is None else _times(dim_sizes(packed_a)[0], tm)  # (the columns go)
+    n = dim_sizes(b)[0 if tb else 1]
     row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
     acc = _zeros([row_panels, tm, col_panels, tn], element)
     acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
@@ -667,6 +673,17 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, rows:
     if all(isinstance(d, int) for d in (m, n)) and (m, n) == tuple(padded):
         return flat
     return _slice(flat, [m, n])
+
+
+def _image_panels(a: ir.Value, ta: bool, tm: int) -> tuple[int, ir.Operation | None]:
+    """(rows per register block, the IM2COL copy to pack A's panels from) of a product's A:
+    a convolution's columns whose output rows split into whole panels are packed straight from
+    the image (``im2col_panels``), in panels of ``panel_rows``; else (``tm``, None)."""
+    columns = None if ta else im2col_source(a)
+    if columns is None:
+        return tm, None
+    rows = panel_rows(ir.RankedTensorType(columns.result.type).shape[2], tm)
+    return (tm, None) if rows is None else (rows, columns)
 
 
 def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
