@@ -451,6 +451,8 @@ def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, rows_t
     groups (``_pack_row_groups``)."""
     size, other = dim_sizes(x)[axis], dim_sizes(x)[1 - axis]
     count = _ceil_div(size, tile)
+    if axis == 0 and isinstance(other, int) and other > TRANSPOSE_TILE and other % TRANSPOSE_TILE and panels is None:
+        return _pack_in_tiles_and_rest(x, tile, into, rows_tag, parallel)
     if axis == 0:  # (s, o) -> [count, tile, o] -> [count, o, tile]
         split, perm = _expand(x, [count, tile, other], [[0, 1], [2]]), [0, 2, 1]
         tag = PACK
@@ -466,6 +468,21 @@ def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, rows_t
         if panels is not None:
             split = _part(split, [0, 0, 0], [other, panels, tile])
     return _pack_copy(split, into, perm, tag if rows_tag is not None else None, parallel)
+
+
+def _pack_in_tiles_and_rest(x: ir.Value, tile: int, into: ir.Value, rows_tag: str | None, parallel: bool) -> ir.Value:
+    """Panels of the rows of ``x`` (s, o), o static and not a multiple of TRANSPOSE_TILE: its first
+    columns, a multiple of it, packed as vector tiles, the few others by a plain copy (packed
+    whole, the 150 columns of LeNet's second convolution were a scalar transpose: a fifth of its
+    step at batch 256)."""
+    size, other = dim_sizes(x)
+    count = dim_sizes(into)[0]
+    main = other - other % TRANSPOSE_TILE
+    for start, width in ((0, main), (main, other - main)):
+        part = _part(x, [0, start], [size, width])
+        packed = _pack_whole_panels(part, 0, tile, _part(into, [0, start, 0], [count, width, tile]), rows_tag, parallel)
+        into = _put(packed, into, [0, start, 0], [count, width, tile])
+    return into
 
 
 def _pack_copy(split: ir.Value, into: ir.Value, perm: list[int], tag: str | None, parallel: bool) -> ir.Value:

@@ -14,11 +14,13 @@ import re
 
 import numpy as np
 import pytest
+from mlir import ir
 
 from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, compile_kernel, lower
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import (
+    PACK,
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
     SMALL_CARRY_MAX,
@@ -26,6 +28,7 @@ from mlir_nn.codegen.cpu_matmul import (
     SMALL_K_STEPS,
     SMALL_ROW_BLOCK,
     SMALL_TASK_MIN,
+    TRANSPOSE_TILE,
     balanced_tasks,
     loop_plan,
     rewrite_matmuls,
@@ -354,3 +357,18 @@ def test_packings_into_few_panels_spread_over_the_batch():
     packings = re.findall(r"scf.forall \(%\w+\) in \((%?\w+)\)", text)  # one per operand
     assert packings == [str(math.ceil(3000 / PACK_TASK_ROWS))] * 2 and f"(d0 * {PACK_TASK_ROWS})" in text
     _assert_matches_reference(graph, CpuBackend().compile(graph), (3000,))
+
+
+@pytest.mark.parametrize("k", [150, 120, 105])
+def test_transposing_packs_copy_whole_vector_tiles_and_only_the_last_columns_plainly(k):
+    """A k that is not a multiple of TRANSPOSE_TILE (LeNet's 150 im2col columns, its 120-wide
+    layer; and the 40 columns of the output): the packings that transpose copy the first columns
+    as vector tiles; only the last few (k or 40 % TRANSPOSE_TILE) stay an element-wise copy
+    (packed whole, all k columns were one)."""
+    graph = matmul_zoo(k, 40, "float32")
+    module = emit_linalg(graph)
+    rewrite_matmuls(module, threads=False)
+    plain = collect_ops(module, lambda op: op.name == "linalg.generic" and PACK in op.attributes)
+    widths = {ir.RankedTensorType(op.results[0].type).shape[1] for op in plain}
+    assert k % TRANSPOSE_TILE in widths and all(w < TRANSPOSE_TILE for w in widths)
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 13, 33))
