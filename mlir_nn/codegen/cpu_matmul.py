@@ -51,7 +51,7 @@ from mlir import ir
 from mlir.dialects import arith, bufferization, linalg, tensor
 from mlir.dialects.transform import interpreter
 
-from mlir_nn.codegen.im2col_panels import im2col_panels, im2col_source, panel_rows
+from mlir_nn.codegen.im2col_panels import drop_im2col_tags, im2col_panels, im2col_source, panel_rows
 from mlir_nn.codegen.maps import dims_map, matmul_maps
 from mlir_nn.codegen.row_sums import tag_row_sums
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
@@ -821,6 +821,7 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
             elif large:
                 _epilogues_into_fresh_tensors(replacement)
             blocked += large
+        drop_im2col_tags(module)
         sums = tag_row_sums(module)
         if matmuls or sums:
             _apply_schedule(module, itemsize)

@@ -18,9 +18,17 @@ from mlir.dialects import linalg, tensor
 
 from mlir_nn.codegen.maps import identity_map
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps
+from mlir_nn.codegen.walk import collect_ops
 
-IM2COL = "mlirnn.im2col"  # on the columns' copy generic (n, p, q, c, kh, kw)
+IM2COL = "mlirnn.im2col"  # on the columns' copy generic (n, p, q, c, kh, kw) until the products are rewritten
 _COLLAPSED = [[0, 1, 2], [3, 4, 5]]
+
+
+def drop_im2col_tags(module: ir.Module) -> None:
+    """Untag the columns that products still read (a weight gradient's): the tag is for the
+    product rewrite, and ``parallel_maps`` leaves tagged ops off threads."""
+    for op in collect_ops(module, lambda op: IM2COL in op.attributes):
+        del op.attributes[IM2COL]
 
 
 def im2col_source(a: ir.Value) -> ir.Operation | None:
