@@ -51,6 +51,7 @@ from mlir import ir
 from mlir.dialects import arith, bufferization, linalg, tensor
 from mlir.dialects.transform import interpreter
 
+from mlir_nn.codegen.im2col_panels import drop_im2col_tags, im2col_panels, im2col_source, panel_rows
 from mlir_nn.codegen.maps import dims_map, matmul_maps
 from mlir_nn.codegen.row_sums import tag_row_sums
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
@@ -612,6 +613,7 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
         return None
     itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
     tm, tn = register_block(itemsize)
+    tm = _image_panels(op.operands[0], _transposes(op)[0], tm)[0]
     mc, nc, _ = cache_blocks(itemsize)
     return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn)
 
@@ -655,11 +657,17 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     row) panels per task instead of the default (``balanced_tasks``)."""
     element = ir.RankedTensorType(a.type).element_type
     tm, tn = register_block(ir.FloatType(element).width // 8)
-    m, n = dim_sizes(a)[1 if ta else 0], dim_sizes(b)[0 if tb else 1]
-    if isinstance(m, int):
-        tm = _block_rows(m, tm)
-    packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A)
+    tm, columns = (tm, None) if swapped else _image_panels(a, ta, tm)
+    if columns is None:
+        m = dim_sizes(a)[1 if ta else 0]
+        if isinstance(m, int):
+            tm = _block_rows(m, tm)
+        packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A)
+    else:
+        packed_a = im2col_panels(columns, tm)
+        m = _times(dim_sizes(packed_a)[0], tm)  # (the columns go)
     packed_b = _panels(b, 0 if tb else 1, tn, parallel, PACK_ROWS_B)
+    n = dim_sizes(b)[0 if tb else 1]
     row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
     acc = _zeros([row_panels, tm, col_panels, tn], element)
     acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
@@ -684,6 +692,17 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     if all(isinstance(d, int) for d in (m, n)) and (m, n) == tuple(padded):
         return flat
     return _slice(flat, [m, n])
+
+
+def _image_panels(a: ir.Value, ta: bool, tm: int) -> tuple[int, ir.Operation | None]:
+    """(rows per register block, the IM2COL copy to pack A's panels from) of a product's A:
+    a convolution's columns whose output rows split into whole panels are packed straight from
+    the image (``im2col_panels``), in panels of ``panel_rows``; else (``tm``, None)."""
+    columns = None if ta else im2col_source(a)
+    if columns is None:
+        return tm, None
+    rows = panel_rows(ir.RankedTensorType(columns.result.type).shape[2], tm)
+    return (tm, None) if rows is None else (rows, columns)
 
 
 def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
@@ -796,6 +815,7 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
             elif large:
                 _epilogues_into_fresh_tensors(replacement)
             blocked += large
+        drop_im2col_tags(module)
         sums = tag_row_sums(module)
         if matmuls or sums:
             _apply_schedule(module, itemsize)

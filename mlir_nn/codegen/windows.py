@@ -25,6 +25,7 @@ from mlir.dialects import arith, linalg, tensor
 
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.col2im import scatter_columns
+from mlir_nn.codegen.im2col_panels import IM2COL
 from mlir_nn.codegen.maps import dims_map, identity_map, matmul_maps
 from mlir_nn.codegen.tensor_types import tensor_type
 from mlir_nn.ir import Node
@@ -347,6 +348,7 @@ def _columns(b: FunctionBuilder, image: ir.Value, shape: Shape, out_hw: tuple[in
     def cols(v: ir.Value, _out: ir.Value) -> ir.Value:
         return v
 
+    cols.owner.attributes[IM2COL] = ir.UnitAttr.get()  # the CPU products pack from the image instead
     return reshape(b, cols, cols_shape, (_rows(n, p, q), c * ys.kernel * xs.kernel), [[0, 1, 2], [3, 4, 5]])
 
 

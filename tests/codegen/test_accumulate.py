@@ -45,3 +45,21 @@ def test_a_training_steps_loss_and_bias_gradient_are_accurate(big_batch):
     loss = jit(train_step(model, SGD(model.parameters(), lr=1.0)))(x, y)
     assert abs(float(loss) - truth) / truth <= 1e-6
     assert abs((before - float(model.parameters()[3].data[0])) - bias_grad) <= 1e-6 * max(1.0, abs(bias_grad))
+
+
+def test_a_convolutions_bias_gradient_sums_lanes_in_float64_and_stays_accurate():
+    """A sum over batch, rows and pixels per channel: its float64 adds may be reassociated with
+    the sign of zero ignored (without nsz, LLVM left the unrolled add chain of each 32-pixel row
+    scalar), and the result still matches the float64 sum."""
+    from mlir_nn.backends import get_backend
+    from mlir_nn.codegen import emit_linalg
+    from mlir_nn.ir import Graph, make_node
+
+    g = make_node("input", [], name="g", shape=("N", 8, 7, 32), dtype="float32")
+    total = make_node("sum", [g], axes=(0, 2, 3), keepdims=False)
+    graph = Graph((g,), (), (total,), name="bias_grad")
+    assert "fastmath<reassoc,nsz>" in str(emit_linalg(graph, wide_sums=True))
+    data = np.random.default_rng(0).standard_normal((33, 8, 7, 32)).astype(np.float32) + 1e3
+    (got,) = get_backend("cpu").compile(graph).run([data], [])
+    want = data.astype(np.float64).sum(axis=(0, 2, 3))
+    np.testing.assert_allclose(got, want, rtol=2e-7)

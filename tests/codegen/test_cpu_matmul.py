@@ -14,11 +14,13 @@ import re
 
 import numpy as np
 import pytest
+from mlir import ir
 
 from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, compile_kernel, lower
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import (
+    PACK,
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
     SMALL_CARRY_MAX,
@@ -195,19 +197,17 @@ def test_static_rows_are_spread_evenly_over_register_blocks(rows, tm, block):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_a_transposing_packing_of_awkward_depth_is_vector_tiles_and_a_rest(dtype):
-    """x @ w with half a register block's columns runs swapped (16 with AVX-512 and float32: two
-    register blocks of 8 rows, not 12 + 4 of padding), packing x^T from x: the first 592 of
-    k = 600 in vector tiles, the last 8 by loops; every op of the zoo matches the reference."""
+def test_half_a_block_of_columns_runs_swapped_in_even_register_blocks(dtype):
+    """x @ w with half a register block's columns runs swapped, its rows spread evenly over the
+    register blocks (16 with AVX-512 and float32: two blocks of 8, not 12 + 4 of padding); every
+    op of the zoo matches the reference."""
     tm, tn = register_block(np.dtype(dtype).itemsize)
     m = tn // 2
     graph = matmul_zoo(600, m, dtype)
     module = emit_linalg(graph)
     rewrite_matmuls(module)
-    text = str(module)
     element = "f32" if dtype == "float32" else "f64"
-    assert f"tensor<1x{TRANSPOSE_TILE}x{TRANSPOSE_TILE}x{element}>" in text  # x^T in vector tiles
-    assert f"tensor<{-(-m // tm)}x600x{_block_rows(m, tm)}x{element}>" in text
+    assert f"tensor<{-(-m // tm)}x600x{_block_rows(m, tm)}x{element}>" in str(module)
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES, dtype)
 
 
@@ -380,3 +380,18 @@ def test_packings_into_few_panels_spread_over_the_batch():
     packings = re.findall(r"scf.forall \(%\w+\) in \((%?\w+)\)", text)  # one per operand
     assert packings == [str(math.ceil(3000 / PACK_TASK_ROWS))] * 2 and f"(d0 * {PACK_TASK_ROWS})" in text
     _assert_matches_reference(graph, CpuBackend().compile(graph), (3000,))
+
+
+@pytest.mark.parametrize("k", [150, 120, 105])
+def test_transposing_packs_copy_whole_vector_tiles_and_only_the_last_columns_plainly(k):
+    """A k that is not a multiple of TRANSPOSE_TILE (LeNet's 150 im2col columns, its 120-wide
+    layer; and the 40 columns of the output): the packings that transpose copy the first columns
+    as vector tiles; only the last few (k or 40 % TRANSPOSE_TILE) stay an element-wise copy
+    (packed whole, all k columns were one)."""
+    graph = matmul_zoo(k, 40, "float32")
+    module = emit_linalg(graph)
+    rewrite_matmuls(module, threads=False)
+    plain = collect_ops(module, lambda op: op.name == "linalg.generic" and PACK in op.attributes)
+    widths = {ir.RankedTensorType(op.results[0].type).shape[1] for op in plain}
+    assert k % TRANSPOSE_TILE in widths and all(w < TRANSPOSE_TILE for w in widths)
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 13, 33))

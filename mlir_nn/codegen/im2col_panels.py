@@ -1,0 +1,72 @@
+"""A convolution's columns packed straight from its image into a product's row panels.
+
+``codegen.windows`` writes a convolution's columns (N * P * Q, C * KH * KW) as one copy
+(a ``linalg.generic`` tagged IM2COL over (n, p, q, c, kh, kw), collapsed to two dims), and
+the blocked CPU product (``cpu_matmul``) packs its A operand into row panels [m / t, k, t].
+Written and read back, the columns cost two passes over N * P * Q * C * KH * KW floats (as
+many again as the packing's own): when the output's row length Q splits into whole panels
+(``panel_rows``), the panels are instead one gather from the (padded) image, panel (n, p,
+qb), column (c, kh, kw), row r reading the pixel the columns' map reads at q = qb * t + r
+(implicit GEMM packing). The loop over r is innermost and, at stride 1, contiguous in the
+image and in the panel.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.dialects import linalg, tensor
+
+from mlir_nn.codegen.maps import identity_map
+from mlir_nn.codegen.shaped import dim_sizes, indexing_maps
+from mlir_nn.codegen.walk import collect_ops
+
+IM2COL = "mlirnn.im2col"  # on the columns' copy generic (n, p, q, c, kh, kw) until the products are rewritten
+_COLLAPSED = [[0, 1, 2], [3, 4, 5]]
+
+
+def drop_im2col_tags(module: ir.Module) -> None:
+    """Untag the columns that products still read (a weight gradient's): the tag is for the
+    product rewrite, and ``parallel_maps`` leaves tagged ops off threads."""
+    for op in collect_ops(module, lambda op: IM2COL in op.attributes):
+        del op.attributes[IM2COL]
+
+
+def im2col_source(a: ir.Value) -> ir.Operation | None:
+    """The IM2COL copy whose (N * P * Q, C * KH * KW) collapse ``a`` is, or None."""
+    collapse = a.owner
+    if isinstance(collapse, ir.Block) or collapse.name != "tensor.collapse_shape":
+        return None
+    groups = [[ir.IntegerAttr(i).value for i in g] for g in ir.ArrayAttr(collapse.attributes["reassociation"])]
+    source = collapse.operands[0].owner
+    if groups != _COLLAPSED or isinstance(source, ir.Block) or IM2COL not in source.attributes:
+        return None
+    return source
+
+
+def panel_rows(q: int, tm: int) -> int | None:
+    """Rows per panel for an output row of ``q`` pixels: the largest divisor of q from
+    ceil(tm / 2) to the register block's ``tm`` (fewer rows per block than that leave
+    too few accumulators to cover the FMA latency), or None."""
+    return next((t for t in range(min(q, tm), (tm + 1) // 2 - 1, -1) if q % t == 0), None)
+
+
+def im2col_panels(columns: ir.Operation, rows: int) -> ir.Value:
+    """The row panels [N * P * Q / rows, C * KH * KW, rows] of the columns that the IM2COL
+    copy ``columns`` writes, gathered from its image (``rows`` divides Q)."""
+    image = columns.operands[0]
+    read = indexing_maps(columns)[0]
+    n, p, q, c, kh, kw = dim_sizes(columns.operands[1])
+    d = [ir.AffineDimExpr.get(i) for i in range(7)]  # n p qb c kh kw r
+    at_q = ir.AffineMap.get(7, 0, [d[0], d[1], d[2] * rows + d[6], d[3], d[4], d[5]])
+    gather = ir.AffineMap.get(7, 0, [e.compose(at_q) for e in read.results])
+    element = ir.RankedTensorType(image.type).element_type
+    shape = [n, p, q // rows, c, kh, kw, rows]
+    parallel = [linalg.IteratorType.parallel] * 7
+
+    @linalg.generic([image], [tensor.empty(shape, element)], [gather, identity_map(7)], parallel)
+    def panels(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    static = [ir.ShapedType.get_dynamic_size() if isinstance(n, ir.Value) else n * p * (q // rows),
+              c * kh * kw, rows]
+    return tensor.collapse_shape(ir.RankedTensorType.get(static, element), panels, [[0, 1, 2], [3, 4, 5], [6]])
