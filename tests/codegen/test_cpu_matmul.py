@@ -165,6 +165,45 @@ def test_equal_chunks_of_a_batch_sum_are_one_loop(k, m, dtype, chunk):
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK,), dtype)
 
 
+def _width_one_graph(k: int, dtype: str) -> Graph:
+    """The products of a width-1 output layer over the batch: x @ w, x @ w + b, the weight
+    gradient x^T g and the update c <- c - lr * x^T g in place (x: (N, k), g: (N, 1))."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", 1), dtype=dtype)
+    w = make_node("param", [], name="w", shape=(k, 1), dtype=dtype)
+    bias = make_node("param", [], name="bias", shape=(1,), dtype=dtype)
+    c = make_node("param", [], name="c", shape=(k, 1), dtype=dtype)
+    lr = make_node("param", [], name="lr", shape=(), dtype=dtype)
+    one = make_node("const", [], value=1.0, dtype=dtype)
+    outs = (make_node("matmul", [x, w]), make_node("linear", [x, w, bias]),
+            make_node("matmul", [x, g], transpose_a=True))
+    update = make_node("gemm", [x, g, c, lr, one], transpose_a=True, subtract=True)
+    return Graph((x, g), (w, bias, c, lr), outs, updates=(("c", update),), name="width_one")
+
+
+@pytest.mark.parametrize("k, dtype", [(64, "float32"), (13, "float32"), (512, "float32"), (257, "float32"),
+                                      (600, "float64")])
+def test_width_one_products_keep_the_unit_column_out_of_vectors(k, dtype):
+    """A product with one column never has it as the vector's inner dim (vectors of [..., 1]
+    were one scalar FMA per lane): x @ w is a dot product per row (a loop LLVM vectorizes),
+    x^T g runs as the row g^T x (chunks of at most SMALL_CARRY_MAX when k is longer)."""
+    graph = _width_one_graph(k, dtype)
+    module = emit_linalg(graph)
+    with module.context:
+        plans = [loop_plan(op, threads=False) for op in collect_ops(module, lambda o: o.name == "linalg.matmul")]
+    assert [p.swapped for p in plans] == [False, False, True, True]
+    assert [p.tags for p in plans[:2]] == [(), ()]
+    rewrite_matmuls(module, threads=False)
+    element = "f32" if dtype == "float32" else "f64"
+    carried = re.findall(rf"iter_args\(.*\) -> \(vector<([\dx]+)x{element}>\)", str(module))
+    assert carried and all(shape.startswith("1x") for shape in carried), carried  # g^T x's accumulator rows
+    assert max(int(shape[2:]) for shape in carried) <= min(k, SMALL_CARRY_MAX), carried
+    executable = CpuBackend().compile(graph)
+    fmas = re.findall(r"llvm.intr.fmuladd\(.*\) : \((\w+|vector<\d+x\w+>),", executable.stages["llvm"])
+    assert fmas and not [t for t in fmas if t in ("f32", "f64") or t.startswith("vector<1x")], fmas  # no scalar FMAs
+    _assert_matches_reference(graph, executable, BATCHES + (SMALL_ROW_BLOCK, 4099), dtype, lr_slot=3, updated_slot=2)
+
+
 @pytest.mark.parametrize("k, m, dtype, swapped", [
     (4100, 1, "float32", True),  # one column, k over many kc slices; g @ w^T has k = 1 (once failed to compile)
     (600, 10, "float32", True),  # an output layer of 10 classes; k over three kc slices
