@@ -26,8 +26,10 @@ from mlir_nn.codegen.cpu_matmul import (
     SMALL_K_STEPS,
     SMALL_ROW_BLOCK,
     SMALL_TASK_MIN,
+    SMALL_VECTOR_MAX,
     balanced_tasks,
     loop_plan,
+    product_plan,
     rewrite_matmuls,
 )
 from mlir_nn.codegen.short_products import SHORT_K
@@ -112,6 +114,27 @@ def test_small_rows_with_a_long_k_loop_over_k_in_steps(k, m, dtype):
     steps = re.findall(loop, text)
     assert sorted(map(int, steps)) == [1, SMALL_ROW_BLOCK], steps  # the whole blocks' loop and the rest's
     assert text.count("vector.fma") == (SMALL_ROW_BLOCK + 1) * SMALL_K_STEP
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
+
+
+@pytest.mark.parametrize("k, m, dtype", [(64, 64, "float32"), (128, 32, "float32"), (64, 64, "float64")])
+def test_batch_products_with_a_small_b_are_vector_code(k, m, dtype):
+    """x @ w, g @ w^T and x @ w + b over the batch with w of SMALL_VECTOR_MAX elements: vector
+    code per block of rows (on threads in tasks of rows), not packed: packing all of the
+    batch's rows cost more than the register blocks gained."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
+    w = make_node("param", [], name="w", shape=(k, m), dtype=dtype)
+    bias = make_node("param", [], name="bias", shape=(m,), dtype=dtype)
+    outs = (make_node("matmul", [x, w]), make_node("matmul", [g, w], transpose_b=True),
+            make_node("linear", [x, w, bias], activation="relu"))
+    graph = Graph((x, g), (w, bias), outs, name="small_b")
+    assert k * m == SMALL_VECTOR_MAX
+    module = emit_linalg(graph)
+    with module.context:
+        kinds = [product_plan(op, threads=True).kind for op in collect_ops(module, lambda o: o.name == "linalg.matmul")]
+    assert kinds == ["small-rows"] * 3
+    assert rewrite_matmuls(module)[0] == 0
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
 
 
