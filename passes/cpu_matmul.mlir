@@ -88,8 +88,8 @@ module attributes {transform.with_named_sequence} {
     // (over a dynamic batch, `mlirnn.small_rows`: blocks of {small_rows} rows, one contraction each,
     // so that each B[k, :] read feeds {small_rows} rows' independent FMA chains; the loop is peeled,
     // its last partial block runs row by row)
-    // (`mlirnn.small_chunk = rows`, a sum over the batch with a large accumulator: first a loop over
-    // chunks of that many of its rows, the batch loop inside)
+    // (`mlirnn.small_chunk = tiles`, a sum over the batch with a large accumulator: first a loop over
+    // equal chunks of one inner loop (its tile sizes), the batch loop inside)
 {small_chunks}    // (`mlirnn.small_tasks`: first split into tasks of {small_task_rows} rows on threads)
     %small_tasks = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_tasks} in %root
         : (!transform.any_op) -> !transform.any_op

@@ -58,7 +58,7 @@ from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
-from mlir_nn.support.cpu_target import cache_blocks, register_block
+from mlir_nn.support.cpu_target import cache_blocks, register_block, vector_bytes
 from mlir_nn.support.pipelines import shipped_dir
 
 PARALLEL = linalg.IteratorType.parallel
@@ -112,7 +112,7 @@ SMALL_CARRY_MAX = 256
 # Chunks of equal rows (a divisor of the row count, filling more than half of SMALL_CARRY_MAX)
 # are one loop over the chunks, its body compiled once: as separate products, the ten chunks of a
 # 256 x 10 weight gradient were ten kernels, more than half of the LLVM input of a 256-256-10 MLP.
-SMALL_CHUNK = "mlirnn.small_chunk"  # the rows of each chunk
+SMALL_CHUNK = "mlirnn.small_chunk"  # the tile sizes of each chunk (one inner loop's)
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -164,6 +164,21 @@ def _is_large(op: ir.Operation) -> bool:
             and _is_zero_fill(op.operands[2]))
 
 
+def _batch_rows_in_vectors(op: ir.Operation) -> bool:
+    """Whether a product over the batch's rows with a small static op(B) (k * n at most
+    SMALL_VECTOR_MAX) whose rows fill 2 to 4 vector registers runs as vector code per block
+    of rows (``SMALL_ROWS``) rather than blocked: packing op(A), all the batch's rows, cost
+    more than its register blocks gain (one core, batch 4096, x @ w + b: 64 x 64 394 -> 337 us,
+    128 x 32 454 -> 345 us; 16-64x7-1 step 8.6 -> 7.9 ms, 8-64-64-1 at 16384 7.0 -> 5.9 ms).
+    Wider rows spill a block's accumulators (32 x 128: 405 -> 992 us), narrower ones leave
+    too few FMA chains (256 x 16: 863 -> 929 us)."""
+    m, n, k = _sizes(op)
+    if not (ir.ShapedType.is_dynamic_size(m) and not _transposes(op)[0] and _static_sizes(n, k)):
+        return False
+    row_bytes = n * ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
+    return n * k <= SMALL_VECTOR_MAX and 2 * vector_bytes() <= row_bytes <= 4 * vector_bytes()
+
+
 def _has_short_k(op: ir.Operation) -> bool:
     """k static and at most SHORT_K: a large product is then one pass (``short_products``)."""
     k = _sizes(op)[2]
@@ -187,8 +202,10 @@ class LoopPlan:
     """How a product that is not blocked runs as a loop nest: the operands' transposes (B
     copied to (k, n) first when ``copy_b``), the loop order (of matmul dims m, n, k), the
     schedule tags of its vector code and, for a sum over the batch whose accumulator is
-    large, the (offset, length) chunks of its middle loop, or ``chunk``, the rows of the equal
-    chunks of one loop over them. ``row_vector``: vector code per row of a small static (k, n) B."""
+    large, the (offset, length) chunks of its inner loop at ``chunk_axis`` (a position in
+    ``order``), or ``chunk``, the size of the equal chunks of one loop over them.
+    ``row_vector``: vector code per row of a small static (k, n) B. ``swapped``: the plan of
+    C^T = op(B)^T op(A)^T, C (m, 1) read as (1, m) (the other fields are that product's)."""
 
     ta: bool
     tb: bool
@@ -198,12 +215,20 @@ class LoopPlan:
     tags: tuple[str, ...]
     chunks: tuple[tuple[int, int], ...] | None
     chunk: int | None = None
+    chunk_axis: int = 1
+    swapped: bool = False
 
 
 def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
     """The loop nest ``_as_generic`` builds for ``op`` (part of its ``product_plan``)."""
     ta, tb = _transposes(op)
     m, n, k = _sizes(op)
+    # A sum over the batch into a column, C (m, 1) = A^T B (a width-1 output layer's weight
+    # gradient), is planned as the row C^T = B^T A: per batch row, a vector of m (as C (m, 1),
+    # the vector code carried m vectors of one lane, scalar FMAs and spills).
+    swapped = n == 1 and ta and not tb
+    if swapped:
+        m, n, ta, tb = n, m, not tb, not ta
     # A product over a dynamic batch with a small static k x n becomes vector code per row
     # (``SMALL_VECTOR``) in the (m, k, n) order: per k, a broadcast of A[i, k] times the
     # contiguous row B[k, :]. A static B stored transposed is copied to (k, n) first (a
@@ -217,10 +242,15 @@ def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
     # A transposed (k, m) and B (k, n), e.g. a weight gradient: k outermost, so that every
     # inner loop reads rows (A[k, m] is a scalar, B[k, :] and C[m, :] contiguous).
     order = [2, 0, 1] if ta and not tb else [0, 2, 1] if row_update else [0, 1, 2]
+    # A unit n (a width-1 output layer) is never the inner loop: vector code over [..., 1]
+    # lowers to one scalar FMA per lane. Its forward product becomes a dot product of contiguous
+    # rows per m, a loop nest that LLVM vectorizes (its sum marked reassoc).
+    dot = n == 1 and order == [0, 2, 1]
+    order = [0, 1, 2] if dot else order
     sizes = (m, n, k)  # indexed by matmul dim
     inner = [sizes[d] for d in order[1:]]
     tags: list[str] = []
-    if _static_sizes(*inner) and inner[0] * inner[1] <= SMALL_VECTOR_MAX:
+    if _static_sizes(*inner) and inner[0] * inner[1] <= SMALL_VECTOR_MAX and not dot:
         tags.append(SMALL_VECTOR if _static_sizes(sizes[order[0]]) else SMALL_ROWS)
         if tags[0] == SMALL_ROWS and threads and order[0] == 0 and inner[0] * inner[1] >= SMALL_TASK_MIN:
             tags.append(SMALL_TASKS)
@@ -228,9 +258,11 @@ def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
             tags.append(SMALL_K_STEPS)
     # k (the batch) outermost: the whole of C is carried through the batch loop
     chunked = tags[:1] == [SMALL_ROWS] and order[0] == 2 and inner[0] * inner[1] > SMALL_CARRY_MAX
-    chunk = _loop_chunk(inner[0], inner[1]) if chunked else None
-    chunks = tuple(_chunks(inner[0], inner[1])) if chunked and chunk is None else None
-    return LoopPlan(ta, tb, row_vector, copy_b, tuple(order), tuple(tags), chunks, chunk)
+    axis = 1 if inner[0] > 1 else 2  # the inner loop to split: the middle one unless it is a unit
+    size, lanes = (inner[0], inner[1]) if axis == 1 else (inner[1], inner[0])
+    chunk = _loop_chunk(size, lanes) if chunked else None
+    chunks = tuple(_chunks(size, lanes)) if chunked and chunk is None else None
+    return LoopPlan(ta, tb, row_vector, copy_b, tuple(order), tuple(tags), chunks, chunk, axis, swapped)
 
 
 @dataclass(frozen=True)
@@ -254,7 +286,8 @@ class ProductPlan:
 def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
     """The schedule of the ``linalg.matmul`` ``op``, with its threads when ``threads`` allows them."""
     m, n, k = _sizes(op)
-    large = _is_large(op)
+    in_vectors = _is_large(op) and _batch_rows_in_vectors(op)
+    large = _is_large(op) and not in_vectors
     if (large or _over_batch_rows(op)) and _has_short_k(op):
         return ProductPlan("short-k", False, f"k <= {SHORT_K}: one pass with its epilogue")
     small_swapped = large and _small_swapped(op)
@@ -270,18 +303,22 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
         return ProductPlan("blocked", parallel, f"static work >= {TILED_WORK_MIN}; {work}", tasks=tasks)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
            f"n={n} would be swapped, static work <= {SWAPPED_LOOP_MAX}" if small_swapped else
+           f"batch rows, op(B) of at most {SMALL_VECTOR_MAX} elements" if in_vectors else
            f"static work < {TILED_WORK_MIN}" if k != 1 else "k = 1")
     plan = loop_plan(op, threads)
     if not plan.tags:
-        return ProductPlan("loops", False, f"{why}; inner loops dynamic or over {SMALL_VECTOR_MAX}", plan)
-    dims = (m, n, k)
+        loops = "n = 1: a dot product per row" if n == 1 else f"inner loops dynamic or over {SMALL_VECTOR_MAX}"
+        return ProductPlan("loops", False, f"{why}; {loops}", plan)
+    dims = (n, m, k) if plan.swapped else (m, n, k)
     inner = [dims[d] for d in plan.order[1:]]
-    vector = f"{why}; a vector of {inner[0]} x {inner[1]} per {'mnk'[plan.order[0]]}"
+    swap = "as C^T = B^T A, " if plan.swapped else ""
+    vector = f"{why}; {swap}a vector of {inner[0]} x {inner[1]} per {'mnk'[plan.order[0]]}"
     if plan.tags[0] == SMALL_VECTOR:
         return ProductPlan("small-vector", False, vector, plan)
     chunks = f", {len(plan.chunks)} chunks of at most {SMALL_CARRY_MAX} elements" if plan.chunks else ""
     if plan.chunk:
-        chunks = f", a loop over chunks of {plan.chunk} x {inner[1]} elements"
+        pieces = [plan.chunk, inner[1]] if plan.chunk_axis == 1 else [inner[0], plan.chunk]
+        chunks = f", a loop over chunks of {pieces[0]} x {pieces[1]} elements"
     if SMALL_K_STEPS in plan.tags:
         chunks += f", k in steps of {SMALL_K_STEP}"
     return ProductPlan("small-rows", SMALL_TASKS in plan.tags, f"{vector}, blocks of {SMALL_ROW_BLOCK} rows{chunks}",
@@ -290,6 +327,22 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
 
 def _as_generic(op: ir.Operation, plan: LoopPlan) -> ir.Value:
     a, b, c = op.operands
+    if plan.swapped:  # C (m, 1) as the row (1, m) of B^T A, and back
+        return _transposed_vector(_loop_nest(op, b, a, _transposed_vector(c), plan))
+    return _loop_nest(op, a, b, c, plan)
+
+
+def _transposed_vector(x: ir.Value) -> ir.Value:
+    """A (p, 1) or (1, p) tensor as the other one (reshapes: the same elements in the same order)."""
+    sizes = dim_sizes(x)
+    element = ir.RankedTensorType(x.type).element_type
+    length = sizes[0] if sizes[1] == 1 else sizes[1]
+    flat = tensor.collapse_shape(ir.RankedTensorType.get(_static([length]), element), x, [[0, 1]])
+    return _expand(flat, [1, length] if sizes[1] == 1 else [length, 1], [[0, 1]])
+
+
+def _loop_nest(op: ir.Operation, a: ir.Value, b: ir.Value, c: ir.Value, plan: LoopPlan) -> ir.Value:
+    """C + op(A) op(B) as ``plan`` says (``op``'s operands, or those of its swapped product)."""
     if plan.copy_b:
         b = transposed(b)
     if plan.row_vector and ir.ShapedType.is_dynamic_size(_sizes(op)[0]) and _is_zero_fill(c):
@@ -300,9 +353,11 @@ def _as_generic(op: ir.Operation, plan: LoopPlan) -> ir.Value:
     if plan.chunks is None:
         product = _looped(a, b, c, plan.ta, plan.tb, order, tags)
         if plan.chunk:
-            product.owner.attributes[SMALL_CHUNK] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), plan.chunk)
+            tiles = [0, 0, 0]
+            tiles[plan.chunk_axis] = plan.chunk
+            product.owner.attributes[SMALL_CHUNK] = ir.DenseI64ArrayAttr.get(tiles)
         return product
-    return _in_chunks(a, b, c, plan.ta, plan.tb, order, tags, list(plan.chunks))
+    return _in_chunks(a, b, c, plan.ta, plan.tb, order, tags, list(plan.chunks), plan.chunk_axis)
 
 
 def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: list[int],
@@ -350,11 +405,12 @@ def _along(value: ir.Value, axis: int | None, offset: int, length: int) -> ir.Va
 
 
 def _in_chunks(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: list[int], tags: list[str],
-               chunks: list[tuple[int, int]]) -> ir.Value:
-    """``_looped`` split along its middle loop into ``chunks``, so that the vector code of each
-    carries at most SMALL_CARRY_MAX elements through the outer (batch) loop: chunks of C's
-    rows or columns written into it, or of k accumulated one after the other."""
-    dim = order[1]
+               chunks: list[tuple[int, int]], axis: int) -> ir.Value:
+    """``_looped`` split along its inner loop at position ``axis`` of ``order`` into ``chunks``,
+    so that the vector code of each carries at most SMALL_CARRY_MAX elements through the outer
+    (batch) loop: chunks of C's rows or columns written into it, or of k accumulated one after
+    the other."""
+    dim = order[axis]
     a_map, b_map, c_map = (_operand_dims(amap) for amap in matmul_maps(ta, tb))
     axes = [dims.index(dim) if dim in dims else None for dims in (a_map, b_map, c_map)]
     total = c
@@ -727,7 +783,8 @@ def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
             op.operands[use.operand_number] = _empty(dim_sizes(product), element)
 
 
-def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (), chunks: Iterable[int] = ()) -> str:
+def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
+                   chunks: Iterable[tuple[int, ...]] = ()) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
@@ -738,17 +795,21 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (), chunks:
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))
-    text = text.replace("{small_chunks}", "".join(_CHUNK_LOOP.replace("{chunk_rows}", str(r)) for r in sorted(chunks)))
+    text = text.replace("{small_chunks}", "".join(_chunk_section(c) for c in sorted(chunks)))
     return text.replace("{balanced_tasks}", "".join(_balanced_section(t) for t in sorted(tasks)))
 
 
-# a loop over the equal chunks of SMALL_CHUNK rows of the products tagged with that many
-_CHUNK_LOOP = """    %chunked_{chunk_rows} = transform.structured.match ops{["linalg.generic"]}
-        attributes {mlirnn.small_chunk = {chunk_rows} : i64} in %root : (!transform.any_op) -> !transform.any_op
-    %chunk_{chunk_rows}, %chunk_loop_{chunk_rows} = transform.structured.tile_using_for %chunked_{chunk_rows}
-        tile_sizes [0, {chunk_rows}, 0]
+# a loop over the equal chunks (SMALL_CHUNK tile sizes) of the products tagged with these
+_CHUNK_LOOP = """    %chunked_{name} = transform.structured.match ops{["linalg.generic"]}
+        attributes {mlirnn.small_chunk = array<i64: {tiles}>} in %root : (!transform.any_op) -> !transform.any_op
+    %chunk_{name}, %chunk_loop_{name} = transform.structured.tile_using_for %chunked_{name}
+        tile_sizes [{tiles}]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
 """
+
+
+def _chunk_section(tiles: tuple[int, ...]) -> str:
+    return _CHUNK_LOOP.replace("{name}", "_".join(map(str, tiles))).replace("{tiles}", ", ".join(map(str, tiles)))
 
 
 # tasks of products tagged PARALLEL_TASKS with these sizes (their zero fills: as the others')
@@ -770,14 +831,14 @@ def _task_sizes(module: ir.Module) -> set[tuple[int, int]]:
     return {tuple(ir.DenseI64ArrayAttr(op.attributes[PARALLEL_TASKS])) for op in tagged}
 
 
-def _chunk_rows(module: ir.Module) -> set[int]:
-    """The distinct SMALL_CHUNK sizes of the products in ``module``."""
+def _chunk_tiles(module: ir.Module) -> set[tuple[int, ...]]:
+    """The distinct SMALL_CHUNK tile sizes of the products in ``module``."""
     tagged = collect_ops(module, lambda op: op.name == "linalg.generic" and SMALL_CHUNK in op.attributes)
-    return {ir.IntegerAttr(op.attributes[SMALL_CHUNK]).value for op in tagged}
+    return {tuple(ir.DenseI64ArrayAttr(op.attributes[SMALL_CHUNK])) for op in tagged}
 
 
 def _apply_schedule(module: ir.Module, itemsize: int) -> None:
-    schedule = ir.Module.parse(_schedule_text(itemsize, _task_sizes(module), _chunk_rows(module)), module.context)
+    schedule = ir.Module.parse(_schedule_text(itemsize, _task_sizes(module), _chunk_tiles(module)), module.context)
     entry = next(op for op in schedule.body.operations
                  if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")
     try:

@@ -28,16 +28,18 @@ from mlir_nn.codegen.cpu_matmul import (
     SMALL_K_STEPS,
     SMALL_ROW_BLOCK,
     SMALL_TASK_MIN,
+    SMALL_VECTOR_MAX,
     TRANSPOSE_TILE,
     _block_rows,
     balanced_tasks,
     loop_plan,
+    product_plan,
     rewrite_matmuls,
 )
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
-from mlir_nn.support.cpu_target import cache_blocks, register_block
+from mlir_nn.support.cpu_target import cache_blocks, register_block, vector_bytes
 from mlir_nn.support.pipelines import Pipeline, load_pipeline
 from tests.codegen.zoo import arguments, matmul_zoo
 
@@ -119,6 +121,34 @@ def test_small_rows_with_a_long_k_loop_over_k_in_steps(k, m, dtype):
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
 
 
+@pytest.mark.parametrize("k, m, dtype", [(64, 64, "float32"), (128, 32, "float32"), (128, 32, "float64")])
+def test_batch_products_with_a_small_b_are_vector_code(k, m, dtype):
+    """x @ w, g @ w^T and x @ w + b over the batch with w of SMALL_VECTOR_MAX elements: vector
+    code per block of rows (on threads in tasks of rows), not packed, when a row of the result
+    fills 2 to 4 vector registers (packing all of the batch's rows cost more than the register
+    blocks gained); wider rows stay blocked (a block's accumulators would spill)."""
+    def kind(n: int) -> str:
+        return "small-rows" if 2 * vector_bytes() <= n * np.dtype(dtype).itemsize <= 4 * vector_bytes() else "blocked"
+
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
+    w = make_node("param", [], name="w", shape=(k, m), dtype=dtype)
+    bias = make_node("param", [], name="bias", shape=(m,), dtype=dtype)
+    outs = (make_node("matmul", [x, w]), make_node("matmul", [g, w], transpose_b=True),
+            make_node("linear", [x, w, bias], activation="relu"))
+    graph = Graph((x, g), (w, bias), outs, name="small_b")
+    assert k * m == SMALL_VECTOR_MAX
+    module = emit_linalg(graph)
+    with module.context:
+        kinds = [product_plan(op, threads=True).kind for op in collect_ops(module, lambda o: o.name == "linalg.matmul")]
+    expected = [kind(m), kind(k), kind(m)]
+    if "small-rows" not in expected:
+        pytest.skip("no row of 2 to 4 vector registers on this host")
+    assert kinds == expected
+    assert rewrite_matmuls(module)[0] == expected.count("blocked")
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
+
+
 def test_only_a_k_in_whole_steps_loops_over_k():
     """k not a multiple of SMALL_K_STEP (the steps would be partial) or no longer than one step
     stays unrolled."""
@@ -167,6 +197,45 @@ def test_equal_chunks_of_a_batch_sum_are_one_loop(k, m, dtype, chunk):
     assert len(re.findall(rf"iter_args\(.*\) -> \(vector<{chunk}x{m}x{element}>\)", text)) == 3  # blocks, rest
     assert text.count("vector.fma") == (SMALL_ROW_BLOCK + 1) * chunk
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK,), dtype)
+
+
+def _width_one_graph(k: int, dtype: str) -> Graph:
+    """The products of a width-1 output layer over the batch: x @ w, x @ w + b, the weight
+    gradient x^T g and the update c <- c - lr * x^T g in place (x: (N, k), g: (N, 1))."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", 1), dtype=dtype)
+    w = make_node("param", [], name="w", shape=(k, 1), dtype=dtype)
+    bias = make_node("param", [], name="bias", shape=(1,), dtype=dtype)
+    c = make_node("param", [], name="c", shape=(k, 1), dtype=dtype)
+    lr = make_node("param", [], name="lr", shape=(), dtype=dtype)
+    one = make_node("const", [], value=1.0, dtype=dtype)
+    outs = (make_node("matmul", [x, w]), make_node("linear", [x, w, bias]),
+            make_node("matmul", [x, g], transpose_a=True))
+    update = make_node("gemm", [x, g, c, lr, one], transpose_a=True, subtract=True)
+    return Graph((x, g), (w, bias, c, lr), outs, updates=(("c", update),), name="width_one")
+
+
+@pytest.mark.parametrize("k, dtype", [(64, "float32"), (13, "float32"), (512, "float32"), (257, "float32"),
+                                      (600, "float64")])
+def test_width_one_products_keep_the_unit_column_out_of_vectors(k, dtype):
+    """A product with one column never has it as the vector's inner dim (vectors of [..., 1]
+    were one scalar FMA per lane): x @ w is a dot product per row (a loop LLVM vectorizes),
+    x^T g runs as the row g^T x (chunks of at most SMALL_CARRY_MAX when k is longer)."""
+    graph = _width_one_graph(k, dtype)
+    module = emit_linalg(graph)
+    with module.context:
+        plans = [loop_plan(op, threads=False) for op in collect_ops(module, lambda o: o.name == "linalg.matmul")]
+    assert [p.swapped for p in plans] == [False, False, True, True]
+    assert [p.tags for p in plans[:2]] == [(), ()]
+    rewrite_matmuls(module, threads=False)
+    element = "f32" if dtype == "float32" else "f64"
+    carried = re.findall(rf"iter_args\(.*\) -> \(vector<([\dx]+)x{element}>\)", str(module))
+    assert carried and all(shape.startswith("1x") for shape in carried), carried  # g^T x's accumulator rows
+    assert max(int(shape[2:]) for shape in carried) <= min(k, SMALL_CARRY_MAX), carried
+    executable = CpuBackend().compile(graph)
+    fmas = re.findall(r"llvm.intr.fmuladd\(.*\) : \((\w+|vector<\d+x\w+>),", executable.stages["llvm"])
+    assert fmas and not [t for t in fmas if t in ("f32", "f64") or t.startswith("vector<1x")], fmas  # no scalar FMAs
+    _assert_matches_reference(graph, executable, BATCHES + (SMALL_ROW_BLOCK, 4099), dtype, lr_slot=3, updated_slot=2)
 
 
 @pytest.mark.parametrize("k, m, dtype, swapped", [
