@@ -31,6 +31,7 @@ from mlir_nn.codegen.tensor_types import tensor_type
 from mlir_nn.ir import Node
 from mlir_nn.ir.shapes import BATCH, Dim, Shape
 from mlir_nn.ir.windows import Axis, axes_of
+from mlir_nn.support.cpu_target import vector_bytes
 
 Rule = Callable[[FunctionBuilder, Node, list[Operand]], ir.Value]
 
@@ -266,9 +267,15 @@ def _tap_views(b: FunctionBuilder, x: Operand, x_shape: Shape, w_shape: Shape, y
                                  [1, 1, 1, ys.stride, xs.stride]) for c, i, j in _taps(w_shape)]
 
 
+def _contract() -> ir.Attribute:
+    """Products and sums that LLVM may fuse into FMAs."""
+    return ir.Attribute.parse("#arith.fastmath<contract>")
+
+
 def _pairwise_sum(terms: list[ir.Value]) -> ir.Value:
     while len(terms) > 1:
-        terms = [arith.addf(*terms[k:k + 2]) if k + 1 < len(terms) else terms[k] for k in range(0, len(terms), 2)]
+        terms = [arith.addf(*terms[k:k + 2], fastmath=_contract()) if k + 1 < len(terms) else terms[k]
+                 for k in range(0, len(terms), 2)]
     return terms[0]
 
 
@@ -282,18 +289,42 @@ def _conv2d_taps(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value
     x_node, w_node = node.inputs[:2]
     o = int(w_node.shape[0])
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), tuple(int(d) for d in w_node.shape[2:]))
-    views = _tap_views(b, xs_[0], x_node.shape, w_node.shape, ys, xs, groups)
+    wide = _whole_vectors(b, xs)
+    views = _tap_views(b, xs_[0], x_node.shape, w_node.shape, ys, wide, groups)
     w = _weight_groups(b, b.tensor_of(xs_[1], w_node.shape), w_node.shape, groups)
     taps = _taps(w_node.shape)
     # loops: n g o p q
     maps = [_map(5, [_d(0), _d(1), _d(3), _d(4)])] * len(taps) + [_map(5, [_d(1), _d(2), c, i, j]) for c, i, j in taps]
     out_shape = (x_node.shape[0], groups, o // groups, ys.out, xs.out)
 
-    @linalg.generic(views + [w] * len(taps), [b.empty(out_shape)], maps + [identity_map(5)], [PARALLEL] * 5)
+    @linalg.generic(views + [w] * len(taps), [b.empty(out_shape[:4] + (wide.out,))], maps + [identity_map(5)],
+                    [PARALLEL] * 5)
     def summed(*args: ir.Value) -> ir.Value:
-        return _pairwise_sum([arith.mulf(args[t], args[len(taps) + t]) for t in range(len(taps))])
+        return _pairwise_sum([arith.mulf(args[t], args[len(taps) + t], fastmath=_contract()) for t in range(len(taps))])
 
-    return reshape(b, summed, out_shape, node.shape, _SPLIT_1)
+    return reshape(b, _first_columns(b, summed, out_shape), out_shape, node.shape, _SPLIT_1)
+
+
+def _whole_vectors(b: FunctionBuilder, xs: Axis) -> Axis:
+    """``xs`` with its output extent rounded up to whole vector registers when it spans more than
+    one and has stride 1 (the input padded further on the right): the passes over taps run along
+    output rows, and LLVM unrolled LeNet's 28-wide rows into 4-lane vectors."""
+    lanes = vector_bytes() * 8 // ir.FloatType(b.element).width
+    if xs.stride != 1 or xs.out <= lanes or xs.out % lanes == 0:
+        return xs
+    wide = -(-xs.out // lanes) * lanes
+    return xs._replace(hi=xs.hi + wide - xs.out, out=wide)
+
+
+def _first_columns(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
+    """The corner of ``x`` (a tensor as large or larger in its last dim) of ``shape``: a view."""
+    if ir.RankedTensorType(x.type).shape[-1] == shape[-1]:
+        return x
+    sizes = b.sizes(shape)
+    dynamic = [v for v in sizes if isinstance(v, ir.Value)]
+    static = [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes]
+    rank = len(shape)
+    return tensor.extract_slice(tensor_type(shape, b.dtype), x, [], dynamic, [], [0] * rank, static, [1] * rank)
 
 
 def _conv2d_weight_grad_taps(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
@@ -304,21 +335,27 @@ def _conv2d_weight_grad_taps(b: FunctionBuilder, node: Node, xs_: list[Operand])
     x_node, g_node = node.inputs[:2]
     o, cg, kh, kw = (int(d) for d in node.shape)
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
-    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
-    x = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, xs.padded), groups)
-    gy = _grouped(b, b.tensor_of(xs_[1], g_node.shape), g_node.shape, groups)
+    wide = _whole_vectors(b, xs)  # the extra columns' partial sums are dropped before the sum
+    x = _padded(b, xs_[0], x_node.shape, ys, wide, 0.0)
+    x = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, wide.padded), groups)
+    gy = b.tensor_of(xs_[1], g_node.shape)
+    if wide.out != xs.out:
+        wide_g = tuple(g_node.shape[:3]) + (wide.out,)
+        gy = place(b, gy, g_node.shape, wide_g, (0, 0, 0, 0), (1, 1, 1, 1), 0.0)
+    gy = _grouped(b, gy, tuple(g_node.shape[:3]) + (wide.out,), groups)
     # loops: n | g o c i j | p | q
     n, g, oc, c, i, j, p, q = range(8)
     maps = [_map(8, [_d(n), _d(g), _d(oc), _d(p), _d(q)]),
-            _map(8, [_d(n), _d(g), _d(c), _windowed(ys, p, i), _windowed(xs, q, j)]),
+            _map(8, [_d(n), _d(g), _d(c), _windowed(ys, p, i), _windowed(wide, q, j)]),
             _map(8, [_d(g), _d(oc), _d(c), _d(i), _d(j), _d(q)])]
     part_shape = (groups, o // groups, cg, kh, kw, xs.out)
     iterators = [REDUCTION] + [PARALLEL] * 5 + [REDUCTION, PARALLEL]
 
-    @linalg.generic([gy, x], [b.filled(part_shape, 0.0)], maps, iterators)
+    @linalg.generic([gy, x], [b.filled(part_shape[:5] + (wide.out,), 0.0)], maps, iterators)
     def partial(gv: ir.Value, xv: ir.Value, total: ir.Value) -> ir.Value:
-        return arith.addf(total, arith.mulf(gv, xv))
+        return arith.addf(total, arith.mulf(gv, xv, fastmath=_contract()), fastmath=_contract())
 
+    partial = _first_columns(b, partial, part_shape)
     total = b.reduce(part_shape[:5], [partial], [identity_map(6)], _map(6, [_d(k) for k in range(5)]),
                      [PARALLEL] * 5 + [REDUCTION], lambda v: v)
     return reshape(b, total, part_shape[:5], node.shape, _SPLIT_0)

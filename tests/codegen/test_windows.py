@@ -238,3 +238,15 @@ def test_max_pooling_over_tiling_windows_reads_strided_views(dtype):
     text = get_backend("cpu").compile(graph).stages["linalg"]
     assert text.count("[1, 1, 2, 2] : tensor<?x3x6x10x") == 4
     check(graph, 7, ties=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_tap_passes_run_along_output_rows_in_whole_vectors(dtype):
+    """LeNet's first layer (one channel, 5 x 5 taps, 28-wide output rows): the forward and weight
+    gradient passes over taps compute 32-wide rows of whole vectors (the input padded further, the
+    output gradient padded with zeros) and keep the first 28; all match the reference."""
+    graph = conv_graph(dtype, 1, (28, 28), 6, (5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 1)
+    text = get_backend("cpu").compile(graph).stages["linalg"]
+    element = "f32" if dtype == "float32" else "f64"
+    assert f"tensor<?x1x6x28x32x{element}>" in text and f"tensor<1x6x1x5x5x32x{element}>" in text
+    check(graph, 3)
