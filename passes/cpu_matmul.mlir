@@ -88,6 +88,11 @@ module attributes {transform.with_named_sequence} {
     %transpose_tiles, %transpose_rows, %transpose_cols = transform.structured.tile_using_for %register_transposes
         tile_sizes [{tile}, {tile}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
     transform.structured.vectorize %transpose_tiles : !transform.any_op
+    // (a block of a zero-filled product fills its own rows, as vector stores that the block's first
+    // reads then fold into: `mlirnn.row_block_zero`)
+    %register_zeros = transform.structured.match ops{["linalg.fill"]} attributes {mlirnn.row_block_zero} in %root
+        : (!transform.any_op) -> !transform.any_op
+    transform.structured.vectorize %register_zeros : !transform.any_op
     %register_rows = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.row_block} in %root
         : (!transform.any_op) -> !transform.any_op
     %register_steps, %register_k_loop = transform.structured.tile_using_for %register_rows

@@ -18,7 +18,7 @@
   columns with AVX-512) runs swapped, C^T = op(B)^T op(A)^T with all its rows in one
   register block, and is transposed back (``_swaps``), unless it is static with at most
   SWAPPED_LOOP_MAX work (a batched product's 64x16x64): that one is a small product;
-* a static product with at most SWAPPED_LOOP_MAX work that is one matrix of a batch loop
+* a static product with at most ROW_BLOCK_WORK_MAX work that is one matrix of a batch loop
   (attention's, ``batched_products``) runs in register blocks of rows (``row_blocks``), when
   its sizes allow;
 * a large product, or one whose rows are the batch, with a short static k is one
@@ -74,6 +74,9 @@ SWAP_GAIN = 1.2  # a product is swapped when that fills this many times the shar
 # runs as a vector loop instead: packing both operands cost more than the product. GPT small step on
 # one core: 31.4 -> 29.8 ms.
 SWAPPED_LOOP_MAX = 1 << 16
+# A static product of a batch loop with at most this much work runs in register blocks of rows
+# (``row_blocks``): attention's per-head products at head widths 16 and 32.
+ROW_BLOCK_WORK_MAX = 1 << 17
 SCHEDULE = "cpu_matmul.mlir"
 # Tags the schedule matches: the blocked product, its accumulator's zero fill, packings
 # of the operands (copies of whole vector rows, copies in TRANSPOSE_TILE-deep vector
@@ -261,7 +264,7 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
     m, n, k = _sizes(op)
     rows = _row_blocks(op)
     if rows is not None:
-        return ProductPlan("row-blocks", False, f"static work <= {SWAPPED_LOOP_MAX} in a batch loop: "
+        return ProductPlan("row-blocks", False, f"static work <= {ROW_BLOCK_WORK_MAX} in a batch loop: "
                            f"register blocks of {rows} rows", rows=rows)
     large = _is_large(op)
     if (large or _over_batch_rows(op)) and _has_short_k(op):
@@ -598,10 +601,10 @@ def _small_swapped(op: ir.Operation) -> bool:
 
 
 def _row_blocks(op: ir.Operation) -> int | None:
-    """Rows per register block of a static product with at most SWAPPED_LOOP_MAX work that is
+    """Rows per register block of a static product with at most ROW_BLOCK_WORK_MAX work that is
     one matrix of a batch loop (``row_blocks``), or None."""
     m, n, k = _sizes(op)
-    if not _static_sizes(m, n, k) or m * n * k > SWAPPED_LOOP_MAX or op.parent.name != "scf.for":
+    if not _static_sizes(m, n, k) or m * n * k > ROW_BLOCK_WORK_MAX or op.parent.name != "scf.for":
         return None
     return block_rows(m, n, k, ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width)
 
@@ -793,7 +796,8 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
             with ir.InsertionPoint(op), op.location:
                 if plan.rows is not None:
                     a, b, c = op.operands
-                    replacement = row_block_product(a, b, c, *_transposes(op), plan.rows, ir.InsertionPoint(op.parent))
+                    replacement = row_block_product(a, b, c, *_transposes(op), plan.rows, ir.InsertionPoint(op.parent),
+                                                    _is_zero_fill(c))
                 elif short:
                     a, b, _ = op.operands
                     replacement = short_product(a, b, *_transposes(op), _sizes(op)[2])

@@ -21,6 +21,7 @@ from mlir_nn.codegen.maps import dims_map, identity_map
 from mlir_nn.codegen.shaped import dim_sizes
 
 ROW_BLOCK = "mlirnn.row_block"  # the schedule vectorizes each tagged block in steps of K_STEP
+ROW_BLOCK_ZERO = "mlirnn.row_block_zero"  # a block's zero start, vectorized: its accumulators start at zero
 ROW_BLOCK_TRANSPOSE = "mlirnn.row_block_transpose"  # a copy the schedule runs in TRANSPOSE_TILE-square tiles
 TRANSPOSE_TILE = 16  # cpu_matmul.TRANSPOSE_TILE
 ROW_BLOCK_ACCUMULATORS = 24  # vector registers of a block's accumulators (of 32 with AVX-512)
@@ -66,9 +67,11 @@ def _transposed_into(value: ir.Value, out: ir.Value) -> ir.Value:
 
 
 def row_block_product(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, rows: int,
-                      scratch: ir.InsertionPoint) -> ir.Value:
+                      scratch: ir.InsertionPoint, zero: bool) -> ir.Value:
     """C + op(A) @ op(B) (static sizes) in blocks of ``rows`` rows of C; ``scratch``: where the
-    buffer of a transposed B's (k, n) copy is created (before the batch loop)."""
+    buffer of a transposed B's (k, n) copy is created (before the batch loop). ``zero``: C is a
+    zero fill, which each block does on its own rows instead (its accumulators then start at
+    zero, not loaded from a filled buffer)."""
     m, n = dim_sizes(c)
     k = dim_sizes(a)[0 if ta else 1]
     element = ir.RankedTensorType(c.type).element_type
@@ -79,12 +82,17 @@ def row_block_product(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool,
         if k % TRANSPOSE_TILE == 0 and n % TRANSPOSE_TILE == 0:
             b.owner.attributes[ROW_BLOCK_TRANSPOSE] = ir.UnitAttr.get()
     index = ir.IndexType.get()
+    if zero:
+        c = c.owner.operands[1]  # the fill's destination
     loop = scf.ForOp(arith.constant(index, 0), arith.constant(index, m), arith.constant(index, rows), [c])
     fastmath = ir.Attribute.parse("#arith.fastmath<contract>")
     with ir.InsertionPoint(loop.body):
         i = loop.induction_variable
         a_part = _slice(a, [0, i], [k, rows]) if ta else _slice(a, [i, 0], [rows, k])
         c_part = _slice(loop.inner_iter_args[0], [i, 0], [rows, n])
+        if zero:
+            c_part = linalg.fill(arith.constant(element, 0.0), outs=[c_part])
+            c_part.owner.attributes[ROW_BLOCK_ZERO] = ir.UnitAttr.get()
         # dims (row, k, column)
         maps = [dims_map(3, [1, 0] if ta else [0, 1]), dims_map(3, [1, 2]), dims_map(3, [0, 2])]
 

@@ -62,7 +62,8 @@ def _schedules(a: np.ndarray, b: np.ndarray, layout: str) -> list[str]:
     return [s.schedule for s in product_schedules(emit_linalg(graph, strided_copies=True))]
 
 
-SIZES = [(2, 7, 8, 5), (3, 14, 24, 33), (2, 64, 16, 64), (2, 64, 64, 16), (1, 6, 16, 1), (2, 16, 32, 48)]
+SIZES = [(2, 7, 8, 5), (3, 14, 24, 33), (2, 64, 16, 64), (2, 64, 64, 16), (1, 6, 16, 1), (2, 16, 32, 48),
+         (1, 64, 32, 64)]
 
 
 @pytest.mark.parametrize("sizes", SIZES, ids=lambda s: "x".join(map(str, s)))
