@@ -78,6 +78,25 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.lower_masks
     } : !transform.any_op
 
+    // Blocks of rows of a batch loop's small products (`mlirnn.row_block`, mlir_nn/codegen/row_blocks.py):
+    // a loop over k in steps of {small_k_step}, each step one vector contraction, the block's
+    // accumulators carried in registers (hoisted below).
+    // (a B stored (n, k) is copied to (k, n) in {tile} x {tile} vector tiles, `mlirnn.row_block_transpose`)
+    %register_transposes = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.row_block_transpose}
+        in %root : (!transform.any_op) -> !transform.any_op
+    %transpose_tiles, %transpose_rows, %transpose_cols = transform.structured.tile_using_for %register_transposes
+        tile_sizes [{tile}, {tile}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    transform.structured.vectorize %transpose_tiles : !transform.any_op
+    // (a block of a zero-filled product fills its own rows, as vector stores that the block's first
+    // reads then fold into: `mlirnn.row_block_zero`)
+    %register_zeros = transform.structured.match ops{["linalg.fill"]} attributes {mlirnn.row_block_zero} in %root
+        : (!transform.any_op) -> !transform.any_op
+    transform.structured.vectorize %register_zeros : !transform.any_op
+    %register_rows = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.row_block} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %register_steps, %register_k_loop = transform.structured.tile_using_for %register_rows
+        tile_sizes [0, {small_k_step}, 0] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.structured.vectorize %register_steps : !transform.any_op
     // Small products (`mlirnn.small_vector`): per iteration of the outer (batch) loop, one
     // vector contraction over the static inner sizes (broadcasts and FMAs on registers).
     %small = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_vector} in %root

@@ -18,6 +18,9 @@
   columns with AVX-512) runs swapped, C^T = op(B)^T op(A)^T with all its rows in one
   register block, and is transposed back (``_swaps``), unless it is static with at most
   SWAPPED_LOOP_MAX work (a batched product's 64x16x64): that one is a small product;
+* a static product with at most ROW_BLOCK_WORK_MAX work that is one matrix of a batch loop
+  (attention's, ``batched_products``) runs in register blocks of rows (``row_blocks``), when
+  its sizes allow;
 * a large product, or one whose rows are the batch, with a short static k is one
   element-wise pass merged with its epilogue (``short_products``);
 * a small product becomes a ``linalg.generic`` in the loop order whose innermost loop
@@ -53,6 +56,7 @@ from mlir.dialects.transform import interpreter
 
 from mlir_nn.codegen.im2col_panels import drop_im2col_tags, im2col_panels, im2col_source, panel_rows
 from mlir_nn.codegen.maps import dims_map, matmul_maps
+from mlir_nn.codegen.row_blocks import block_rows, row_block_product
 from mlir_nn.codegen.row_sums import tag_row_sums
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
@@ -71,6 +75,9 @@ SWAP_GAIN = 1.2  # a product is swapped when that fills this many times the shar
 # runs as a vector loop instead: packing both operands cost more than the product. GPT small step on
 # one core: 31.4 -> 29.8 ms.
 SWAPPED_LOOP_MAX = 1 << 16
+# A static product of a batch loop with at most this much work runs in register blocks of rows
+# (``row_blocks``): attention's per-head products at head widths 16 and 32.
+ROW_BLOCK_WORK_MAX = 1 << 17
 SCHEDULE = "cpu_matmul.mlir"
 # Tags the schedule matches: the blocked product, its accumulator's zero fill, packings
 # of the operands (copies of whole vector rows, copies in TRANSPOSE_TILE-deep vector
@@ -270,6 +277,7 @@ class ProductPlan:
     """The schedule ``rewrite_matmuls`` gives a product, and why (the one place that decides;
     ``schedule_report`` prints it). ``kind``: "short-k" (one element-wise pass,
     ``short_products``), "blocked" or "blocked-swapped" (packed register blocks, ``_blocked``),
+    "row-blocks" (a small product of a batch loop in register blocks of rows, ``row_blocks``),
     or a loop nest ("small-vector", "small-rows" or "loops", as ``loops`` says)."""
 
     kind: str
@@ -277,6 +285,7 @@ class ProductPlan:
     reason: str
     loops: LoopPlan | None = None  # the loop nest of a product that is not blocked
     tasks: tuple[int, int] | None = None  # (column, row) panels per task when not the default
+    rows: int | None = None  # rows per register block of a "row-blocks" product
 
     @property
     def blocked(self) -> bool:
@@ -286,6 +295,10 @@ class ProductPlan:
 def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
     """The schedule of the ``linalg.matmul`` ``op``, with its threads when ``threads`` allows them."""
     m, n, k = _sizes(op)
+    rows = _row_blocks(op)
+    if rows is not None:
+        return ProductPlan("row-blocks", False, f"static work <= {ROW_BLOCK_WORK_MAX} in a batch loop: "
+                           f"register blocks of {rows} rows", rows=rows)
     in_vectors = _is_large(op) and _batch_rows_in_vectors(op)
     large = _is_large(op) and not in_vectors
     if (large or _over_batch_rows(op)) and _has_short_k(op):
@@ -662,6 +675,15 @@ def _small_swapped(op: ir.Operation) -> bool:
     return _static_sizes(m, n, k) and m * n * k <= SWAPPED_LOOP_MAX and _swaps(op)
 
 
+def _row_blocks(op: ir.Operation) -> int | None:
+    """Rows per register block of a static product with at most ROW_BLOCK_WORK_MAX work that is
+    one matrix of a batch loop (``row_blocks``), or None."""
+    m, n, k = _sizes(op)
+    if not _static_sizes(m, n, k) or m * n * k > ROW_BLOCK_WORK_MAX or op.parent.name != "scf.for":
+        return None
+    return block_rows(m, n, k, ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width)
+
+
 def _tasks(op: ir.Operation) -> tuple[int, int] | None:
     """``balanced_tasks`` of a blocked product with static rows (None: the default tasks)."""
     m, n, _ = _sizes(op)
@@ -861,7 +883,11 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
             if large:
                 itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
             with ir.InsertionPoint(op), op.location:
-                if short:
+                if plan.rows is not None:
+                    a, b, c = op.operands
+                    replacement = row_block_product(a, b, c, *_transposes(op), plan.rows, ir.InsertionPoint(op.parent),
+                                                    _is_zero_fill(c))
+                elif short:
                     a, b, _ = op.operands
                     replacement = short_product(a, b, *_transposes(op), _sizes(op)[2])
                 elif large:

@@ -119,3 +119,58 @@ def test_small_static_products_with_few_columns_loop_instead_of_packing(sizes):
     report = product_schedules(emit_linalg(graph, strided_copies=True))
     assert [(s.m, s.n, s.k) for s in report] == [(m, n, k)] and m * n * k <= SWAPPED_LOOP_MAX
     assert report[0].schedule != "blocked-swapped", report[0]
+
+
+HEAD_LAYOUTS = {  # (batch, time, heads, width) source -> the 4-D operand the product reads
+    "split": lambda x: x.permute(0, 2, 1, 3),  # (batch, heads, time, width)
+    "split-swapped": lambda x: x.permute(0, 2, 1, 3).transpose(-2, -1),  # (batch, heads, width, time)
+    "width-first": lambda x: x.permute(0, 3, 1, 2),  # (batch, width, time, heads): heads last, read as before
+}
+
+
+@pytest.mark.parametrize(("left", "right"), [("split", "split"), ("split", "split-swapped"), ("split-swapped", "split"),
+                                           ("split-swapped", "split-swapped"), ("width-first", "width-first")])
+def test_products_of_heads_split_off_a_source_equal_pytorch(left, right):
+    """A 4-D operand that transposes a (batch, time, heads, width) tensor is read per matrix from
+    that tensor (a strided slice, no transposed copy); values and gradients equal PyTorch's."""
+    rng = np.random.default_rng(len(left) * 7 + len(right))
+    a, b = rng.standard_normal((2, 5, 3, 4)), rng.standard_normal((2, 5, 3, 4))
+    left_of, right_of = HEAD_LAYOUTS[left], HEAD_LAYOUTS[right]
+
+    def f(x, y):
+        x, y = left_of(x), right_of(y)
+        return x @ (y.transpose(-2, -1) if x.shape[-1] != y.shape[-2] else y)
+
+    _close(*_compiled(f, a, b))
+    graph, _, _ = trace_step(f, [a, b], ["a", "b"], dynamic_batch=False)
+    slices = str(emit_linalg(graph, strided_copies=True)).count("tensor<2x5x3x4xf64> to tensor<")
+    assert slices == (left != "width-first") + (right != "width-first")
+
+
+def test_attention_over_a_dynamic_batch_reads_its_heads_from_the_source():
+    """softmax(q k^T) v with q, k, v split into heads off (batch, time, heads, width) tensors, at
+    two batch sizes through one compiled step, against PyTorch."""
+    rng = np.random.default_rng(13)
+    weight = rng.standard_normal((5, 3, 4))
+    w = Tensor(weight)
+    holder = Holder([w])
+
+    def attention(x, w):
+        q, k, v = ((x * w * s).permute(0, 2, 1, 3) for s in (1.0, 0.5, -1.0))
+        return (q @ k.transpose(-2, -1)).softmax(-1) @ v
+
+    def step(x):
+        holder.parameters()
+        out = attention(x, w)
+        (out * out).sum().backward()
+        grad = w._grad
+        w.grad = None
+        return [out, grad]
+
+    compiled = mlir_nn.jit(step, backend="cpu", tiered=False)
+    for rows in (2, 3):
+        x = rng.standard_normal((rows, 5, 3, 4))
+        tw = torch.tensor(weight, requires_grad=True)
+        out = attention(torch.tensor(x), tw)
+        (out * out).sum().backward()
+        _close(compiled(x), [out.detach().numpy(), tw.grad.numpy()])
