@@ -648,7 +648,7 @@ def _fill(size: int, tile: int) -> float:
     return size / (-(-size // tile) * tile)
 
 
-def _block_rows(rows: int, tm: int) -> int:
+def _even_block_rows(rows: int, tm: int) -> int:
     """Register block rows for ``rows`` static rows: the fewest blocks of at most ``tm`` rows,
     as even as they come (all rows when they fit; 16 rows: two blocks of 8, not 12 and 4 of
     padding, a third of the product's FMAs wasted)."""
@@ -664,9 +664,9 @@ def _swaps(op: ir.Operation) -> bool:
     tm, tn = register_block(ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8)
     if n >= tn:
         return False
-    rows = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, _block_rows(m, tm))
+    rows = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, _even_block_rows(m, tm))
     columns = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, tn)
-    return _fill(n, _block_rows(n, tm)) * columns > SWAP_GAIN * rows * _fill(n, tn)
+    return _fill(n, _even_block_rows(n, tm)) * columns > SWAP_GAIN * rows * _fill(n, tn)
 
 
 def _small_swapped(op: ir.Operation) -> bool:
@@ -730,7 +730,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     panels [nb, k, tn], a generic over (column panel, row panel, row, column, k) into a
     zero-filled [mb, tm, nb, tn] accumulator (tagged for the schedule), read back as the
     (m, n) corner of its (mb * tm, nb * tn) view: every register block is whole, and static
-    rows are spread evenly over the blocks (``_block_rows``). ``swapped``: C^T of a product
+    rows are spread evenly over the blocks (``_even_block_rows``). ``swapped``: C^T of a product
     with few columns (``_swaps``), whose tasks split its columns only. ``tasks``: (column,
     row) panels per task instead of the default (``balanced_tasks``)."""
     element = ir.RankedTensorType(a.type).element_type
@@ -739,7 +739,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     if columns is None:
         m = dim_sizes(a)[1 if ta else 0]
         if isinstance(m, int):
-            tm = _block_rows(m, tm)
+            tm = _even_block_rows(m, tm)
         packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A)
     else:
         packed_a = im2col_panels(columns, tm)

@@ -30,7 +30,7 @@ from mlir_nn.codegen.cpu_matmul import (
     SMALL_TASK_MIN,
     SMALL_VECTOR_MAX,
     TRANSPOSE_TILE,
-    _block_rows,
+    _even_block_rows,
     balanced_tasks,
     loop_plan,
     product_plan,
@@ -261,7 +261,7 @@ def test_products_with_few_columns_run_swapped_and_match_the_reference(k, m, dty
 @pytest.mark.parametrize("rows, tm, block", [(10, 12, 10), (12, 12, 12), (16, 12, 8), (13, 12, 7), (25, 12, 9),
                                               (100, 12, 12), (16, 6, 6), (7, 4, 4)])
 def test_static_rows_are_spread_evenly_over_register_blocks(rows, tm, block):
-    assert _block_rows(rows, tm) == block
+    assert _even_block_rows(rows, tm) == block
     assert -(-rows // block) == -(-rows // tm)  # as few blocks as before, less padding
 
 
@@ -276,7 +276,7 @@ def test_half_a_block_of_columns_runs_swapped_in_even_register_blocks(dtype):
     module = emit_linalg(graph)
     rewrite_matmuls(module)
     element = "f32" if dtype == "float32" else "f64"
-    assert f"tensor<{-(-m // tm)}x600x{_block_rows(m, tm)}x{element}>" in str(module)
+    assert f"tensor<{-(-m // tm)}x600x{_even_block_rows(m, tm)}x{element}>" in str(module)
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES, dtype)
 
 
