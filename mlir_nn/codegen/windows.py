@@ -44,6 +44,13 @@ def _map(n_dims: int, exprs: Sequence[ir.AffineExpr | int]) -> ir.AffineMap:
     return ir.AffineMap.get(n_dims, 0, [ir.AffineConstantExpr.get(e) if isinstance(e, int) else e for e in exprs])
 
 
+def _slice_sizes(b: FunctionBuilder, shape: Shape) -> tuple[list[ir.Value], list[int]]:
+    """(dynamic sizes, static sizes with the dynamic marker) of ``shape``, as slice ops take them."""
+    sizes = b.sizes(shape)
+    return ([v for v in sizes if isinstance(v, ir.Value)],
+            [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes])
+
+
 def place(b: FunctionBuilder, x: ir.Value, x_shape: Shape, out_shape: Shape, offsets: Sequence[int],
           strides: Sequence[int], fill: float) -> ir.Value:
     """out[i] = x[(i - offset) / stride] where that is a whole index inside ``x``, else ``fill``.
@@ -54,9 +61,7 @@ def place(b: FunctionBuilder, x: ir.Value, x_shape: Shape, out_shape: Shape, off
     everything as that gather unless ``b.strided_copies`` (the CUDA runtime has no subviews).
     """
     if b.strided_copies and _inside(x_shape, out_shape, offsets, strides):
-        sizes = b.sizes(x_shape)
-        dynamic = [v for v in sizes if isinstance(v, ir.Value)]
-        static = [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes]
+        dynamic, static = _slice_sizes(b, x_shape)
         return tensor.insert_slice(x, b.filled(out_shape, fill), [], dynamic, [], list(offsets), static, list(strides))
     rank = len(out_shape)
 
@@ -259,9 +264,7 @@ def _tap_views(b: FunctionBuilder, x: Operand, x_shape: Shape, w_shape: Shape, y
     n = x_shape[0]
     padded = _padded(b, x, x_shape, ys, xs, 0.0)
     padded = _grouped(b, padded, tuple(x_shape[:2]) + (ys.padded, xs.padded), groups)
-    sizes = b.sizes((n, groups, 1, ys.out, xs.out))
-    dynamic = [v for v in sizes if isinstance(v, ir.Value)]
-    static = [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes]
+    dynamic, static = _slice_sizes(b, (n, groups, 1, ys.out, xs.out))
     kind = tensor_type((n, groups, ys.out, xs.out), b.dtype)
     return [tensor.extract_slice(kind, padded, [], dynamic, [], [0, 0, c, i * ys.dilation, j * xs.dilation], static,
                                  [1, 1, 1, ys.stride, xs.stride]) for c, i, j in _taps(w_shape)]
@@ -320,9 +323,7 @@ def _first_columns(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
     """The corner of ``x`` (a tensor as large or larger in its last dim) of ``shape``: a view."""
     if ir.RankedTensorType(x.type).shape[-1] == shape[-1]:
         return x
-    sizes = b.sizes(shape)
-    dynamic = [v for v in sizes if isinstance(v, ir.Value)]
-    static = [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes]
+    dynamic, static = _slice_sizes(b, shape)
     rank = len(shape)
     return tensor.extract_slice(tensor_type(shape, b.dtype), x, [], dynamic, [], [0] * rank, static, [1] * rank)
 
@@ -330,8 +331,9 @@ def _first_columns(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
 def _conv2d_weight_grad_taps(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     """The weight gradient of a convolution with few taps without im2col: one pass that adds
     g * input for every tap into a partial sum per (output channel, tap, output column), the
-    column loop innermost and parallel (the adds vectorize along it; an image's input stays in
-    L1 while its output channels pass), then a sum over the columns."""
+    column loop innermost and parallel (the adds vectorize along it, in whole vectors:
+    ``_whole_vectors``; an image's input stays in L1 while its output channels pass), then a
+    sum over the columns."""
     x_node, g_node = node.inputs[:2]
     o, cg, kh, kw = (int(d) for d in node.shape)
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
@@ -635,9 +637,7 @@ def _window_views(b: FunctionBuilder, x: ir.Value, out_shape: Shape, ys: Axis, x
     (N, C, H, W) that it reads, when the windows tile ``x`` (``_tiles``): a pass over the output
     reading these vectorizes along its rows, where a reduction over each window stayed scalar
     (LeNet-5's pools, 8% of its step)."""
-    sizes = b.sizes(out_shape)
-    dynamic = [v for v in sizes if isinstance(v, ir.Value)]
-    static = [ir.ShapedType.get_dynamic_size() if isinstance(v, ir.Value) else v for v in sizes]
+    dynamic, static = _slice_sizes(b, out_shape)
     kind = tensor_type(out_shape, b.dtype)
     return [tensor.extract_slice(kind, x, [], dynamic, [], [0, 0, i, j], static, [1, 1, ys.stride, xs.stride])
             for i in range(ys.kernel) for j in range(xs.kernel)]
