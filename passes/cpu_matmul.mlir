@@ -164,6 +164,12 @@ module attributes {transform.with_named_sequence} {
         : (!transform.any_op) -> !transform.any_op
     %chunks, %row_forall = transform.structured.tile_using_forall %parallel tile_sizes [{col_panels}, {row_panels}]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    // (products whose columns are one task's, `mlirnn.parallel_fine`: tasks of {fine_row_panels} row panels,
+    // so that a partial last task leaves the other cores little to wait for)
+    %parallel_fine = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.packed, mlirnn.parallel_fine}
+        in %root : (!transform.any_op) -> !transform.any_op
+    %fine_chunks, %fine_forall = transform.structured.tile_using_forall %parallel_fine
+        tile_sizes [{col_panels}, {fine_row_panels}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     %parallel_cols = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.packed, mlirnn.parallel_columns} in %root
         : (!transform.any_op) -> !transform.any_op
     %col_chunks, %col_forall = transform.structured.tile_using_forall %parallel_cols tile_sizes [{swapped_panels}]

@@ -20,6 +20,7 @@ from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, compile_kernel, lowe
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import (
+    FINE_TASK_SHARE,
     PACK,
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
@@ -464,3 +465,20 @@ def test_transposing_packs_copy_whole_vector_tiles_and_only_the_last_columns_pla
     widths = {ir.RankedTensorType(op.results[0].type).shape[1] for op in plain}
     assert k % TRANSPOSE_TILE in widths and all(w < TRANSPOSE_TILE for w in widths)
     _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 13, 33))
+
+
+def test_products_of_one_column_task_split_their_rows_into_finer_tasks():
+    """x @ w over the batch with 512 columns (one task's): tasks of a quarter of the default row
+    panels, so that a partial last task leaves the other core little to wait for (at batch 256
+    the default split 22 panels 16 + 6); a wider product keeps the default; both match the
+    reference at awkward batches."""
+    tm, tn = register_block(4)
+    mc, nc, _ = cache_blocks(4)
+    default = mc // tm
+    assert max(1, default // FINE_TASK_SHARE) < default
+    for n, finer in ((nc, True), (2 * nc, False)):
+        graph = _product_graph(128, n, "float32")
+        module = emit_linalg(graph)
+        rewrite_matmuls(module, threads=True)
+        assert (f"s0 ceildiv {default})" not in str(module)) == finer  # the tasks over the batch's row panels
+        _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 13, 257))
