@@ -82,31 +82,38 @@ def test_bmm_hypothesis_shapes(batch, m, k, n, flip):
     _close(*_compiled(lambda x, y: x @ (y.transpose(1, 2) if flip else y), a, b))
 
 
-def test_bmm_over_a_dynamic_batch_equals_pytorch():
-    """One compiled step over inputs of 3 and then 5 rows: the batch loop's count is the run-time batch."""
-    rng = np.random.default_rng(11)
-    weight = rng.standard_normal((7, 13))
+def _matches_torch_over_batches(forward, weight: np.ndarray, shapes: list[tuple[int, ...]], rng) -> None:
+    """``forward(x, w)`` and the gradient of its sum of squares in ``w``, compiled once for any
+    batch, at inputs of each of ``shapes`` against PyTorch."""
     w = Tensor(weight)
-
     holder = Holder([w])
 
     def step(x):
         holder.parameters()
-        h = x * w
-        out = h @ h.transpose(1, 2)
+        out = forward(x, w)
         (out * out).sum().backward()
         grad = w._grad
         w.grad = None
         return [out, grad]
 
     compiled = mlir_nn.jit(step, backend="cpu", tiered=False)
-    for rows in (3, 5):
-        x = rng.standard_normal((rows, 7, 13))
+    for shape in shapes:
+        x = rng.standard_normal(shape)
         tw = torch.tensor(weight, requires_grad=True)
-        h = torch.tensor(x) * tw
-        out = h @ h.transpose(1, 2)
+        out = forward(torch.tensor(x), tw)
         (out * out).sum().backward()
         _close(compiled(x), [out.detach().numpy(), tw.grad.numpy()])
+
+
+def test_bmm_over_a_dynamic_batch_equals_pytorch():
+    """One compiled step over inputs of 3 and then 5 rows: the batch loop's count is the run-time batch."""
+    rng = np.random.default_rng(11)
+
+    def forward(x, w):
+        h = x * w
+        return h @ h.transpose(1, 2)
+
+    _matches_torch_over_batches(forward, rng.standard_normal((7, 13)), [(3, 7, 13), (5, 7, 13)], rng)
 
 
 @pytest.mark.parametrize("sizes", [(3, 64, 64, 16), (2, 33, 47, 5)], ids=lambda s: "x".join(map(str, s)))
@@ -151,26 +158,9 @@ def test_attention_over_a_dynamic_batch_reads_its_heads_from_the_source():
     """softmax(q k^T) v with q, k, v split into heads off (batch, time, heads, width) tensors, at
     two batch sizes through one compiled step, against PyTorch."""
     rng = np.random.default_rng(13)
-    weight = rng.standard_normal((5, 3, 4))
-    w = Tensor(weight)
-    holder = Holder([w])
 
     def attention(x, w):
         q, k, v = ((x * w * s).permute(0, 2, 1, 3) for s in (1.0, 0.5, -1.0))
         return (q @ k.transpose(-2, -1)).softmax(-1) @ v
 
-    def step(x):
-        holder.parameters()
-        out = attention(x, w)
-        (out * out).sum().backward()
-        grad = w._grad
-        w.grad = None
-        return [out, grad]
-
-    compiled = mlir_nn.jit(step, backend="cpu", tiered=False)
-    for rows in (2, 3):
-        x = rng.standard_normal((rows, 5, 3, 4))
-        tw = torch.tensor(weight, requires_grad=True)
-        out = attention(torch.tensor(x), tw)
-        (out * out).sum().backward()
-        _close(compiled(x), [out.detach().numpy(), tw.grad.numpy()])
+    _matches_torch_over_batches(attention, rng.standard_normal((5, 3, 4)), [(2, 5, 3, 4), (3, 5, 3, 4)], rng)
