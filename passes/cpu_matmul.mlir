@@ -108,7 +108,8 @@ module attributes {transform.with_named_sequence} {
     // so that each B[k, :] read feeds {small_rows} rows' independent FMA chains; the loop is peeled,
     // its last partial block runs row by row)
     // (`mlirnn.small_chunk = tiles`, a sum over the batch with a large accumulator: first a loop over
-    // equal chunks of one inner loop (its tile sizes), the batch loop inside)
+    // equal chunks of one inner loop (its tile sizes), the batch loop inside; `mlirnn.small_chunk_tasks`:
+    // the chunks as tasks on threads)
 {small_chunks}    // (`mlirnn.small_tasks`: first split into tasks of {small_task_rows} rows on threads)
     %small_tasks = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_tasks} in %root
         : (!transform.any_op) -> !transform.any_op

@@ -124,6 +124,9 @@ SMALL_CARRY_MAX = 256
 # are one loop over the chunks, its body compiled once: as separate products, the ten chunks of a
 # 256 x 10 weight gradient were ten kernels, more than half of the LLVM input of a 256-256-10 MLP.
 SMALL_CHUNK = "mlirnn.small_chunk"  # the tile sizes of each chunk (one inner loop's)
+# the same, the chunks as tasks on threads: when a batch row has SMALL_CHUNK_TASK_MIN multiply-adds
+# (a 1000 x 10 weight gradient's 40 chunks of 25 x 10; smaller ones stay serial, as measured before)
+SMALL_CHUNK_TASKS, SMALL_CHUNK_TASK_MIN = "mlirnn.small_chunk_tasks", 1 << 13
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -190,6 +193,27 @@ def _batch_rows_in_vectors(op: ir.Operation) -> bool:
     return n * k <= SMALL_VECTOR_MAX and 2 * vector_bytes() <= row_bytes <= 4 * vector_bytes()
 
 
+def _narrow_over_batch(op: ir.Operation) -> bool:
+    """Whether a product over the batch has a narrow static side (2 to one vector register's
+    elements): a forward product C (batch, n) with a static k in whole SMALL_K_STEP steps, or a
+    weight gradient op(A)^T B summed over the batch with m or n narrow. Blocked, both pack
+    a copy of the batch's whole input (a transposing one for the swapped forward product),
+    which costs more than the narrow product itself: 1000-10 at batch 10000, one core,
+    19.5 -> 9.3 ms per step, 1024-10 at 512 0.48 -> 0.34 ms. They run as vector code per
+    block of rows (``SMALL_ROWS``), the forward in steps of k, the gradient in chunks."""
+    m, n, k = _sizes(op)
+    ta, tb = _transposes(op)
+    lanes = vector_bytes() * 8 // ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width
+
+    def narrow(size: int) -> bool:
+        return not ir.ShapedType.is_dynamic_size(size) and 1 < size < lanes
+
+    if ir.ShapedType.is_dynamic_size(m) and not ta:
+        return narrow(n) and _static_sizes(k) and k % SMALL_K_STEP == 0
+    return (ir.ShapedType.is_dynamic_size(k) and ta and not tb and _static_sizes(m, n)
+            and (narrow(m) or narrow(n)) and _chunk_plan(m, n) is not None)
+
+
 def _has_short_k(op: ir.Operation) -> bool:
     """k static and at most SHORT_K: a large product is then one pass (``short_products``)."""
     k = _sizes(op)[2]
@@ -215,8 +239,9 @@ class LoopPlan:
     schedule tags of its vector code and, for a sum over the batch whose accumulator is
     large, the (offset, length) chunks of its inner loop at ``chunk_axis`` (a position in
     ``order``), or ``chunk``, the size of the equal chunks of one loop over them.
-    ``row_vector``: vector code per row of a small static (k, n) B. ``swapped``: the plan of
-    C^T = op(B)^T op(A)^T, C (m, 1) read as (1, m) (the other fields are that product's)."""
+    ``row_vector``: vector code per row of a small static (k, n) B (or of a narrow one, in
+    steps of k). ``swapped``: the plan of C^T = op(B)^T op(A)^T (the other fields are that
+    product's), C (m, 1) read as (1, m), or computed into zeros and transposed back."""
 
     ta: bool
     tb: bool
@@ -228,6 +253,7 @@ class LoopPlan:
     chunk: int | None = None
     chunk_axis: int = 1
     swapped: bool = False
+    chunk_tasks: bool = False  # the loop over equal chunks runs them as tasks on threads
 
 
 def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
@@ -236,8 +262,11 @@ def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
     m, n, k = _sizes(op)
     # A sum over the batch into a column, C (m, 1) = A^T B (a width-1 output layer's weight
     # gradient), is planned as the row C^T = B^T A: per batch row, a vector of m (as C (m, 1),
-    # the vector code carried m vectors of one lane, scalar FMAs and spills).
-    swapped = n == 1 and ta and not tb
+    # the vector code carried m vectors of one lane, scalar FMAs and spills). One whose rows are
+    # few and long, as a 10 x 1000 weight gradient (PyTorch's layout), is computed as C^T, chunks
+    # of its rows, and transposed back: in chunks of its columns (10 x 25) the vector code of
+    # each was mostly lane inserts (1000-10 at batch 10000, one core: 34 vs 8.7 ms per step).
+    swapped = ta and not tb and (n == 1 or _sum_in_column_chunks(op))
     if swapped:
         m, n, ta, tb = n, m, not tb, not ta
     # A product over a dynamic batch with a small static k x n becomes vector code per row
@@ -245,7 +274,10 @@ def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
     # contiguous row B[k, :]. A static B stored transposed is copied to (k, n) first (a
     # few KB, once per step): read as (n, k), each row's contraction was lowered to
     # shuffles of B's columns, redone for every row.
-    row_vector = not ta and _static_sizes(n, k) and k * n <= SMALL_VECTOR_MAX
+    k_steps = (ir.ShapedType.is_dynamic_size(m) and _static_sizes(k) and k > SMALL_K_STEP
+               and k % SMALL_K_STEP == 0)
+    row_vector = not ta and _static_sizes(n, k) and (
+        k * n <= SMALL_VECTOR_MAX or (k_steps and n * SMALL_K_STEP <= SMALL_VECTOR_MAX))
     copy_b = row_vector and tb
     tb = tb and not copy_b
     # matmul_maps use dims (m, n, k) = (0, 1, 2); choose the loop order, then renumber.
@@ -260,20 +292,29 @@ def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
     order = [0, 1, 2] if dot else order
     sizes = (m, n, k)  # indexed by matmul dim
     inner = [sizes[d] for d in order[1:]]
+    # Over a dynamic batch, the vector code is per step of k in the (m, k, n) order, and per
+    # equal chunk of a sum over the batch (k outermost: C is carried through the batch loop).
+    over_batch = not _static_sizes(sizes[order[0]]) and _static_sizes(*inner)
+    stepped = over_batch and order == [0, 2, 1] and k_steps
+    carried = over_batch and order[0] == 2 and inner[0] * inner[1] > SMALL_CARRY_MAX
+    equal_chunks = _chunk_plan(*inner) if carried else None
+    elements = (SMALL_K_STEP * inner[1] if stepped else SMALL_CARRY_MAX if equal_chunks
+                else inner[0] * inner[1] if _static_sizes(*inner) else SMALL_VECTOR_MAX + 1)
     tags: list[str] = []
-    if _static_sizes(*inner) and inner[0] * inner[1] <= SMALL_VECTOR_MAX and not dot:
-        tags.append(SMALL_VECTOR if _static_sizes(sizes[order[0]]) else SMALL_ROWS)
-        if tags[0] == SMALL_ROWS and threads and order[0] == 0 and inner[0] * inner[1] >= SMALL_TASK_MIN:
+    if elements <= SMALL_VECTOR_MAX and not dot:
+        tags.append(SMALL_ROWS if over_batch else SMALL_VECTOR)
+        if over_batch and threads and order[0] == 0 and inner[0] * inner[1] >= SMALL_TASK_MIN:
             tags.append(SMALL_TASKS)
-        if tags[0] == SMALL_ROWS and order == [0, 2, 1] and k > SMALL_K_STEP and k % SMALL_K_STEP == 0:
+        if stepped:
             tags.append(SMALL_K_STEPS)
-    # k (the batch) outermost: the whole of C is carried through the batch loop
-    chunked = tags[:1] == [SMALL_ROWS] and order[0] == 2 and inner[0] * inner[1] > SMALL_CARRY_MAX
-    axis = 1 if inner[0] > 1 else 2  # the inner loop to split: the middle one unless it is a unit
+    chunked = carried and bool(tags)
+    # the inner loop to split: the middle one unless it is a unit
+    axis, chunk = equal_chunks if chunked and equal_chunks else (1 if inner[0] > 1 else 2, None)
     size, lanes = (inner[0], inner[1]) if axis == 1 else (inner[1], inner[0])
-    chunk = _loop_chunk(size, lanes) if chunked else None
     chunks = tuple(_chunks(size, lanes)) if chunked and chunk is None else None
-    return LoopPlan(ta, tb, row_vector, copy_b, tuple(order), tuple(tags), chunks, chunk, axis, swapped)
+    chunk_tasks = chunk is not None and threads and inner[0] * inner[1] >= SMALL_CHUNK_TASK_MIN
+    return LoopPlan(ta, tb, row_vector, copy_b, tuple(order), tuple(tags), chunks, chunk, axis, swapped,
+                    chunk_tasks)
 
 
 @dataclass(frozen=True)
@@ -304,7 +345,8 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
         return ProductPlan("row-blocks", False, f"static work <= {ROW_BLOCK_WORK_MAX} in a batch loop: "
                            f"register blocks of {rows} rows", rows=rows)
     in_vectors = _is_large(op) and _batch_rows_in_vectors(op)
-    large = _is_large(op) and not in_vectors
+    narrow = _is_large(op) and not in_vectors and _narrow_over_batch(op)
+    large = _is_large(op) and not in_vectors and not narrow
     if (large or _over_batch_rows(op)) and _has_short_k(op):
         return ProductPlan("short-k", False, f"k <= {SHORT_K}: one pass with its epilogue")
     small_swapped = large and _small_swapped(op)
@@ -321,6 +363,7 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
            f"n={n} would be swapped, static work <= {SWAPPED_LOOP_MAX}" if small_swapped else
            f"batch rows, op(B) of at most {SMALL_VECTOR_MAX} elements" if in_vectors else
+           "over the batch with a side narrower than a vector" if narrow else
            f"static work < {TILED_WORK_MIN}" if k != 1 else "k = 1")
     plan = loop_plan(op, threads)
     if not plan.tags:
@@ -335,17 +378,21 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
     chunks = f", {len(plan.chunks)} chunks of at most {SMALL_CARRY_MAX} elements" if plan.chunks else ""
     if plan.chunk:
         pieces = [plan.chunk, inner[1]] if plan.chunk_axis == 1 else [inner[0], plan.chunk]
-        chunks = f", a loop over chunks of {pieces[0]} x {pieces[1]} elements"
+        chunks = f", {'tasks' if plan.chunk_tasks else 'a loop'} over chunks of {pieces[0]} x {pieces[1]} elements"
     if SMALL_K_STEPS in plan.tags:
         chunks += f", k in steps of {SMALL_K_STEP}"
-    return ProductPlan("small-rows", SMALL_TASKS in plan.tags, f"{vector}, blocks of {SMALL_ROW_BLOCK} rows{chunks}",
+    return ProductPlan("small-rows", SMALL_TASKS in plan.tags or plan.chunk_tasks,
+                       f"{vector}, blocks of {SMALL_ROW_BLOCK} rows{chunks}",
                        plan)
 
 
 def _as_generic(op: ir.Operation, plan: LoopPlan) -> ir.Value:
     a, b, c = op.operands
-    if plan.swapped:  # C (m, 1) as the row (1, m) of B^T A, and back
+    if plan.swapped and dim_sizes(c)[1] == 1:  # C (m, 1) as the row (1, m) of B^T A, and back
         return _transposed_vector(_loop_nest(op, b, a, _transposed_vector(c), plan))
+    if plan.swapped:  # a zero-filled C as B^T A into zeros of its own, transposed back
+        m, n = dim_sizes(c)
+        return transposed(_loop_nest(op, b, a, _zeros([n, m], ir.RankedTensorType(c.type).element_type), plan))
     return _loop_nest(op, a, b, c, plan)
 
 
@@ -372,7 +419,8 @@ def _loop_nest(op: ir.Operation, a: ir.Value, b: ir.Value, c: ir.Value, plan: Lo
         if plan.chunk:
             tiles = [0, 0, 0]
             tiles[plan.chunk_axis] = plan.chunk
-            product.owner.attributes[SMALL_CHUNK] = ir.DenseI64ArrayAttr.get(tiles)
+            tag = SMALL_CHUNK_TASKS if plan.chunk_tasks else SMALL_CHUNK
+            product.owner.attributes[tag] = ir.DenseI64ArrayAttr.get(tiles)
         return product
     return _in_chunks(a, b, c, plan.ta, plan.tb, order, tags, list(plan.chunks), plan.chunk_axis)
 
@@ -400,6 +448,29 @@ def _loop_chunk(size: int, lanes: int) -> int | None:
     most half of that."""
     rows = max((d for d in range(1, SMALL_CARRY_MAX // lanes + 1) if size % d == 0), default=0)
     return rows if 2 * rows * lanes > SMALL_CARRY_MAX else None
+
+
+def _sum_in_column_chunks(op: ir.Operation) -> bool:
+    """Whether a sum over the batch into a zero-filled C (m, n) would be chunked by columns
+    (``_chunk_plan``) where C^T would be chunked by rows."""
+    m, n, k = _sizes(op)
+    if not (ir.ShapedType.is_dynamic_size(k) and _static_sizes(m, n) and m * n > SMALL_CARRY_MAX
+            and _is_zero_fill(op.operands[2])):
+        return False
+    plan, swapped = _chunk_plan(m, n), _chunk_plan(n, m)
+    return plan is not None and plan[0] == 2 and swapped is not None and swapped[0] == 1
+
+
+def _chunk_plan(rows: int, columns: int) -> tuple[int, int] | None:
+    """(axis, size) of equal chunks, one loop over them, of a (rows, columns) accumulator carried
+    through the batch loop: chunks of its rows (axis 1), or of its columns (axis 2) when a row
+    alone has more than SMALL_CARRY_MAX elements (a 10 x 1000 weight gradient: 10 x 25); None
+    when neither has a divisor that makes them large enough (``_loop_chunk``)."""
+    if rows > 1 and (chunk := _loop_chunk(rows, columns)) is not None:
+        return 1, chunk
+    if columns > SMALL_CARRY_MAX and (chunk := _loop_chunk(columns, rows)) is not None:
+        return 2, chunk
+    return None
 
 
 def _chunks(size: int, lanes: int) -> list[tuple[int, int]]:
@@ -813,7 +884,7 @@ def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
 
 
 def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
-                   chunks: Iterable[tuple[int, ...]] = ()) -> str:
+                   chunks: Iterable[tuple[str, tuple[int, ...]]] = ()) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
@@ -824,21 +895,25 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))
-    text = text.replace("{small_chunks}", "".join(_chunk_section(c) for c in sorted(chunks)))
+    text = text.replace("{small_chunks}", "".join(_chunk_section(*c) for c in sorted(chunks)))
     return text.replace("{balanced_tasks}", "".join(_balanced_section(t) for t in sorted(tasks)))
 
 
-# a loop over the equal chunks (SMALL_CHUNK tile sizes) of the products tagged with these
+# a loop over the equal chunks (tile sizes) of the products tagged SMALL_CHUNK with these, or
+# tasks of them (SMALL_CHUNK_TASKS)
 _CHUNK_LOOP = """    %chunked_{name} = transform.structured.match ops{["linalg.generic"]}
-        attributes {mlirnn.small_chunk = array<i64: {tiles}>} in %root : (!transform.any_op) -> !transform.any_op
-    %chunk_{name}, %chunk_loop_{name} = transform.structured.tile_using_for %chunked_{name}
+        attributes {{tag} = array<i64: {tiles}>} in %root : (!transform.any_op) -> !transform.any_op
+    %chunk_{name}, %chunk_loop_{name} = transform.structured.{tiling} %chunked_{name}
         tile_sizes [{tiles}]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
 """
 
 
-def _chunk_section(tiles: tuple[int, ...]) -> str:
-    return _CHUNK_LOOP.replace("{name}", "_".join(map(str, tiles))).replace("{tiles}", ", ".join(map(str, tiles)))
+def _chunk_section(tag: str, tiles: tuple[int, ...]) -> str:
+    tasks = tag == SMALL_CHUNK_TASKS
+    name = ("tasks_" if tasks else "") + "_".join(map(str, tiles))
+    return (_CHUNK_LOOP.replace("{name}", name).replace("{tag}", tag).replace("{tiles}", ", ".join(map(str, tiles)))
+            .replace("{tiling}", "tile_using_forall" if tasks else "tile_using_for"))
 
 
 # tasks of products tagged PARALLEL_TASKS with these sizes (their zero fills: as the others')
@@ -860,10 +935,13 @@ def _task_sizes(module: ir.Module) -> set[tuple[int, int]]:
     return {tuple(ir.DenseI64ArrayAttr(op.attributes[PARALLEL_TASKS])) for op in tagged}
 
 
-def _chunk_tiles(module: ir.Module) -> set[tuple[int, ...]]:
-    """The distinct SMALL_CHUNK tile sizes of the products in ``module``."""
-    tagged = collect_ops(module, lambda op: op.name == "linalg.generic" and SMALL_CHUNK in op.attributes)
-    return {tuple(ir.DenseI64ArrayAttr(op.attributes[SMALL_CHUNK])) for op in tagged}
+def _chunk_tiles(module: ir.Module) -> set[tuple[str, tuple[int, ...]]]:
+    """The distinct (SMALL_CHUNK or SMALL_CHUNK_TASKS, tile sizes) of the products in ``module``."""
+    found = set()
+    for tag in (SMALL_CHUNK, SMALL_CHUNK_TASKS):
+        tagged = collect_ops(module, lambda op, tag=tag: op.name == "linalg.generic" and tag in op.attributes)
+        found |= {(tag, tuple(ir.DenseI64ArrayAttr(op.attributes[tag]))) for op in tagged}
+    return found
 
 
 def _apply_schedule(module: ir.Module, itemsize: int) -> None:

@@ -25,6 +25,7 @@ from mlir_nn.codegen.cpu_matmul import (
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
     SMALL_CARRY_MAX,
+    SMALL_CHUNK_TASK_MIN,
     SMALL_K_STEP,
     SMALL_K_STEPS,
     SMALL_ROW_BLOCK,
@@ -150,6 +151,31 @@ def test_batch_products_with_a_small_b_are_vector_code(k, m, dtype):
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
 
 
+@pytest.mark.parametrize("k, m, dtype", [(1000, 10, "float32"), (520, 7, "float32"), (1024, 3, "float64")])
+def test_narrow_products_over_the_batch_are_vector_code_and_match_the_reference(k, m, dtype):
+    """Over the batch with a side narrower than a vector (an output layer of m classes over a
+    long k): x @ w and x @ v^T in steps of k, the weight gradients x^T g and g^T x (both layouts:
+    the latter as its transpose) in equal chunks of the long side, on threads when a batch row
+    has enough work; none is packed (blocked, each packed a copy of all of x), and every one
+    matches the reference."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
+    w = make_node("param", [], name="w", shape=(k, m), dtype=dtype)
+    v = make_node("param", [], name="v", shape=(m, k), dtype=dtype)
+    outs = (make_node("matmul", [x, w]), make_node("matmul", [x, v], transpose_b=True),
+            make_node("matmul", [x, g], transpose_a=True), make_node("matmul", [g, x], transpose_a=True))
+    graph = Graph((x, g), (w, v), outs, name="narrow_layer")
+    module = emit_linalg(graph)
+    with module.context:
+        plans = [product_plan(op, threads=True) for op in collect_ops(module, lambda o: o.name == "linalg.matmul")]
+    assert [p.kind for p in plans] == ["small-rows"] * 4, plans
+    assert all(SMALL_K_STEPS in p.loops.tags for p in plans[:2])
+    assert [p.loops.swapped for p in plans[2:]] == [False, True]
+    assert all(p.loops.chunk and p.loops.chunk_tasks == (k * m >= SMALL_CHUNK_TASK_MIN) for p in plans[2:])
+    assert rewrite_matmuls(module)[0] == 0
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
+
+
 def test_only_a_k_in_whole_steps_loops_over_k():
     """k not a multiple of SMALL_K_STEP (the steps would be partial) or no longer than one step
     stays unrolled."""
@@ -241,9 +267,9 @@ def test_width_one_products_keep_the_unit_column_out_of_vectors(k, dtype):
 
 @pytest.mark.parametrize("k, m, dtype, swapped", [
     (4100, 1, "float32", True),  # one column, k over many kc slices; g @ w^T has k = 1 (once failed to compile)
-    (600, 10, "float32", True),  # an output layer of 10 classes; k over three kc slices
+    (601, 10, "float32", True),  # an output layer of 10 classes; k over three kc slices, not in whole steps
     (257, 13, "float32", None),  # swapped with AVX-512 (13 of 32 columns), not with AVX2 (13 of 16)
-    (1400, 3, "float64", True),
+    (1401, 3, "float64", True),
 ])
 def test_products_with_few_columns_run_swapped_and_match_the_reference(k, m, dtype, swapped):
     """A product with fewer columns than a register block's runs as C^T = op(B)^T op(A)^T (its

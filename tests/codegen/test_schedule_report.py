@@ -6,7 +6,7 @@ import pytest
 from mlir import ir
 
 from mlir_nn.codegen import cpu_matmul, emit_linalg
-from mlir_nn.codegen.cpu_matmul import SMALL_ROWS, SMALL_TASKS, SMALL_VECTOR, rewrite_matmuls
+from mlir_nn.codegen.cpu_matmul import SMALL_CHUNK_TASKS, SMALL_ROWS, SMALL_TASKS, SMALL_VECTOR, rewrite_matmuls
 from mlir_nn.codegen.schedule_report import product_schedules
 from mlir_nn.codegen.walk import collect_ops
 from tests.egraph.util import trace_mlp
@@ -22,7 +22,7 @@ def _generic_tags(module, threads: bool) -> list[set[str]]:
             with ir.InsertionPoint(op), op.location:
                 cpu_matmul._as_generic(op, cpu_matmul.loop_plan(op, threads))
             made = [o for o in collect_ops(module, lambda o: o.name == "linalg.generic") if o not in before]
-            tags.append({t for o in made for t in (SMALL_ROWS, SMALL_VECTOR, SMALL_TASKS) if t in o.attributes})
+            tags.append({t for o in made for t in (SMALL_ROWS, SMALL_VECTOR, SMALL_TASKS, SMALL_CHUNK_TASKS) if t in o.attributes})
     return tags
 
 
@@ -33,6 +33,7 @@ def _generic_tags(module, threads: bool) -> list[set[str]]:
         ([784, 256, 10], 1024, "float32"),  # blocked on threads, small rows on threads
         ([64, 64, 32, 10], 256, "float64"),
         ([13, 257, 7], 33, "float32"),
+        ([1000, 10], 512, "float32"),  # narrow over the batch: small rows, the gradient in tasks of chunks
     ],
 )
 @pytest.mark.parametrize("threads", [True, False])
@@ -44,7 +45,8 @@ def test_the_report_names_the_schedules_the_rewrite_gives(widths, batch, dtype, 
     for schedule, tags in zip(report, _generic_tags(module, threads)):
         if schedule.schedule in ("small-rows", "small-vector", "loops"):  # a loop nest: its tags say which
             want = {"small-rows": {SMALL_ROWS}, "small-vector": {SMALL_VECTOR}, "loops": set()}[schedule.schedule]
-            assert tags == want | ({SMALL_TASKS} if schedule.threads else set()), schedule
+            on_threads = tags & {SMALL_TASKS, SMALL_CHUNK_TASKS}  # tasks of rows, or of a sum's chunks
+            assert tags - on_threads == want and len(on_threads) == schedule.threads, schedule
     blocked, _ = rewrite_matmuls(module, threads)
     assert sum(k.startswith("blocked") for k in kinds) == blocked
     assert all(s.reason for s in report)
