@@ -22,7 +22,8 @@ def _generic_tags(module, threads: bool) -> list[set[str]]:
             with ir.InsertionPoint(op), op.location:
                 cpu_matmul._as_generic(op, cpu_matmul.loop_plan(op, threads))
             made = [o for o in collect_ops(module, lambda o: o.name == "linalg.generic") if o not in before]
-            tags.append({t for o in made for t in (SMALL_ROWS, SMALL_VECTOR, SMALL_TASKS, SMALL_CHUNK_TASKS) if t in o.attributes})
+            kinds = (SMALL_ROWS, SMALL_VECTOR, SMALL_TASKS, SMALL_CHUNK_TASKS)
+            tags.append({t for o in made for t in kinds if t in o.attributes})
     return tags
 
 
