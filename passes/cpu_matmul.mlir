@@ -97,7 +97,9 @@ module attributes {transform.with_named_sequence} {
     %register_steps, %register_k_loop = transform.structured.tile_using_for %register_rows
         tile_sizes [0, {small_k_step}, 0] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     transform.structured.vectorize %register_steps : !transform.any_op
-    // Small products (`mlirnn.small_vector`): per iteration of the outer (batch) loop, one
+    // (small products whose vector rows are not a power of two of registers, `mlirnn.split_lanes =
+    // array<i64: loop, size>`: first split in two along that loop)
+{lane_splits}    // Small products (`mlirnn.small_vector`): per iteration of the outer (batch) loop, one
     // vector contraction over the static inner sizes (broadcasts and FMAs on registers).
     %small = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_vector} in %root
         : (!transform.any_op) -> !transform.any_op

@@ -114,6 +114,13 @@ SMALL_K_STEPS, SMALL_K_STEP = "mlirnn.small_k_steps", 8
 # step's, stay on the calling thread: a task's coroutine frame is a heap allocation, and the
 # moons step calls no malloc.
 SMALL_TASKS, SMALL_TASK_ROWS, SMALL_TASK_MIN = "mlirnn.small_tasks", 512, 2048
+# Small products whose vector rows are longer than one register but not a power of two of them
+# (20, 24, 48 floats) are split there into two (16 + 4, 16 + 8, 32 + 16): LLVM widens such vectors
+# to the next power of two and shuffles their pieces (x @ w over 50000 rows, one core: 48 x 48
+# ran at 25 GFLOP/s, 32 x 32 and 64 x 64 at 85-90).
+# (Longer rows, a width-one layer's weight gradient carried as rows of up to SMALL_CARRY_MAX, stay
+# whole: split, some failed to vectorize.)
+SPLIT_LANES, LANE_SPLIT_MAX = "mlirnn.split_lanes", 4  # (loop, size of the first part); registers
 SMALL_VECTOR_MAX = 1 << 12  # elements of the inner loops' vector (LLVM took minutes over 4100-lane vectors)
 # A sum over the batch carries its accumulator through the batch loop: larger ones are split
 # into chunks of at most this many elements, which stay in registers. A 256 x 10 weight gradient
@@ -439,7 +446,22 @@ def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: li
 
     for tag in tags:
         product.owner.attributes[tag] = ir.UnitAttr.get()
+    lanes = dim_sizes(c)[1] if order[2] == 1 else None  # the vector code's lanes: C's rows
+    point = _lane_split(lanes, vector_bytes() * 8 // ir.FloatType(ir.RankedTensorType(c.type).element_type).width)
+    if tags and point is not None:
+        product.owner.attributes[SPLIT_LANES] = ir.DenseI64ArrayAttr.get([2, point])
     return product
+
+
+def _lane_split(size: int | None, lanes: int) -> int | None:
+    """Where to split a vector code's static rows of ``size`` elements (``lanes`` per
+    register), when they are longer than one register and at most LANE_SPLIT_MAX: after the
+    most whole registers that are a power of two, when the rows are longer than that (None:
+    they are not)."""
+    if size is None or not lanes < size <= LANE_SPLIT_MAX * lanes:
+        return None
+    point = lanes << ((size // lanes).bit_length() - 1)
+    return point if point < size else None
 
 
 def _loop_chunk(size: int, lanes: int) -> int | None:
@@ -884,7 +906,8 @@ def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
 
 
 def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
-                   chunks: Iterable[tuple[str, tuple[int, ...]]] = ()) -> str:
+                   chunks: Iterable[tuple[str, tuple[int, ...]]] = (),
+                   splits: Iterable[tuple[int, int]] = ()) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
@@ -896,6 +919,7 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))
     text = text.replace("{small_chunks}", "".join(_chunk_section(*c) for c in sorted(chunks)))
+    text = text.replace("{lane_splits}", "".join(_split_section(s) for s in sorted(splits)))
     return text.replace("{balanced_tasks}", "".join(_balanced_section(t) for t in sorted(tasks)))
 
 
@@ -914,6 +938,18 @@ def _chunk_section(tag: str, tiles: tuple[int, ...]) -> str:
     name = ("tasks_" if tasks else "") + "_".join(map(str, tiles))
     return (_CHUNK_LOOP.replace("{name}", name).replace("{tag}", tag).replace("{tiles}", ", ".join(map(str, tiles)))
             .replace("{tiling}", "tile_using_forall" if tasks else "tile_using_for"))
+
+
+# the two parts of the small products tagged SPLIT_LANES with this (loop, point)
+_SPLIT = """    %split_{name} = transform.structured.match ops{["linalg.generic"]}
+        attributes {mlirnn.split_lanes = array<i64: {dim}, {point}>} in %root : (!transform.any_op) -> !transform.any_op
+    %split_parts_{name} = transform.structured.split %split_{name} after {point} {dimension = {dim}} : !transform.any_op
+"""
+
+
+def _split_section(split: tuple[int, int]) -> str:
+    dim, point = split
+    return _SPLIT.replace("{name}", f"{dim}_{point}").replace("{dim}", str(dim)).replace("{point}", str(point))
 
 
 # tasks of products tagged PARALLEL_TASKS with these sizes (their zero fills: as the others')
@@ -944,8 +980,15 @@ def _chunk_tiles(module: ir.Module) -> set[tuple[str, tuple[int, ...]]]:
     return found
 
 
+def _lane_splits(module: ir.Module) -> set[tuple[int, int]]:
+    """The distinct SPLIT_LANES (loop, point) of the products in ``module``."""
+    tagged = collect_ops(module, lambda op: op.name == "linalg.generic" and SPLIT_LANES in op.attributes)
+    return {tuple(ir.DenseI64ArrayAttr(op.attributes[SPLIT_LANES])) for op in tagged}
+
+
 def _apply_schedule(module: ir.Module, itemsize: int) -> None:
-    schedule = ir.Module.parse(_schedule_text(itemsize, _task_sizes(module), _chunk_tiles(module)), module.context)
+    text = _schedule_text(itemsize, _task_sizes(module), _chunk_tiles(module), _lane_splits(module))
+    schedule = ir.Module.parse(text, module.context)
     entry = next(op for op in schedule.body.operations
                  if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")
     try:
