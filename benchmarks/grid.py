@@ -74,6 +74,8 @@ GRID = [
     Point((784, 1024, 1024, 10), 512),  # the large step
     Point((1024, 4096, 1024), 16),  # wide layers at small batch
     Point((512, 4096, 10), 32, "adam"),
+    Point((1000, 10), 10000),  # a few outputs over a long input: no packed copy of the batch
+    Point((24, 48, 48, 24), 20000),  # rows of no power of two of vector registers
 ]
 QUICK = [GRID[i] for i in (0, 2, 4, 6, 9, 11, 13, 15)]
 SMOKE = [Point((3, 5, 2), 7, "adam")]
