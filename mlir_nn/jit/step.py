@@ -47,11 +47,14 @@ class CompiledStep:
         if built is not None:
             self._use(built)
         elif tiers:  # see mlir_nn.jit.tiered
+            if pipeline.first_tier == "native":  # compiled first, so its compile has this process's cores
+                self._use(pipeline.quick(graph, batch_estimate))
+            else:
+                self.optimized_graph, self.optimize_report = graph, None
+                self.executable: Executable = get_backend("numpy").compile(graph)
+                self.stages: dict[str, str] = {"tensor": str(graph)}
             self._background = BackgroundCompile(graph, batch_estimate, pipeline.optimize)
-            self.optimized_graph, self.optimize_report = graph, None
-            self.executable: Executable = get_backend("numpy").compile(graph)
-            self.stages: dict[str, str] = {"tensor": str(graph)}
-            self.run_plain: PlainCall | None = None
+            self.run_plain: PlainCall | None = None  # every call goes through run, which switches tiers
         else:
             self._use(pipeline.build(graph, batch_estimate))
 
@@ -71,8 +74,11 @@ class CompiledStep:
 
     @property
     def tier(self) -> str:
-        """The backend that runs the next call: ``"numpy"`` while a tiered compile is pending."""
-        return "numpy" if self._background is not None else self.backend
+        """What runs the next call: while a tiered compile is pending, ``"numpy"`` (the
+        interpreter) or ``"quick"`` (native code of the quick tier); then the backend."""
+        if self._background is None:
+            return self.backend
+        return "quick" if self.pipeline.first_tier == "native" else "numpy"
 
     def finish_compile(self, wait: bool = True) -> None:
         """Switch a tiered step to compiled code: when its compile process is done, or (``wait``)
