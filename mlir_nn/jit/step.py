@@ -11,9 +11,10 @@ from mlir_nn.backends import Executable, get_backend
 from mlir_nn.engine import Tensor
 from mlir_nn.ir import BATCH, Graph
 from mlir_nn.ir.sequence_ops import check_indices
+from mlir_nn.jit import blas_threads
 from mlir_nn.jit.feeds import FedTensor
 from mlir_nn.jit.pipeline import Built, StepPipeline
-from mlir_nn.jit.tiered import BackgroundCompile
+from mlir_nn.jit.tiered import BackgroundCompile, running
 
 if TYPE_CHECKING:
     from mlir_nn.backends.cpu import PlainCall
@@ -112,6 +113,9 @@ class CompiledStep:
             check_indices(f"{op} (step argument {self.graph.inputs[position].attr('name')})", arrays[position], size)
         if self.min_batch is not None:
             check_min_batch(self.graph, arrays, self.min_batch)
+        if self.tier == "numpy":  # the interpreter's products leave the compile processes their cores
+            with blas_threads.limited(blas_threads.cores() - running()):
+                return self.executable.run(arrays, self._param_arrays())
         return self.executable.run(arrays, self._param_arrays())
 
 

@@ -155,13 +155,18 @@ _QUEUE: list[BackgroundCompile] = []  # not started yet, oldest first
 _QUEUE_LOCK = threading.Lock()
 
 
+def running() -> int:
+    """How many compile processes of this process run now."""
+    return sum(1 for b in list(_RUNNING) if b._owner == os.getpid() and not b._exited())
+
+
 def _start_waiting() -> None:
     """Start queued compiles while fewer than ``MAX_RUNNING`` of this process run."""
     with _QUEUE_LOCK:
-        running = sum(1 for b in list(_RUNNING) if b._owner == os.getpid() and not b._exited())
-        while _QUEUE and running < MAX_RUNNING:
+        count = running()
+        while _QUEUE and count < MAX_RUNNING:
             _QUEUE.pop(0)._start()
-            running += 1
+            count += 1
 
 
 def _forget_queue_after_fork() -> None:
