@@ -37,7 +37,7 @@ class Built:
 class StepPipeline:
     """The stages for one backend; ``optimize=False`` skips the e-graph optimizer and
     ``tiered`` allows a first tier while a cold cpu step compiles: ``first_tier`` says which
-    (``"interpreter"`` or ``"native"``, see ``mlir_nn.jit.tiered``)."""
+    (``"auto"``, ``"interpreter"`` or ``"native"``, see ``mlir_nn.jit.tiered``)."""
 
     backend: str
     optimize: bool = True

@@ -14,7 +14,7 @@ from mlir_nn.ir.sequence_ops import check_indices
 from mlir_nn.jit import blas_threads
 from mlir_nn.jit.feeds import FedTensor
 from mlir_nn.jit.pipeline import Built, StepPipeline
-from mlir_nn.jit.tiered import BackgroundCompile, running
+from mlir_nn.jit.tiered import BackgroundCompile, first_tier, running
 
 if TYPE_CHECKING:
     from mlir_nn.backends.cpu import PlainCall
@@ -42,13 +42,14 @@ class CompiledStep:
         self._batch_estimate = batch_estimate
         self._background: BackgroundCompile | None = None
         self._switch = threading.Lock()
+        self.first_tier = first_tier(pipeline.first_tier, graph, batch_estimate)
         tiers = pipeline.tiers(graph)
         built = pipeline.cached(graph, batch_estimate) if tiers else None
         pipeline.check(compiling=built is None)
         if built is not None:
             self._use(built)
         elif tiers:  # see mlir_nn.jit.tiered
-            if pipeline.first_tier == "native":  # compiled first, so its compile has this process's cores
+            if self.first_tier == "native":  # compiled first, so its compile has this process's cores
                 self._use(pipeline.quick(graph, batch_estimate))
             else:
                 self.optimized_graph, self.optimize_report = graph, None
@@ -79,7 +80,7 @@ class CompiledStep:
         interpreter) or ``"quick"`` (native code of the quick tier); then the backend."""
         if self._background is None:
             return self.backend
-        return "quick" if self.pipeline.first_tier == "native" else "numpy"
+        return "quick" if self.first_tier == "native" else "numpy"
 
     def finish_compile(self, wait: bool = True) -> None:
         """Switch a tiered step to compiled code: when its compile process is done, or (``wait``)
