@@ -11,10 +11,10 @@ backend's tolerances, so the switch is invisible to a training loop.
 
 The first tier (``MLIR_NN_FIRST_TIER``): ``interpreter`` needs no compile at all.
 ``native`` compiles the optimized graph in this process with LLVM at ``QUICK_OPT_LEVEL``
-(0: fast instruction selection, no IR optimization: LLVM takes about 0.6x the time of
--O2, and the step runs up to 2x slower than the optimized code) and runs the first calls
-on that until the optimized code is ready; only then does the compile process start, so
-that the quick compile has this process's cores. ``auto`` (the default) picks native code
+(0: fast instruction selection, no IR optimization: LLVM took 0.6-0.7x the time of -O2
+on MLPs, and their steps ran 1.7-1.8x slower than the optimized code) and runs the
+first calls on that until the optimized code is ready; only then does the compile
+process start, so that the quick compile has this process's cores. ``auto`` (the default) picks native code
 for steps whose products are large (``QUICK_WORK`` multiply-adds per call at the traced
 batch), where the interpreter is slow, and the interpreter for the others, which it runs
 at once: with one BLAS thread on a 2-core machine the interpreter took 4.3 ms for an 8x64
