@@ -72,6 +72,7 @@ class Kernel:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
     source: str = "compiled"  # "compiled", "disk" or "memory"
     pipeline: Pipeline | None = None  # what it was lowered with
+    opt_level: int = OPT_LEVEL  # LLVM's
 
     @property
     def threaded(self) -> bool:
@@ -224,16 +225,17 @@ def batch_dims(graph: Graph) -> set[tuple[int, int]]:
     return {(i, d) for i, node in enumerate(leaves) for d, size in enumerate(node.shape) if size == BATCH}
 
 
-def _key(graph: Graph, pipeline: Pipeline, threads: bool) -> str:
+def _key(graph: Graph, pipeline: Pipeline, threads: bool, opt_level: int) -> str:
     target = TARGET if threads else f"{TARGET}-serial"
-    return cache_key(graph.fingerprint(), pipeline.text, target, f"{__version__}+{codegen_digest()}", OPT_LEVEL)
+    return cache_key(graph.fingerprint(), pipeline.text, target, f"{__version__}+{codegen_digest()}", opt_level)
 
 
-def cached_kernel(graph: Graph, pipeline: Pipeline | None = None, threads: bool = True) -> Kernel | None:
+def cached_kernel(graph: Graph, pipeline: Pipeline | None = None, threads: bool = True,
+                  opt_level: int = OPT_LEVEL) -> Kernel | None:
     """Native code for ``graph`` from the memory or the disk cache, or None. Imports no MLIR
     (the key covers the graph's text, its name included)."""
     pipeline = pipeline or load_pipeline(TARGET)
-    key = _key(graph, pipeline, threads)
+    key = _key(graph, pipeline, threads, opt_level)
     if key in _MEMORY:
         return replace(_MEMORY[key], timings={}, source="memory")
     start = time.perf_counter()
@@ -245,21 +247,22 @@ def cached_kernel(graph: Graph, pipeline: Pipeline | None = None, threads: bool 
         native = load_shared_object(entry.library, str(entry.meta["symbol"]))
     except (NativeError, KeyError, TypeError, ValueError):
         return None
-    kernel = Kernel(native, entry.stages, plan, {"load": time.perf_counter() - start}, "disk", pipeline)
+    kernel = Kernel(native, entry.stages, plan, {"load": time.perf_counter() - start}, "disk", pipeline, opt_level)
     _MEMORY[key] = kernel
     return kernel
 
 
 def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: bool = True,
-                   threads: bool = True) -> Kernel:
+                   threads: bool = True, opt_level: int = OPT_LEVEL) -> Kernel:
     """Native code for ``graph`` from the memory cache, the disk cache, or a fresh compile.
-    ``threads=False`` builds every product to run on the calling thread."""
+    ``threads=False`` builds every product to run on the calling thread; ``opt_level`` is
+    LLVM's (0: the quick tier's fast instruction selection, ``mlir_nn.jit.tiered``)."""
     pipeline = pipeline or load_pipeline(TARGET)
-    key = _key(graph, pipeline, threads)
+    key = _key(graph, pipeline, threads, opt_level)
     if key in _MEMORY:
         return replace(_MEMORY[key], timings={}, source="memory")
     if use_disk:
-        kernel = cached_kernel(graph, pipeline, threads)
+        kernel = cached_kernel(graph, pipeline, threads, opt_level)
         if kernel is not None:
             return kernel
     with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
@@ -278,18 +281,18 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
                             "step's buffers in its workspace and checks its inputs right before that pass")
     with tempfile.TemporaryDirectory() as tmp:
         library = Path(tmp) / LIBRARY_NAME
-        native = _build(graph, pipeline, module, stages, timings, split, library, use_disk)
+        native = _build(graph, pipeline, module, stages, timings, split, library, use_disk, opt_level)
         if use_disk:
             start = time.perf_counter()
             _store(key, library, symbol_name(graph), stages, plan)
             timings["cache-write"] = time.perf_counter() - start
-    kernel = Kernel(native, stages, plan, timings, "compiled", pipeline)
+    kernel = Kernel(native, stages, plan, timings, "compiled", pipeline, opt_level)
     _MEMORY[key] = kernel
     return kernel
 
 
 def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, str], timings: dict[str, float],
-           split: Split | None, library: Path, use_disk: bool = True) -> NativeFunction:
+           split: Split | None, library: Path, use_disk: bool = True, opt_level: int = OPT_LEVEL) -> NativeFunction:
     """Compile the lowered step (in chunks on the workers when it was split), link ``library``
     and load it; adds the "llvm" stage and the time of each part. With ``use_disk`` a split
     step links the kernels it finds in the kernel cache and stores the ones it compiles."""
@@ -307,14 +310,14 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     else:
         tail, count = tail_pipeline(pipeline), max(1, kernel_pool.worker_count())
         if use_disk:
-            keys = kernel_keys(split, tail)
+            keys = kernel_keys(split, tail, opt_level)
             linked, fresh = kernel_cache.select(split.kernels, kernel_cache.lookup(keys))
             # objects that call kernels of other objects are not cached (a step that linked one
             # would need those too): the step with every kernel in one module, or apart from them
             chunks = split.chunks(1) if count == 1 and not linked else split.apart(fresh, count)
         else:
             chunks = split.chunks(count)
-    jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o") for i, chunk in enumerate(chunks)]
+    jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o", opt_level) for i, chunk in enumerate(chunks)]
     texts = kernel_pool.run(jobs)
     if split is not None:
         stages["llvm"] = merge_texts(texts + [kernels_only(s.text, s.kernels & split.kernels.keys()) for s in linked])
@@ -328,9 +331,10 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     return native
 
 
-def kernel_keys(split: Split, tail: Pipeline) -> dict[str, str]:
-    """The key in the kernel cache of each kernel of ``split``, lowered with ``tail``."""
-    salt = "\0".join((tail.text, f"{__version__}+{codegen_digest()}", f"O{OPT_LEVEL}"))
+def kernel_keys(split: Split, tail: Pipeline, opt_level: int = OPT_LEVEL) -> dict[str, str]:
+    """The key in the kernel cache of each kernel of ``split``, lowered with ``tail`` and
+    compiled at ``opt_level``."""
+    salt = "\0".join((tail.text, f"{__version__}+{codegen_digest()}", f"O{opt_level}"))
     return {kernel: kernel_cache.kernel_key(text, salt) for kernel, text in split.kernels.items()}
 
 
@@ -517,17 +521,19 @@ class CpuExecutable:
 
 
 class CpuBackend:
-    """Compiles graphs with a CPU pass pipeline (the shipped one unless given)."""
+    """Compiles graphs with a CPU pass pipeline (the shipped one unless given), LLVM at
+    ``opt_level`` (default ``MLIR_NN_OPT_LEVEL``)."""
 
     name = TARGET
 
-    def __init__(self, pipeline: Pipeline | str | Path | None = None) -> None:
+    def __init__(self, pipeline: Pipeline | str | Path | None = None, opt_level: int = OPT_LEVEL) -> None:
         self.pipeline = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline or TARGET)
+        self.opt_level = opt_level
 
     def compile(self, graph: Graph) -> CpuExecutable:
-        return CpuExecutable(graph, compile_kernel(graph, self.pipeline))
+        return CpuExecutable(graph, compile_kernel(graph, self.pipeline, opt_level=self.opt_level))
 
     def load_cached(self, graph: Graph) -> CpuExecutable | None:
         """The executable when its native code is in the memory or disk cache, else None."""
-        kernel = cached_kernel(graph, self.pipeline)
+        kernel = cached_kernel(graph, self.pipeline, opt_level=self.opt_level)
         return None if kernel is None else CpuExecutable(graph, kernel)

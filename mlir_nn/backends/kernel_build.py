@@ -21,7 +21,7 @@ from mlir import ir
 from mlir_nn.backends.host_cpu import tune_for_host
 from mlir_nn.backends.kernel_split import NOALIAS, Chunk
 from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
-from mlir_nn.backends.native import compile_object
+from mlir_nn.backends.native import OPT_LEVEL, compile_object
 from mlir_nn.backends.task_aliasing import mark_task_arguments
 from mlir_nn.codegen.copies import strided_copies_as_loops
 from mlir_nn.codegen.lane_loads import scalarize_lane_loads
@@ -32,11 +32,13 @@ _DEFINITIONS = ("llvm.func", "llvm.mlir.global")
 
 @dataclass(frozen=True)
 class Job:
-    """Compile ``chunk`` with ``tail`` (the pipeline's passes from the split on) into ``path``."""
+    """Compile ``chunk`` with ``tail`` (the pipeline's passes from the split on) into ``path``,
+    LLVM at ``opt_level``."""
 
     chunk: Chunk
     tail: Pipeline
     path: Path
+    opt_level: int = OPT_LEVEL
 
 
 def lower_tail(module: ir.Module, tail: Pipeline) -> None:
@@ -109,7 +111,7 @@ def build(job: Job) -> str:
         mark_kernels(module, job.chunk.kernels)
         tune_for_host(module)
         text = str(module)
-        compile_object(module, job.chunk.public[0], job.path, job.chunk.calls)
+        compile_object(module, job.chunk.public[0], job.path, job.chunk.calls, job.opt_level)
     # a step's only chunk keeps its names (0.7 s of matching for the autoencoder)
     return text if job.chunk.whole else rename(text, internal, job.chunk.public[0])
 

@@ -86,22 +86,23 @@ def packed_symbol(name: str) -> str:
     return f"_mlir__mlir_ciface_{name}"
 
 
-def jit(module: ir.Module, name: str) -> tuple[NativeFunction, ExecutionEngine]:
-    """JIT-compile the LLVM-dialect ``module`` at ``OPT_LEVEL``; the engine can also dump an object."""
+def jit(module: ir.Module, name: str, opt_level: int = OPT_LEVEL) -> tuple[NativeFunction, ExecutionEngine]:
+    """JIT-compile the LLVM-dialect ``module`` at ``opt_level``; the engine can also dump an object."""
     with interrupts_deferred():  # never half loaded (see support.interrupts)
         from mlir.execution_engine import ExecutionEngine
 
     load_task_runtime()
     try:
-        engine = ExecutionEngine(module, opt_level=OPT_LEVEL, shared_libs=runtime_libs(), enable_pic=True)
+        engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=runtime_libs(), enable_pic=True)
         address = engine.raw_lookup("_mlir_ciface_" + name)
     except (RuntimeError, ValueError) as error:
         raise NativeError(f"LLVM JIT of {name} failed: {error}") from None
     return NativeFunction(address, engine, packed_symbol(name)), engine
 
 
-def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Sequence[str] = ()) -> None:
-    """Compile the LLVM-dialect ``module`` at ``OPT_LEVEL`` into the object file ``path``.
+def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Sequence[str] = (),
+                   opt_level: int = OPT_LEVEL) -> None:
+    """Compile the LLVM-dialect ``module`` at ``opt_level`` into the object file ``path``.
     ``placeholders`` are functions it calls that other objects define: the JIT, which only
     compiles here, is told they exist, and the object keeps relocations to them."""
     with interrupts_deferred():  # never half loaded (see support.interrupts)
@@ -109,7 +110,7 @@ def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Seq
 
     load_task_runtime()
     try:
-        engine = ExecutionEngine(module, opt_level=OPT_LEVEL, shared_libs=runtime_libs(), enable_pic=True)
+        engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=runtime_libs(), enable_pic=True)
         for name in placeholders:
             engine.raw_register_runtime(name, ctypes.c_void_p(_PLACEHOLDER))
         if not engine.raw_lookup(symbol):

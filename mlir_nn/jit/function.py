@@ -37,7 +37,7 @@ from mlir_nn.jit.guards import StructureGuard
 from mlir_nn.jit.pipeline import StepPipeline
 from mlir_nn.jit.python_random import without_python_random
 from mlir_nn.jit.step import CompiledStep
-from mlir_nn.jit.tiered import tiered_default
+from mlir_nn.jit.tiered import first_tier_default, tiered_default
 from mlir_nn.jit.trace import batch_is_shared, to_input_array, trace_step
 
 Signature = tuple[tuple[tuple, str], ...]
@@ -66,7 +66,8 @@ class JitFunction:
         self.fn, self.backend, self.dynamic_batch, self.optimize = fn, backend, dynamic_batch, optimize
         self.allow_python_random = allow_python_random
         self.tiered = tiered_default() if tiered is None else tiered
-        self.pipeline = StepPipeline(backend, optimize, self.tiered)
+        first_tier = first_tier_default() if self.tiered else "interpreter"
+        self.pipeline = StepPipeline(backend, optimize, self.tiered, first_tier)
         self._signature_of_fn = inspect.signature(fn)
         self._names = list(self._signature_of_fn.parameters)
         self._lock = threading.RLock()  # one thread traces and compiles a signature

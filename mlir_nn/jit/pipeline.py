@@ -8,8 +8,8 @@
 
 ``StepPipeline.build`` runs them once, in that order. Tiers are this pipeline's policy
 for when the result is needed: a cpu step whose compiled form is not in the disk caches
-yet starts on the reference interpreter while a separate process builds it
-(``mlir_nn.jit.tiered``).
+yet starts on a first tier (the reference interpreter, or ``quick``: native code compiled
+with little LLVM work) while a separate process builds it (``mlir_nn.jit.tiered``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from mlir_nn.backends import Executable
 from mlir_nn.distributed.split import compile_step, has_collectives
 from mlir_nn.ir import Graph
-from mlir_nn.jit.tiered import from_caches
+from mlir_nn.jit.tiered import FIRST_TIERS, QUICK_OPT_LEVEL, from_caches
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,13 @@ class Built:
 @dataclass(frozen=True)
 class StepPipeline:
     """The stages for one backend; ``optimize=False`` skips the e-graph optimizer and
-    ``tiered`` allows the interpreter tier while a cold cpu step compiles."""
+    ``tiered`` allows a first tier while a cold cpu step compiles: ``first_tier`` says which
+    (``"auto"``, ``"interpreter"`` or ``"native"``, see ``mlir_nn.jit.tiered``)."""
 
     backend: str
     optimize: bool = True
     tiered: bool = False
+    first_tier: str = FIRST_TIERS[0]
 
     def optimized(self, graph: Graph, batch_estimate: int | None) -> tuple[Graph, Any]:
         """Stage 1: the e-graph optimizer's graph and report (the traced graph when off)."""
@@ -58,6 +60,16 @@ class StepPipeline:
         """Every stage, in order (each through its cache)."""
         optimized, report = self.optimized(graph, batch_estimate)
         return Built(optimized, report, self.lower(optimized, graph))
+
+    def quick(self, graph: Graph, batch_estimate: int | None) -> Built:
+        """The native first tier of a cpu step: the optimized graph, lowered as ``build`` does
+        but compiled by LLVM at ``QUICK_OPT_LEVEL``; kept in memory only (the disk caches get
+        the optimized code)."""
+        from mlir_nn.backends.cpu import CpuExecutable, compile_kernel
+
+        optimized, report = self.optimized(graph, batch_estimate)
+        kernel = compile_kernel(optimized, use_disk=False, opt_level=QUICK_OPT_LEVEL)
+        return Built(optimized, report, CpuExecutable(optimized, kernel))
 
     def check(self, compiling: bool) -> None:
         """Fail at a step's first call on what would otherwise fail calls later: the cpu

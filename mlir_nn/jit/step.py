@@ -11,9 +11,10 @@ from mlir_nn.backends import Executable, get_backend
 from mlir_nn.engine import Tensor
 from mlir_nn.ir import BATCH, Graph
 from mlir_nn.ir.sequence_ops import check_indices
+from mlir_nn.jit import blas_threads
 from mlir_nn.jit.feeds import FedTensor
 from mlir_nn.jit.pipeline import Built, StepPipeline
-from mlir_nn.jit.tiered import BackgroundCompile
+from mlir_nn.jit.tiered import BackgroundCompile, first_tier, running
 
 if TYPE_CHECKING:
     from mlir_nn.backends.cpu import PlainCall
@@ -41,17 +42,21 @@ class CompiledStep:
         self._batch_estimate = batch_estimate
         self._background: BackgroundCompile | None = None
         self._switch = threading.Lock()
+        self.first_tier = first_tier(pipeline.first_tier, graph, batch_estimate)
         tiers = pipeline.tiers(graph)
         built = pipeline.cached(graph, batch_estimate) if tiers else None
         pipeline.check(compiling=built is None)
         if built is not None:
             self._use(built)
         elif tiers:  # see mlir_nn.jit.tiered
+            if self.first_tier == "native":  # compiled first, so its compile has this process's cores
+                self._use(pipeline.quick(graph, batch_estimate))
+            else:
+                self.optimized_graph, self.optimize_report = graph, None
+                self.executable: Executable = get_backend("numpy").compile(graph)
+                self.stages: dict[str, str] = {"tensor": str(graph)}
             self._background = BackgroundCompile(graph, batch_estimate, pipeline.optimize)
-            self.optimized_graph, self.optimize_report = graph, None
-            self.executable: Executable = get_backend("numpy").compile(graph)
-            self.stages: dict[str, str] = {"tensor": str(graph)}
-            self.run_plain: PlainCall | None = None
+            self.run_plain: PlainCall | None = None  # every call goes through run, which switches tiers
         else:
             self._use(pipeline.build(graph, batch_estimate))
 
@@ -71,8 +76,11 @@ class CompiledStep:
 
     @property
     def tier(self) -> str:
-        """The backend that runs the next call: ``"numpy"`` while a tiered compile is pending."""
-        return "numpy" if self._background is not None else self.backend
+        """What runs the next call: while a tiered compile is pending, ``"numpy"`` (the
+        interpreter) or ``"quick"`` (native code of the quick tier); then the backend."""
+        if self._background is None:
+            return self.backend
+        return "quick" if self.first_tier == "native" else "numpy"
 
     def finish_compile(self, wait: bool = True) -> None:
         """Switch a tiered step to compiled code: when its compile process is done, or (``wait``)
@@ -106,6 +114,9 @@ class CompiledStep:
             check_indices(f"{op} (step argument {self.graph.inputs[position].attr('name')})", arrays[position], size)
         if self.min_batch is not None:
             check_min_batch(self.graph, arrays, self.min_batch)
+        if self.tier == "numpy":  # the interpreter's products leave the compile processes their cores
+            with blas_threads.limited(blas_threads.cores() - running()):
+                return self.executable.run(arrays, self._param_arrays())
         return self.executable.run(arrays, self._param_arrays())
 
 

@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlir_nn.backends import get_backend
-from mlir_nn.backends.cpu import CpuBackend, clear_memory_cache, compile_kernel
+from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, clear_memory_cache, compile_kernel
 from mlir_nn.backends.lowering import LoweringError
+from mlir_nn.backends.native import OPT_LEVEL
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.ir import DTypeError, Graph, ShapeError, make_node
 from mlir_nn.support.disk_cache import cache_dir
@@ -255,6 +256,25 @@ def test_user_pipeline_file(tmp_path):
     want, _ = evaluate(graph, inputs, [p.copy() for p in params], 5)
     for g, w in zip(CpuBackend(str(path)).compile(graph).run(inputs, params), want):
         np.testing.assert_allclose(g, w, rtol=1e-9)
+
+
+@pytest.mark.parametrize("make", [lambda: matmul_zoo(37, 70, "float32"), lambda: elementwise_zoo(3, "float64")],
+                         ids=["products", "elementwise"])
+def test_llvm_at_O0_computes_what_the_reference_does(make):
+    """The quick tier's code (``opt_level=0``, mlir_nn.jit.tiered) at awkward batch sizes; it
+    is a kernel of its own, never the one at the default level."""
+    graph = make()
+    kernel = compile_kernel(graph, use_disk=False, opt_level=0)
+    assert kernel.opt_level == 0 and kernel.source == "compiled"
+    executable = CpuExecutable(graph, kernel)
+    rng = np.random.default_rng(7)
+    tolerance = TOL[graph.inputs[0].dtype]
+    for batch in (1, 7, 13, 33, 257):
+        inputs, params = arguments(graph, batch, rng)
+        want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        for got, expected in zip(executable.run(inputs, params), want):
+            np.testing.assert_allclose(got, expected, **tolerance)
+    assert compile_kernel(graph, use_disk=False).opt_level == OPT_LEVEL
 
 
 def _tiny_graph(scale: float) -> Graph:

@@ -16,7 +16,16 @@ import pytest
 
 from mlir_nn import jit
 from mlir_nn.backends.errors import NativeError
-from mlir_nn.jit.tiered import ENV, tiered_default
+from mlir_nn.backends.native import OPT_LEVEL
+from mlir_nn.jit.tiered import (
+    ENV,
+    FIRST_TIER_ENV,
+    QUICK_OPT_LEVEL,
+    first_tier,
+    first_tier_default,
+    product_work,
+    tiered_default,
+)
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
 from mlir_nn.trainer import train_step
@@ -148,3 +157,62 @@ def test_background_compiles_run_a_bounded_number_at_once(monkeypatch):
         for c in compiles:
             c.cancel()
     assert all(c.done() for c in compiles)
+
+
+def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_ready(monkeypatch):
+    """``MLIR_NN_FIRST_TIER=native``: the first calls run code compiled here with LLVM at -O0,
+    then the optimized code; both agree with the reference at awkward batch sizes."""
+    from mlir_nn.losses import mse_loss
+    from mlir_nn.optim import Adam
+
+    monkeypatch.setenv(FIRST_TIER_ENV, "native")
+
+    def make(backend: str, tiered: bool):
+        np.random.seed(13)
+        model = MLP(5, [7, 3])  # a step no other test compiles: its first compile is a cold one
+        return jit(train_step(model, Adam(model.parameters(), lr=0.01), mse_loss), backend=backend,
+                   tiered=tiered), model
+
+    (quick, quick_model), (reference, reference_model) = make("cpu", True), make("numpy", False)
+    rng = np.random.default_rng(5)
+    batches = [(rng.standard_normal((n, 5)).astype(np.float32), rng.standard_normal((n, 3)).astype(np.float32))
+               for n in (1, 7, 13, 33, 257)]
+    for x, y in batches:
+        np.testing.assert_allclose(quick(x, y), reference(x, y), rtol=2e-4, atol=2e-5)
+    compiled = quick._last
+    assert compiled.tier == "quick" and compiled.executable.kernel.opt_level == QUICK_OPT_LEVEL
+    compiled._background.wait(timeout=300)
+    for x, y in batches[::-1]:
+        np.testing.assert_allclose(quick(x, y), reference(x, y), rtol=2e-4, atol=2e-5)
+    assert compiled.tier == "cpu" and compiled.executable.kernel.opt_level == OPT_LEVEL
+    assert "llvm.func" in compiled.as_text("llvm")
+    for p, q in zip(quick_model.parameters(), reference_model.parameters()):
+        np.testing.assert_allclose(p.data, q.data, atol=2e-4)
+
+
+def test_the_first_tier_switch(monkeypatch):
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.delenv(FIRST_TIER_ENV, raising=False)
+    assert first_tier_default() == "auto" and jit(lambda x: x).pipeline.first_tier == "auto"
+    monkeypatch.setenv(FIRST_TIER_ENV, "native")
+    assert jit(lambda x: x).pipeline.first_tier == "native"
+    assert jit(lambda x: x, tiered=False).pipeline.first_tier == "interpreter"  # no tiers: no first tier
+    monkeypatch.setenv(FIRST_TIER_ENV, "fast")
+    with pytest.raises(ValueError, match="MLIR_NN_FIRST_TIER must be auto, interpreter or native, got 'fast'"):
+        jit(lambda x: x)
+
+
+@pytest.mark.parametrize("sizes,batch,work,tier", [
+    ([2, 32, 32, 16, 1], 10, 3 * 10 * (2 * 32 + 32 * 32 + 32 * 16 + 16), "interpreter"),
+    ([784, 256, 64, 16, 64, 256, 784], 128, 3 * 128 * (2 * 784 * 256 + 2 * 256 * 64 + 2 * 64 * 16), "native"),
+])
+def test_auto_picks_native_code_for_large_products(sizes, batch, work, tier):
+    """Forward, input gradient (not of the first layer) and weight gradient of each layer."""
+    from mlir_nn.jit.trace import trace_step
+
+    model = MLP(sizes[0], sizes[1:])
+    arrays = [np.ones((batch, sizes[0]), np.float32), np.ones((batch, sizes[-1]), np.float32)]
+    graph = trace_step(train_step(model, SGD(model.parameters(), lr=0.1)), arrays, ["x", "y"])[0]
+    first_layer_input_gradient = batch * sizes[0] * sizes[1]
+    assert product_work(graph, batch) == work - first_layer_input_gradient
+    assert first_tier("auto", graph, batch) == tier and first_tier("interpreter", graph, batch) == "interpreter"
