@@ -345,13 +345,14 @@ def _conv2d_weight_grad_taps(b: FunctionBuilder, node: Node, xs_: list[Operand])
         wide_g = tuple(g_node.shape[:3]) + (wide.out,)
         gy = place(b, gy, g_node.shape, wide_g, (0, 0, 0, 0), (1, 1, 1, 1), 0.0)
     gy = _grouped(b, gy, tuple(g_node.shape[:3]) + (wide.out,), groups)
-    # loops: n | g o c i j | p | q
-    n, g, oc, c, i, j, p, q = range(8)
+    # loops: n | g o c i | p | j q (the kw taps beside the columns: kw * vectors of independent
+    # sums per output row, where taps outside the row loop chained one sum's FMAs)
+    n, g, oc, c, i, p, j, q = range(8)
     maps = [_map(8, [_d(n), _d(g), _d(oc), _d(p), _d(q)]),
             _map(8, [_d(n), _d(g), _d(c), _windowed(ys, p, i), _windowed(wide, q, j)]),
             _map(8, [_d(g), _d(oc), _d(c), _d(i), _d(j), _d(q)])]
     part_shape = (groups, o // groups, cg, kh, kw, xs.out)
-    iterators = [REDUCTION] + [PARALLEL] * 5 + [REDUCTION, PARALLEL]
+    iterators = [REDUCTION] + [PARALLEL] * 4 + [REDUCTION, PARALLEL, PARALLEL]
 
     @linalg.generic([gy, x], [b.filled(part_shape[:5] + (wide.out,), 0.0)], maps, iterators)
     def partial(gv: ir.Value, xv: ir.Value, total: ir.Value) -> ir.Value:

@@ -140,6 +140,9 @@ def test_convolutions_with_few_taps_sum_them_in_one_pass(c, kernel, groups, taps
     else:
         assert "linalg.matmul" not in text and text.count("tensor.extract_slice") == taps
         assert "linalg.matmul" not in wtext
+        # (n | g o c i | p | j q): the kw taps' sums run beside the columns, as independent chains
+        loops = '"reduction", "parallel", "parallel", "parallel", "parallel", "reduction", "parallel", "parallel"'
+        assert f"iterator_types = [{loops}]" in wtext
     assert "tensor.extract_slice" not in str(emit_linalg(forward, strided_copies=False))
     assert "linalg.matmul" in str(emit_linalg(weights, strided_copies=False)) or groups > 1
     check(forward, 5)
