@@ -70,3 +70,35 @@ def im2col_panels(columns: ir.Operation, rows: int) -> ir.Value:
     static = [ir.ShapedType.get_dynamic_size() if isinstance(n, ir.Value) else n * p * (q // rows),
               c * kh * kw, rows]
     return tensor.collapse_shape(ir.RankedTensorType.get(static, element), panels, [[0, 1, 2], [3, 4, 5], [6]])
+
+
+def pixel_panels(columns: ir.Operation, lanes: int) -> ir.Value | None:
+    """The columns that the IM2COL copy ``columns`` writes, pixel-major, as [C * KH * KW,
+    N * P * Q / lanes, lanes]: a gather from its image over (c, kh, kw, n, p, q), the output
+    row q innermost (contiguous in the image at stride 1), that a product swapped for its few
+    columns reads as its B panels (panel j, k, lane r: pixel j * lanes + r) with no packing
+    of its own. None for a dynamic batch or a pixel count that is no multiple of ``lanes``."""
+    image = columns.operands[0]
+    n, p, q, c, kh, kw = dim_sizes(columns.operands[1])
+    if isinstance(n, ir.Value) or (n * p * q) % lanes:
+        return None
+    d = [ir.AffineDimExpr.get(i) for i in range(6)]  # c kh kw n p q
+    at_pixel = ir.AffineMap.get(6, 0, [d[3], d[4], d[5], d[0], d[1], d[2]])
+    gather = ir.AffineMap.get(6, 0, [e.compose(at_pixel) for e in indexing_maps(columns)[0].results])
+    element = ir.RankedTensorType(image.type).element_type
+
+    @linalg.generic([image], [tensor.empty([c, kh, kw, n, p, q], element)], [gather, identity_map(6)],
+                    [linalg.IteratorType.parallel] * 6)
+    def pixels(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return _pixel_major(pixels, [c * kh * kw, n * p * q], lanes)
+
+
+def _pixel_major(pixels: ir.Value, flat: list[int], lanes: int) -> ir.Value:
+    """[C, KH, KW, N, P, Q] as [C * KH * KW, N * P * Q / lanes, lanes]."""
+    element = ir.RankedTensorType(pixels.type).element_type
+    rows = tensor.collapse_shape(ir.RankedTensorType.get(flat, element), pixels, [[0, 1, 2], [3, 4, 5]])
+    shape = [flat[0], flat[1] // lanes, lanes]
+    return tensor.expand_shape(ir.RankedTensorType.get(shape, element), rows, [[0], [1, 2]], [], shape)
+
