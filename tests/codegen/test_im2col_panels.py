@@ -5,6 +5,7 @@ and taken exactly where the output rows split into whole panels."""
 import math
 
 import pytest
+from mlir import ir
 
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
@@ -94,4 +95,35 @@ def test_swapped_products_read_the_columns_gathered_pixel_major(dtype, case):
     batch = case[0]
     pixels = math.prod(graph.outputs[0].shape) // graph.outputs[0].shape[1]
     assert _pixel_gathers(graph) == (1 if pixels % lanes == 0 else 0), pixels
+    check(graph, batch, tol=dict(rtol=2e-4, atol=2e-3) if dtype == "float32" else None)
+
+
+def _padded_gathers(graph) -> list[tuple[int, ...]]:
+    """Output shapes of the gathers that write a convolution's columns into rows padded to whole
+    column panels (an expand of a slice of the padded rows, materialized in place)."""
+    module = emit_linalg(graph, strided_copies=True)
+    rewrite_matmuls(module, threads=False)
+    placed = collect_ops(module, lambda op: op.name == "bufferization.materialize_in_destination")
+    return [tuple(ir.RankedTensorType(op.operands[1].type).shape) for op in placed]
+
+
+# (batch, in channels, image, out channels, kernel, stride, padding): weight gradients whose B is the columns
+PADDED = [
+    (32, 6, (14, 14), 16, (5, 5), (1, 1), (0, 0, 0, 0)),  # LeNet-5's second convolution: 150 columns, 5 panels
+    (1, 32, (64, 64), 40, (3, 3), (2, 2), (1, 0, 1, 1)),  # batch 1, stride 2, uneven padding: 288 columns
+    (7, 8, (33, 31), 33, (3, 2), (1, 1), (1, 1, 0, 0)),  # 48 columns: float32 panels of 32 and 16 + 16 zeros
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", PADDED)
+def test_weight_gradients_read_the_columns_in_rows_padded_to_whole_panels(dtype, case):
+    """dW = G^T @ columns (k the pixels): B's column panels are runs of tn columns of each
+    pixel's row, which the gather writes into rows padded to whole panels (zeros after the
+    columns); the product reads them there, with no packing (before, packing the columns took
+    longer than the product). Matches the reference."""
+    batch, c, _, _, kernel, _, _ = case
+    graph = _static_conv_graph(dtype, *case)
+    out = graph.outputs[0].shape
+    assert _padded_gathers(graph) == [(batch, out[2], out[3], c) + kernel]
     check(graph, batch, tol=dict(rtol=2e-4, atol=2e-3) if dtype == "float32" else None)
