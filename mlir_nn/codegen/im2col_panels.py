@@ -9,6 +9,11 @@ many again as the packing's own): when the output's row length Q splits into who
 qb), column (c, kh, kw), row r reading the pixel the columns' map reads at q = qb * t + r
 (implicit GEMM packing). The loop over r is innermost and, at stride 1, contiguous in the
 image and in the panel.
+
+The columns as a product's B are gathered into a layout that the product reads in place,
+its column panels being runs of ``tn`` consecutive values: pixel-major (``pixel_panels``)
+for a product swapped for its few output channels (C^T = W @ columns^T), and pixel rows
+padded to whole panels (``padded_columns``) for a weight gradient (dW = G^T @ columns).
 """
 
 from __future__ import annotations
