@@ -30,7 +30,7 @@ from mlir_nn.codegen.walk import collect_ops
 PARALLEL_MAP_ROWS, PARALLEL_MAP_MIN = 32, 1 << 14  # rows per task; elements per task from which it pays
 PARALLEL_MAP = "mlirnn.parallel_map"  # its value: the tile sizes of a task (rows of its leading dim first)
 _THREADED = frozenset({"scf.forall", "scf.parallel"})
-_SPREAD_OPS = frozenset({"linalg.generic", "linalg.copy", "linalg.fill"})  # (rank >= 3: all; 2-D: generics)
+_SPREAD_OPS = frozenset({"linalg.generic", "linalg.copy", "linalg.fill"})  # (rank >= 3: all; 2-D: no fills)
 _SEQUENCE = """
 module attributes {transform.with_named_sequence} {
   transform.named_sequence @spread(%root: !transform.any_op {transform.readonly}) {
@@ -112,15 +112,21 @@ def _reads_plainly(indexing: ir.AffineMap, loop: int) -> bool:
     return len(plain) == 1 and len(mentions) == 1
 
 
+def _two_parallel_loops(op: ir.Operation) -> bool:
+    """Whether the generic ``op`` has two loops, both parallel."""
+    iterators = [str(i) for i in ir.ArrayAttr(op.attributes["iterator_types"])]
+    return len(iterators) == 2 and all("parallel" in i for i in iterators)
+
+
 def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
     """Tile sizes of a task if ``op`` is a large pass to spread, else None: rows (indices of the
     leading dim), or (``_inner_split``) a count of another loop's indices. 2-D: an
-    all-parallel generic whose outputs have a static row length and at least PARALLEL_MAP_MIN
-    elements per block of PARALLEL_MAP_ROWS rows (with a static row count, short rows in taller
-    blocks of PARALLEL_MAP_MIN elements). Rank 3 and more: a generic (reductions over
-    inner loops allowed), copy or fill with static inner dims, in blocks of at least
-    PARALLEL_MAP_MIN elements, at least two of them. Never one tagged by another schedule or
-    already on threads."""
+    all-parallel generic or a copy (a product's last column panel) whose outputs have a
+    static row length and at least PARALLEL_MAP_MIN elements per block of PARALLEL_MAP_ROWS
+    rows (with a static row count, short rows in taller blocks of PARALLEL_MAP_MIN elements).
+    Rank 3 and more: a generic (reductions over inner loops allowed), copy or fill with static
+    inner dims, in blocks of at least PARALLEL_MAP_MIN elements, at least two of them. Never one
+    tagged by another schedule or already on threads."""
     if op.name not in _SPREAD_OPS or op.results or any(name.startswith("mlirnn.") for name in op.attributes):
         return None
     outs = list(op.operands)[len(op.opview.inputs):]
@@ -131,10 +137,7 @@ def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
         return None
     per_row = math.prod(shape[1:])
     if len(shape) == 2:
-        if op.name != "linalg.generic":
-            return None
-        iterators = [str(i) for i in ir.ArrayAttr(op.attributes["iterator_types"])]
-        if len(iterators) != 2 or any("parallel" not in i for i in iterators):
+        if op.name == "linalg.fill" or (op.name == "linalg.generic" and not _two_parallel_loops(op)):
             return None
         rows = PARALLEL_MAP_ROWS
         if PARALLEL_MAP_ROWS * per_row < PARALLEL_MAP_MIN:

@@ -514,6 +514,27 @@ def test_packings_into_few_panels_spread_over_the_batch():
     _assert_matches_reference(graph, CpuBackend().compile(graph), (3000,))
 
 
+@pytest.mark.parametrize("rows", [3000, 513])
+def test_the_last_column_panel_is_written_in_place(rows):
+    """x^T @ g with 150 columns of g (LeNet's convolution weight gradient, k the pixels): the
+    22 columns after the whole panels are copied straight into the last panel (on threads
+    when there are many rows) and only its last columns are zeroed: no zero-filled padded
+    copy of the columns, packed again into the panel. It matches the reference."""
+    x = make_node("input", [], name="x", shape=(rows, 16), dtype="float32")
+    g = make_node("input", [], name="g", shape=(rows, 150), dtype="float32")
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
+    shipped = load_pipeline("cpu")
+    cut = next(i for i, p in enumerate(shipped.passes) if p.startswith("convert-linalg-to-loops"))
+    module, _, _ = lower(graph, Pipeline("until-loops", shipped.passes[:cut]), threads=True)
+    lines = str(module).splitlines()
+    _, tn = register_block(4)
+    panel = f"x{tn}xf32"
+    assert not [line for line in lines if ("linalg.fill" in line or "memref.copy" in line) and panel in line]
+    copies = [line for line in lines if "linalg.copy" in line and f"x{150 % tn}xf32" in line]
+    assert len(copies) == 1 and ("mlirnn.parallel_map" in copies[0]) == (rows == 3000)
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (rows,))
+
+
 @pytest.mark.parametrize("k", [150, 120, 105])
 def test_transposing_packs_copy_whole_vector_tiles_and_only_the_last_columns_plainly(k):
     """A k that is not a multiple of TRANSPOSE_TILE (LeNet's 150 im2col columns, its 120-wide

@@ -2,14 +2,19 @@
 packing, ``codegen.im2col_panels``): compiled against the NumPy reference at awkward shapes,
 and taken exactly where the output rows split into whole panels."""
 
+import math
+
 import pytest
+from mlir import ir
 
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
 from mlir_nn.codegen.im2col_panels import IM2COL, panel_rows
 from mlir_nn.codegen.shaped import indexing_maps
 from mlir_nn.codegen.walk import collect_ops
-from tests.codegen.test_windows import check, conv_graph
+from mlir_nn.ir import Graph, make_node
+from mlir_nn.support.cpu_target import register_block
+from tests.codegen.test_windows import _leaf, check, conv_graph
 
 
 @pytest.mark.parametrize("q,tm,rows", [(16, 12, 8), (8, 12, 8), (10, 12, 10), (7, 12, 7), (24, 12, 12), (36, 12, 12),
@@ -47,3 +52,78 @@ def test_products_gather_their_panels_where_output_rows_split_into_them(case, ba
 @pytest.mark.parametrize("case,batch,gathers", CASES)
 def test_convolutions_with_gathered_panels_match_the_reference(dtype, case, batch, gathers):
     check(conv_graph(dtype, *case), batch)
+
+
+def _pixel_gathers(graph) -> int:
+    """Gathers of a convolution's columns pixel-major (c, kh, kw, n, p, q): the image's batch
+    index is loop 3."""
+    module = emit_linalg(graph, strided_copies=True)
+    rewrite_matmuls(module, threads=False)
+    return len(collect_ops(module, lambda op: op.name == "linalg.generic" and len(op.operands) == 2
+                           and indexing_maps(op)[0].n_dims == 6 and str(indexing_maps(op)[0].results[0]) == "d3"))
+
+
+def _static_conv_graph(dtype, batch, c, hw, o, kernel, stride, padding):
+    graph = conv_graph(dtype, c, hw, o, kernel, stride, padding, (1, 1), 1)
+    x, g = (_leaf(node.op, node.attr("name"), (batch,) + tuple(node.shape[1:]), dtype) for node in graph.inputs)
+    attrs = dict(stride=stride, padding=padding, dilation=(1, 1), groups=1)
+    y = make_node("conv2d", [x, graph.params[0]], **attrs)
+    return Graph((x, g), graph.params, (y, make_node("conv2d_weight_grad", [x, g], kernel=kernel, **attrs)),
+                 name="conv")
+
+
+# (batch, in channels, image, out channels, kernel, stride, padding): few output channels, so that the
+# forward product runs swapped and reads the columns as its B panels
+SWAPPED = [
+    (32, 6, (14, 14), 8, (5, 5), (1, 1), (0, 0, 0, 0)),  # LeNet-5's second convolution's shape: 3200 pixels
+    (40, 5, (15, 17), 7, (3, 3), (2, 2), (1, 1, 1, 0)),  # stride 2, uneven padding: 40 x 8 x 8 pixels
+    (33, 6, (14, 14), 8, (5, 5), (1, 1), (0, 0, 0, 0)),  # 3300 pixels, no multiple of the panel: packed
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", SWAPPED)
+def test_swapped_products_read_the_columns_gathered_pixel_major(dtype, case):
+    """C^T = W @ columns^T: B's column panels are 32 (float64: 16) consecutive pixels of every
+    column, which a pixel-major gather from the image lays out whole; the product reads them
+    there (before, the columns were transposed into panels: longer than the product).
+    Matches the reference, also where the pixels fill no whole panel (the packing).
+    (The weight gradient sums 3300 x 150 float32 products of unit normals, about 700 in size:
+    elements near zero are up to 1e-4 off.)"""
+    graph = _static_conv_graph(dtype, *case)
+    lanes = register_block(8 if dtype == "float64" else 4)[1]
+    batch = case[0]
+    pixels = math.prod(graph.outputs[0].shape) // graph.outputs[0].shape[1]
+    assert _pixel_gathers(graph) == (1 if pixels % lanes == 0 else 0), pixels
+    check(graph, batch, tol=dict(rtol=2e-4, atol=2e-3) if dtype == "float32" else None)
+
+
+def _padded_gathers(graph) -> list[tuple[int, ...]]:
+    """Output shapes of the gathers that write a convolution's columns into rows padded to whole
+    column panels (an expand of a slice of the padded rows, materialized in place)."""
+    module = emit_linalg(graph, strided_copies=True)
+    rewrite_matmuls(module, threads=False)
+    placed = collect_ops(module, lambda op: op.name == "bufferization.materialize_in_destination")
+    return [tuple(ir.RankedTensorType(op.operands[1].type).shape) for op in placed]
+
+
+# (batch, in channels, image, out channels, kernel, stride, padding): weight gradients whose B is the columns
+PADDED = [
+    (32, 6, (14, 14), 16, (5, 5), (1, 1), (0, 0, 0, 0)),  # LeNet-5's second convolution: 150 columns, 5 panels
+    (1, 32, (64, 64), 40, (3, 3), (2, 2), (1, 0, 1, 1)),  # batch 1, stride 2, uneven padding: 288 columns
+    (7, 8, (33, 31), 33, (3, 2), (1, 1), (1, 1, 0, 0)),  # 48 columns: float32 panels of 32 and 16 + 16 zeros
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", PADDED)
+def test_weight_gradients_read_the_columns_in_rows_padded_to_whole_panels(dtype, case):
+    """dW = G^T @ columns (k the pixels): B's column panels are runs of tn columns of each
+    pixel's row, which the gather writes into rows padded to whole panels (zeros after the
+    columns); the product reads them there, with no packing (before, packing the columns took
+    longer than the product). Matches the reference."""
+    batch, c, _, _, kernel, _, _ = case
+    graph = _static_conv_graph(dtype, *case)
+    out = graph.outputs[0].shape
+    assert _padded_gathers(graph) == [(batch, out[2], out[3], c) + kernel]
+    check(graph, batch, tol=dict(rtol=2e-4, atol=2e-3) if dtype == "float32" else None)

@@ -50,6 +50,29 @@ def test_only_large_maps_not_yet_on_threads_are_spread(shape, spread, rows):
     assert ("(d0 * " in text) == bool(spread) and (rows is None or f"(d0 * {rows})" in text)  # a row block's offset
 
 
+_COPY = """
+func.func @copy(%a: memref<SHAPE, strided<[150, 1]>>, %c: f32, %b: memref<SHAPE, strided<[32, 1]>>) {
+  linalg.copy ins(%a : memref<SHAPE, strided<[150, 1]>>) outs(%b : memref<SHAPE, strided<[32, 1]>>)
+  linalg.fill ins(%c : f32) outs(%b : memref<SHAPE, strided<[32, 1]>>)
+  return
+}
+"""
+
+
+@pytest.mark.parametrize("shape, spread, rows", [
+    ("25600x22xf32", 1, 745),  # a product's last column panel: blocks of ceil(PARALLEL_MAP_MIN / 22) rows
+    ("700x22xf32", 0, None),  # one task's worth
+    ("?x22xf32", 0, None),  # short rows of a dynamic count
+])
+def test_large_2d_copies_are_spread_and_fills_are_not(shape, spread, rows):
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(_COPY.replace("SHAPE", shape))
+        assert spread_maps(module) == spread
+        assert module.operation.verify()
+        text = str(module)
+    assert text.count("scf.forall") == spread and (rows is None or f"(d0 * {rows})" in text)
+
+
 _RANK_4 = """
 #in = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, IN, d3)>
 #win = affine_map<(d0, d1, d2, d3, d4) -> (d4)>

@@ -140,6 +140,9 @@ def test_convolutions_with_few_taps_sum_them_in_one_pass(c, kernel, groups, taps
     else:
         assert "linalg.matmul" not in text and text.count("tensor.extract_slice") == taps
         assert "linalg.matmul" not in wtext
+        # (n | g o c i | p | j q): the kw taps' sums run beside the columns, as independent chains
+        loops = '"reduction", "parallel", "parallel", "parallel", "parallel", "reduction", "parallel", "parallel"'
+        assert f"iterator_types = [{loops}]" in wtext
     assert "tensor.extract_slice" not in str(emit_linalg(forward, strided_copies=False))
     assert "linalg.matmul" in str(emit_linalg(weights, strided_copies=False)) or groups > 1
     check(forward, 5)
@@ -181,9 +184,11 @@ def test_few_channel_input_gradient_equals_pytorch_in_float64(stride, padding, d
 
 
 def test_few_channel_input_gradient_adds_taps_in_place_without_a_spread_buffer():
-    """col2im on the CPU: one strided add per kernel tap into the padded image, no 6-D spread of
-    the columns (the gather's buffer); CUDA keeps the gather in float64, and in float32 takes the
-    columns of the spread gradient (read in place by its implicit GEMM)."""
+    """col2im on the CPU: one pass over the columns that adds each pixel's row of taps (KW * C
+    columns, contiguous) into a contiguous run of the padded image's row; with a dilation along
+    W one strided add per kernel tap; no 6-D spread of the columns (the gather's buffer). CUDA
+    keeps the gather in float64, and in float32 takes the columns of the spread gradient (read
+    in place by its implicit GEMM)."""
     from mlir_nn.codegen import emit_linalg
 
     x = _leaf("input", "x", ("N", 6, 14, 14), "float32")
@@ -192,7 +197,11 @@ def test_few_channel_input_gradient_adds_taps_in_place_without_a_spread_buffer()
     g = _leaf("input", "g", ("N", 16, 10, 10), "float32")
     graph = Graph((x, g), (w,), (make_node("conv2d_input_grad", [g, w], input_hw=(14, 14), **attrs),), name="dx")
     cpu, cuda = (str(emit_linalg(graph, strided_copies=flag)) for flag in (True, False))
-    assert cpu.count("tensor.insert_slice") == 25 and "?x18x18x6x5x5" not in cpu
+    assert "(d0, d1 + d3, d2 * 6 + d4)" in cpu and "tensor.insert_slice" not in cpu and "?x18x18x6x5x5" not in cpu
+    dilated = dict(attrs, dilation=(1, 2))
+    g2 = _leaf("input", "g", ("N", 16, 10, 6), "float32")
+    graph2 = Graph((x, g2), (w,), (make_node("conv2d_input_grad", [g2, w], input_hw=(14, 14), **dilated),), name="dx")
+    assert str(emit_linalg(graph2, strided_copies=True)).count("tensor.insert_slice") == 25
     assert "?x18x18x6x5x5" not in cuda and "?x14x14x16x5x5" in cuda  # columns of the spread gradient
     x64, w64, g64 = (_leaf(n.op, n.attr("name"), n.shape, "float64") for n in (x, w, g))
     graph64 = Graph((x64, g64), (w64,), (make_node("conv2d_input_grad", [g64, w64], input_hw=(14, 14), **attrs),),
@@ -231,12 +240,12 @@ def test_weight_gradient_with_a_folded_update(dtype, groups, subtract):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_max_pooling_over_tiling_windows_reads_strided_views(dtype):
-    """2 x 2 windows of stride 2 that tile the input: the pool is a pass over the output reading one
-    strided view per window position (no reduction loop over the windows); its argmax and gradient
-    route ties to the first position, as the reference."""
+    """2 x 2 windows of stride 2 that tile the input: the pool and its argmax are passes over the
+    output reading one strided view per window position (no reduction loop over the windows); the
+    argmax and gradient route ties to the first position, as the reference."""
     graph = pool_graph(dtype, 3, (6, 10), (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False, True)
     text = get_backend("cpu").compile(graph).stages["linalg"]
-    assert text.count("[1, 1, 2, 2] : tensor<?x3x6x10x") == 4
+    assert text.count("[1, 1, 2, 2] : tensor<?x3x6x10x") == 8
     check(graph, 7, ties=True)
 
 
