@@ -703,7 +703,9 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
         return None
     itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
     tm, tn = register_block(itemsize)
-    tm = _image_panels(op.operands[0], _transposes(op)[0], tm)[0]
+    a, ta = op.operands[0], _transposes(op)[0]
+    rows, columns = _image_panels(a, ta, tm)
+    tm = (None if columns is not None else _rows_in_place(a, ta, tm)) or rows  # the register blocks' rows
     mc, nc, _ = cache_blocks(itemsize)
     return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn)
 
@@ -806,8 +808,8 @@ def _rows_in_place(a: ir.Value, ta: bool, tm: int) -> int | None:
     A[i, k] a broadcast from its row; A stored (k, m) as [k, m / tm, tm], a block's A[:, k]
     one contiguous run, as in a packed panel, when its rows are at most IN_PLACE_STRIDE_MAX
     apart."""
-    k, m = dim_sizes(a) if ta else reversed(dim_sizes(a))
-    if not (isinstance(m, int) and isinstance(k, int)) or ta and m * _itemsize(a) > IN_PLACE_STRIDE_MAX:
+    k, m = _static_shape(a) if ta else reversed(_static_shape(a))
+    if m is None or k is None or ta and m * _itemsize(a) > IN_PLACE_STRIDE_MAX:
         return None
     return next((rows for rows in range(tm, tm // 2, -1) if m % rows == 0), None)
 
@@ -815,9 +817,13 @@ def _rows_in_place(a: ir.Value, ta: bool, tm: int) -> int | None:
 def _columns_in_place(b: ir.Value, tb: bool, tn: int) -> bool:
     """Whether op(B) = B (k, n) is read in place as [k, n / tn, tn] instead of packed: both
     static, whole column panels, rows at most IN_PLACE_STRIDE_MAX apart."""
-    k, n = dim_sizes(b)
-    return (not tb and isinstance(k, int) and isinstance(n, int) and n % tn == 0
-            and n * _itemsize(b) <= IN_PLACE_STRIDE_MAX)
+    k, n = _static_shape(b)
+    return not tb and k is not None and n is not None and n % tn == 0 and n * _itemsize(b) <= IN_PLACE_STRIDE_MAX
+
+
+def _static_shape(x: ir.Value) -> list[int | None]:
+    """The sizes of ``x``'s type, None for a dynamic one (no ops emitted)."""
+    return [None if ir.ShapedType.is_dynamic_size(d) else d for d in ir.RankedTensorType(x.type).shape]
 
 
 def _itemsize(x: ir.Value) -> int:

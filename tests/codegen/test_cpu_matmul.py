@@ -521,3 +521,24 @@ def test_static_operands_are_read_in_place_in_whole_register_blocks(rows, k, m, 
         assert f"tensor<{k}x{m // tn}x{tn}x{element}>" in text and f"tensor<{rows}x{m // tn}x{tn}x{element}>" in text
     for threads in (True, False):
         _assert_matches_reference(graph, CpuExecutable(graph, compile_kernel(graph, threads=threads)), (rows,), dtype)
+
+
+def test_balanced_tasks_count_the_register_blocks_of_an_operand_read_in_place():
+    """x^T @ g over a static batch with 256 x 64 outputs: x is read in place in register blocks
+    that divide its 256 rows (8 with AVX-512, not 22 panels of 12), and its balanced tasks are
+    counted in those blocks (four tasks of 8 row panels, not 6 tasks for 32 panels counted as 22)."""
+    x = make_node("input", [], name="x", shape=(2048, 256), dtype="float32")
+    g = make_node("input", [], name="g", shape=(2048, 64), dtype="float32")
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
+    tm, tn = register_block(4)
+    mc, nc, _ = cache_blocks(4)
+    rows = _block_of(256, tm)
+    row_panels, col_panels = 256 // rows, 64 // tn
+    tasks = balanced_tasks(row_panels, col_panels, mc // rows, nc // tn)
+    assert tasks is not None and rows != tm
+    module = emit_linalg(graph)
+    rewrite_matmuls(module, threads=True)
+    foralls = re.findall(r"scf.forall \([%\w, ]+\) in \(([\d, ]+)\)", str(module))  # (a unit dim folds away)
+    assert [math.prod(int(d) for d in f.split(",")) for f in foralls] == [
+        math.ceil(col_panels / tasks[0]) * math.ceil(row_panels / tasks[1])]
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (2048,))
