@@ -21,6 +21,7 @@ from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import (
     FINE_TASK_SHARE,
+    IN_PLACE_STRIDE_MAX,
     PACK,
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
@@ -499,11 +500,11 @@ def test_batch_rows_are_packed_in_whole_groups_and_only_the_rest_is_masked():
 
 
 def test_packings_into_few_panels_spread_over_the_batch():
-    """x^T @ g with 16 x 100 outputs and k the batch (a convolution's weight gradient): g's
+    """x^T @ g with 15 x 100 outputs and k the batch (a convolution's weight gradient): g's
     rows go into 4 column panels, so a task of 4 panels held the whole packing on one core;
     it is now split into tasks of PACK_TASK_ROWS rows on threads, and matches the reference
-    with a partial last task."""
-    x = make_node("input", [], name="x", shape=(3000, 16), dtype="float32")
+    with a partial last task. (15 rows split into no whole register blocks: x^T is packed too.)"""
+    x = make_node("input", [], name="x", shape=(3000, 15), dtype="float32")
     g = make_node("input", [], name="g", shape=(3000, 100), dtype="float32")
     graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
     module = emit_linalg(graph)
@@ -565,3 +566,62 @@ def test_products_of_one_column_task_split_their_rows_into_finer_tasks():
         rewrite_matmuls(module, threads=True)
         assert (f"s0 ceildiv {default})" not in str(module)) == finer  # the tasks over the batch's row panels
         _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 13, 257))
+
+
+def _block_of(rows: int, tm: int) -> int | None:
+    """The rows per register block of an operand read in place (a divisor over tm / 2), or None."""
+    return next((r for r in range(tm, tm // 2, -1) if rows % r == 0), None)
+
+
+@pytest.mark.parametrize("rows, k, m, dtype", [
+    (33, 257, 40, "float32"),  # blocks of 11 rows; k over a kc slice; a zero-padded column panel
+    (2048, 64, 96, "float32"),  # GPT's static batch: blocks of 8 rows; x^T as blocks of 8; g, w in place
+    (13, 600, 33, "float32"),  # 13 rows: no whole blocks of 7 to 12, so x is packed
+    (20, 130, 24, "float64"),  # blocks of 10 rows
+    (64, 48, 64, "float64"),  # blocks of 8 rows; x^T in blocks of 12; w and g in place
+])
+def test_static_operands_are_read_in_place_in_whole_register_blocks(rows, k, m, dtype):
+    """Over a static row count with a divisor between half a register block and a whole one,
+    the products read A = x or g in place as [m / tm, tm, k] blocks of rows (no packing); a
+    transposed A stored (k, m) as [k, m / tm, tm] and B (k, n) as [k, n / tn, tn] when their
+    sizes split the same way and their rows are at most IN_PLACE_STRIDE_MAX bytes apart; the
+    others are packed. Every op of the zoo matches the reference, on threads and on one."""
+    graph = matmul_zoo(k, m, dtype, rows=rows)
+    module = emit_linalg(graph)
+    rewrite_matmuls(module)
+    itemsize = np.dtype(dtype).itemsize
+    tm, tn = register_block(itemsize)
+    element = "f32" if dtype == "float32" else "f64"
+    block, even = _block_of(rows, tm), _even_block_rows(rows, tm)
+    text = str(module)
+    # x @ w: x read as blocks of its rows, or packed as row panels [mb, k, tm]
+    assert (f"tensor<{rows // (block or 1)}x{block}x{k}x{element}>" in text) == (block is not None)
+    assert (f"tensor<{-(-rows // even)}x{k}x{even}x{element}>" in text) == (block is None)
+    # x^T @ g: x (rows, k) as [rows, k / tm, tm]; g and w (k, m) as column panels in place
+    x_block = _block_of(k, tm) if k * itemsize <= IN_PLACE_STRIDE_MAX else None
+    assert (f"tensor<{rows}x{k // (x_block or 1)}x{x_block}x{element}>" in text) == (x_block is not None)
+    if m % tn == 0 and m * itemsize <= IN_PLACE_STRIDE_MAX:
+        assert f"tensor<{k}x{m // tn}x{tn}x{element}>" in text and f"tensor<{rows}x{m // tn}x{tn}x{element}>" in text
+    for threads in (True, False):
+        _assert_matches_reference(graph, CpuExecutable(graph, compile_kernel(graph, threads=threads)), (rows,), dtype)
+
+
+def test_balanced_tasks_count_the_register_blocks_of_an_operand_read_in_place():
+    """x^T @ g over a static batch with 256 x 64 outputs: x is read in place in register blocks
+    that divide its 256 rows (8 with AVX-512, not 22 panels of 12), and its balanced tasks are
+    counted in those blocks (four tasks of 8 row panels, not 6 tasks for 32 panels counted as 22)."""
+    x = make_node("input", [], name="x", shape=(2048, 256), dtype="float32")
+    g = make_node("input", [], name="g", shape=(2048, 64), dtype="float32")
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
+    tm, tn = register_block(4)
+    mc, nc, _ = cache_blocks(4)
+    rows = _block_of(256, tm)
+    row_panels, col_panels = 256 // rows, 64 // tn
+    tasks = balanced_tasks(row_panels, col_panels, mc // rows, nc // tn)
+    assert tasks is not None and rows != tm
+    module = emit_linalg(graph)
+    rewrite_matmuls(module, threads=True)
+    foralls = re.findall(r"scf.forall \([%\w, ]+\) in \(([\d, ]+)\)", str(module))  # (a unit dim folds away)
+    assert [math.prod(int(d) for d in f.split(",")) for f in foralls] == [
+        math.ceil(col_panels / tasks[0]) * math.ceil(row_panels / tasks[1])]
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (2048,))

@@ -55,11 +55,12 @@ def elementwise_zoo(width: int, dtype: str) -> Graph:
     return Graph((x, y), (b, s), tuple(outs), name="elementwise_zoo")
 
 
-def matmul_zoo(k: int, m: int, dtype: str) -> Graph:
-    """matmul in every transpose combination and the fused ops, x: (N, k), w: (k, m)."""
-    x = _leaf("input", "x", ("N", k), dtype)
-    g = _leaf("input", "g", ("N", m), dtype)
-    z = _leaf("input", "z", ("N", k), dtype)
+def matmul_zoo(k: int, m: int, dtype: str, rows: int | str = "N") -> Graph:
+    """matmul in every transpose combination and the fused ops, x: (rows, k), w: (k, m); the
+    rows are the (dynamic) batch unless given."""
+    x = _leaf("input", "x", (rows, k), dtype)
+    g = _leaf("input", "g", (rows, m), dtype)
+    z = _leaf("input", "z", (rows, k), dtype)
     w = _leaf("param", "w", (k, m), dtype)
     bias = _leaf("param", "bias", (m,), dtype)
     c = _leaf("param", "c", (k, m), dtype)
