@@ -35,17 +35,22 @@ func.func @maps(%a: memref<SHAPE>, %b: memref<SHAPE>, %n: index) {
 """
 
 
+def _spread(source: str, spread: int) -> str:
+    """The text of ``source`` after ``spread_maps``, which spread ``spread`` ops (the module verified)."""
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(source)
+        assert spread_maps(module) == spread
+        assert module.operation.verify()
+        return str(module)
+
+
 @pytest.mark.parametrize("shape, spread, rows", [
     ("64x1024xf32", 1, PARALLEL_MAP_ROWS), ("?x512xf32", 1, PARALLEL_MAP_ROWS), ("64x256xf32", 0, None),
     ("32x1024xf32", 0, None), ("64x?xf32", 0, None), ("?x100xf32", 0, None),
     ("300x100xf32", 1, 164),  # static short rows: blocks of ceil(PARALLEL_MAP_MIN / 100) rows
 ])
 def test_only_large_maps_not_yet_on_threads_are_spread(shape, spread, rows):
-    with ir.Context(), ir.Location.unknown():
-        module = ir.Module.parse(_MAPS.replace("SHAPE", shape))
-        assert spread_maps(module) == spread
-        assert module.operation.verify()
-        text = str(module)
+    text = _spread(_MAPS.replace("SHAPE", shape), spread)
     assert text.count("scf.forall") == 1 + spread
     assert ("(d0 * " in text) == bool(spread) and (rows is None or f"(d0 * {rows})" in text)  # a row block's offset
 
@@ -65,11 +70,7 @@ func.func @copy(%a: memref<SHAPE, strided<[150, 1]>>, %c: f32, %b: memref<SHAPE,
     ("?x22xf32", 0, None),  # short rows of a dynamic count
 ])
 def test_large_2d_copies_are_spread_and_fills_are_not(shape, spread, rows):
-    with ir.Context(), ir.Location.unknown():
-        module = ir.Module.parse(_COPY.replace("SHAPE", shape))
-        assert spread_maps(module) == spread
-        assert module.operation.verify()
-        text = str(module)
+    text = _spread(_COPY.replace("SHAPE", shape), spread)
     assert text.count("scf.forall") == spread and (rows is None or f"(d0 * {rows})" in text)
 
 
