@@ -185,7 +185,7 @@ def _on_threads(op: ir.Operation) -> bool:
     PARALLEL_WORK_MIN. With the batch as rows, the task count follows the batch at run time
     (a batch of at most mc rows is one block, which the task runtime runs inline on the
     calling thread); with the batch as k, each task's work does."""
-    mc, _, kc = cache_blocks(ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8)
+    mc, _, kc = cache_blocks(_itemsize(op.result))
     m, n, k = _sizes(op)
     rows = mc if ir.ShapedType.is_dynamic_size(m) else m
     depth = kc if ir.ShapedType.is_dynamic_size(k) else k
@@ -211,7 +211,7 @@ def _batch_rows_in_vectors(op: ir.Operation) -> bool:
     m, n, k = _sizes(op)
     if not (ir.ShapedType.is_dynamic_size(m) and not _transposes(op)[0] and _static_sizes(n, k)):
         return False
-    row_bytes = n * ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
+    row_bytes = n * _itemsize(op.result)
     return n * k <= SMALL_VECTOR_MAX and 2 * vector_bytes() <= row_bytes <= 4 * vector_bytes()
 
 
@@ -799,7 +799,7 @@ def _swaps(op: ir.Operation) -> bool:
     its rows, e.g. the 10-wide output layer, 10 of 32 columns of a block but all of a 10-row
     block. A dynamic row count (the batch) is taken as large."""
     m, n, _ = _sizes(op)
-    tm, tn = register_block(ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8)
+    tm, tn = register_block(_itemsize(op.result))
     if n >= tn:
         return False
     rows = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, _even_block_rows(m, tm))
@@ -827,7 +827,7 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
     m, n, _ = _sizes(op)
     if ir.ShapedType.is_dynamic_size(m):
         return None
-    itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
+    itemsize = _itemsize(op.result)
     tm, tn = register_block(itemsize)
     a, ta = op.operands[0], _transposes(op)[0]
     rows, columns = _image_panels(a, ta, tm)
@@ -875,7 +875,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     with few columns (``_swaps``), whose tasks split its columns only. ``tasks``: (column,
     row) panels per task instead of the default (``balanced_tasks``)."""
     element = ir.RankedTensorType(a.type).element_type
-    tm, tn = register_block(ir.FloatType(element).width // 8)
+    tm, tn = register_block(_itemsize(a))
     tm, columns = (tm, None) if swapped else _image_panels(a, ta, tm)
     a_map, b_map = dims_map(5, [1, 4, 2]), dims_map(5, [0, 4, 3])
     in_place = None if swapped or columns is not None else _rows_in_place(a, ta, tm)
@@ -914,7 +914,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
 
     product.owner.attributes[PACKED] = ir.UnitAttr.get()
     if parallel:
-        _, nc, _ = cache_blocks(ir.FloatType(element).width // 8)
+        _, nc, _ = cache_blocks(_itemsize(a))
         one_column_task = isinstance(col_panels, int) and col_panels <= nc // tn
         tag = PARALLEL_COLUMNS if swapped else PARALLEL_FINE if one_column_task else PARALLEL_ROWS
         value = ir.UnitAttr.get()
@@ -1116,7 +1116,7 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
             plan = product_plan(op, threads)
             short, large = plan.kind == "short-k", plan.blocked
             if large:
-                itemsize = ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width // 8
+                itemsize = _itemsize(op.result)
             with ir.InsertionPoint(op), op.location:
                 if plan.rows is not None:
                     a, b, c = op.operands

@@ -9,7 +9,6 @@ share the setting (the last restores it); only speed depends on it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -23,10 +22,6 @@ def _libraries() -> list[Any]:
     from threadpoolctl import ThreadpoolController
 
     return [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @contextmanager

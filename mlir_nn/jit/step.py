@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mlir_nn.backends import Executable, get_backend
+from mlir_nn.backends.thread_pool import available_cores
 from mlir_nn.engine import Tensor
 from mlir_nn.ir import BATCH, Graph
 from mlir_nn.ir.sequence_ops import check_indices
@@ -115,7 +116,7 @@ class CompiledStep:
         if self.min_batch is not None:
             check_min_batch(self.graph, arrays, self.min_batch)
         if self.tier == "numpy":  # the interpreter's products leave the compile processes their cores
-            with blas_threads.limited(blas_threads.cores() - running()):
+            with blas_threads.limited(available_cores() - running()):
                 return self.executable.run(arrays, self._param_arrays())
         return self.executable.run(arrays, self._param_arrays())
 
