@@ -1,8 +1,9 @@
 // Transform schedule of the CPU pipeline for large matrix products, applied on tensors
 // before bufferization. mlir_nn/codegen/cpu_matmul.py rewrites each large product
 // C = op(A) @ op(B) GotoBLAS-style and fills in the block sizes for the dtype and host:
-// {tm} x {tn} register blocks (two vector registers per row), tasks of {row_panels} row
-// panels ({tm} rows each) x {col_panels} column panels ({tn} columns each), kc = {kc}.
+// {tm} x {tn} register blocks (two vector registers per row; one, {tn_narrow} columns, where
+// block_columns says), tasks of {row_panels} row panels ({tm} rows each) x {col_panels} column
+// panels ({tn} columns each), kc = {kc}.
 //
 // * Packing (`mlirnn.pack*`, copies with permuted maps): A into row panels [m / tm, k, tm], B
 //   into column panels [n / tn, k, tn], zero-padded to whole panels, so that the
@@ -59,6 +60,14 @@ module attributes {transform.with_named_sequence} {
         interchange = [1, 0, 2]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
     transform.structured.vectorize %rows_b vector_sizes [1, {rows}, {tn}] : !transform.any_op
+    // (the same into panels of one vector register, `mlirnn.pack_rows_b_narrow`: see block_columns
+    // in mlir_nn/codegen/cpu_matmul.py)
+    %pack_rows_bn = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_rows_b_narrow} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %rows_bn, %row_k_bn, %row_panels_bn = transform.structured.tile_using_for %pack_rows_bn tile_sizes [1, {rows}, 0]
+        interchange = [1, 0, 2]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    transform.structured.vectorize %rows_bn vector_sizes [1, {rows}, {tn_narrow}] : !transform.any_op
     %pack_tiles = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_tiles} in %root
         : (!transform.any_op) -> !transform.any_op
     %tiles, %tile_panels, %tile_k = transform.structured.tile_using_for %pack_tiles tile_sizes [1, {tile}, 0]

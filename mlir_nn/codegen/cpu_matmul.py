@@ -111,6 +111,7 @@ BALANCED_TASKS_MIN = 4  # tasks a product with static rows is split into, when i
 SWAPPED_TASK_PANELS = 4  # column panels per task of a swapped product (its one row panel is small)
 PACK, PACK_TILES, PACK_SQUARES = "mlirnn.pack", "mlirnn.pack_tiles", "mlirnn.pack_squares"
 PACK_ROWS_A, PACK_ROWS_B = "mlirnn.pack_rows_a", "mlirnn.pack_rows_b"  # row copies into A's / B's panels
+PACK_ROWS_B_NARROW = "mlirnn.pack_rows_b_narrow"  # the same into one-register panels (``block_columns``)
 PACK_ROW_GROUPS = "mlirnn.pack_row_groups"  # row copies in static groups of PACK_ROWS_STEP rows
 PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 # Row copies into at most PACK_TASK_PANELS panels (tasks of that many panels would be one) spread
@@ -353,6 +354,7 @@ class ProductPlan:
     loops: LoopPlan | None = None  # the loop nest of a product that is not blocked
     tasks: tuple[int, int] | None = None  # (column, row) panels per task when not the default
     rows: int | None = None  # rows per register block of a "row-blocks" product
+    columns: int | None = None  # columns per register block of a "blocked" product (``block_columns``)
 
     @property
     def blocked(self) -> bool:
@@ -381,7 +383,11 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
         tasks = _tasks(op) if parallel else None
         if tasks is not None:
             work += f", balanced tasks of {tasks[0]} x {tasks[1]} column x row panels"
-        return ProductPlan("blocked", parallel, f"static work >= {TILED_WORK_MIN}; {work}", tasks=tasks)
+        columns = block_columns(n, _itemsize(op.result))
+        if columns < register_block(_itemsize(op.result))[1]:
+            work += f"; register blocks {columns} columns wide: n={n} leaves {n % columns} in the last"
+        return ProductPlan("blocked", parallel, f"static work >= {TILED_WORK_MIN}; {work}", tasks=tasks,
+                           columns=columns)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
            f"n={n} would be swapped, static work <= {SWAPPED_LOOP_MAX}" if small_swapped else
            f"batch rows, op(B) of at most {SMALL_VECTOR_MAX} elements" if in_vectors else
@@ -807,6 +813,17 @@ def _swaps(op: ir.Operation) -> bool:
     return _fill(n, _even_block_rows(n, tm)) * columns > SWAP_GAIN * rows * _fill(n, tn)
 
 
+def block_columns(n: int, itemsize: int) -> int:
+    """Columns of a blocked product's register blocks: two vector registers (``register_block``),
+    or one when a static n of more than two leaves at most one in its last panel, which two would
+    mostly pad: a 100-wide layer's products ran at 64 GFLOP/s in blocks of 12 x 32 (128 columns
+    computed), at 89 in blocks of 12 x 16 (112), one core of a Zen 4, where 128-wide ones ran
+    at 97 either way."""
+    tn = register_block(itemsize)[1]
+    lanes = tn // 2
+    return lanes if isinstance(n, int) and n > tn and 0 < n % tn <= lanes else tn
+
+
 def _small_swapped(op: ir.Operation) -> bool:
     """Whether a product that would be blocked swapped is static with at most SWAPPED_LOOP_MAX work."""
     m, n, k = _sizes(op)
@@ -828,7 +845,7 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
     if ir.ShapedType.is_dynamic_size(m):
         return None
     itemsize = _itemsize(op.result)
-    tm, tn = register_block(itemsize)
+    tm, tn = register_block(itemsize)[0], block_columns(n, itemsize)
     a, ta = op.operands[0], _transposes(op)[0]
     rows, columns = _image_panels(a, ta, tm)
     tm = (None if columns is not None else _rows_in_place(a, ta, tm)) or rows  # the register blocks' rows
@@ -843,7 +860,7 @@ def _as_blocked(op: ir.Operation, plan: ProductPlan) -> ir.Value:
     ta, tb = _transposes(op)
     parallel = plan.threads
     if plan.kind == "blocked":
-        return _blocked(a, b, ta, tb, parallel, False, plan.tasks)
+        return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns)
     return transposed(_blocked(b, a, not tb, not ta, parallel, True))
 
 
@@ -865,7 +882,7 @@ def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: in
 
 
 def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapped: bool,
-             tasks: tuple[int, int] | None = None) -> ir.Value:
+             tasks: tuple[int, int] | None = None, block_width: int | None = None) -> ir.Value:
     """op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
     panels [nb, k, tn] (static operands that allow it read in place instead: ``_rows_in_place``,
     ``_columns_in_place``), a generic over (column panel, row panel, row, column, k) into a
@@ -873,9 +890,11 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     (m, n) corner of its (mb * tm, nb * tn) view: every register block is whole, and static
     rows are spread evenly over the blocks (``_even_block_rows``). ``swapped``: C^T of a product
     with few columns (``_swaps``), whose tasks split its columns only. ``tasks``: (column,
-    row) panels per task instead of the default (``balanced_tasks``)."""
+    row) panels per task instead of the default (``balanced_tasks``). ``block_width``: the
+    register blocks' columns when not the default (``block_columns``)."""
     element = ir.RankedTensorType(a.type).element_type
     tm, tn = register_block(_itemsize(a))
+    tn = block_width or tn
     tm, columns = (tm, None) if swapped else _image_panels(a, ta, tm)
     a_map, b_map = dims_map(5, [1, 4, 2]), dims_map(5, [0, 4, 3])
     in_place = None if swapped or columns is not None else _rows_in_place(a, ta, tm)
@@ -900,7 +919,8 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     elif not swapped and _columns_in_place(b, tb, tn):  # B (k, n) viewed as [k, n / tn, tn]
         packed_b, b_map = _expand(b, [dim_sizes(b)[0], n // tn, tn], [[0], [1, 2]]), dims_map(5, [4, 0, 3])
     else:
-        packed_b = _panels(b, 0 if tb else 1, tn, parallel, PACK_ROWS_B)
+        rows_tag = PACK_ROWS_B if tn == register_block(_itemsize(a))[1] else PACK_ROWS_B_NARROW
+        packed_b = _panels(b, 0 if tb else 1, tn, parallel, rows_tag)
     row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
     acc = _zeros([row_panels, tm, col_panels, tn], element)
     acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
@@ -1017,7 +1037,7 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
                    splits: Iterable[tuple[int, int]] = ()) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
-    sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn,
+    sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn, "tn_narrow": tn // 2,
              "row_panels": mc // tm, "fine_row_panels": max(1, mc // tm // FINE_TASK_SHARE), "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
              "small_rows": SMALL_ROW_BLOCK, "small_task_rows": SMALL_TASK_ROWS, "small_k_step": SMALL_K_STEP,

@@ -36,6 +36,7 @@ from mlir_nn.codegen.cpu_matmul import (
     _even_block_rows,
     _lane_split,
     balanced_tasks,
+    block_columns,
     loop_plan,
     product_plan,
     rewrite_matmuls,
@@ -625,3 +626,31 @@ def test_balanced_tasks_count_the_register_blocks_of_an_operand_read_in_place():
     assert [math.prod(int(d) for d in f.split(",")) for f in foralls] == [
         math.ceil(col_panels / tasks[0]) * math.ceil(row_panels / tasks[1])]
     _assert_matches_reference(graph, CpuBackend().compile(graph), (2048,))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("extra, narrow", [(1, True), (4, True), ("half", True), ("half+1", False), (0, False)])
+def test_a_short_last_column_panel_runs_in_blocks_one_register_wide(dtype, extra, narrow):
+    """A product whose n leaves at most one vector register in its last two-register panel (a
+    100-wide layer: 3 x 32 + 4 floats with AVX-512) runs in register blocks one register wide,
+    its B packed into panels of that width; a last panel fuller than that, or none, keeps the
+    two-register blocks. Every op of the zoo matches the reference at awkward batches."""
+    itemsize = np.dtype(dtype).itemsize
+    tn = register_block(itemsize)[1]
+    lanes = tn // 2
+    n = 3 * tn + {"half": lanes, "half+1": lanes + 1}.get(extra, extra)
+    width = lanes if narrow else tn
+    assert block_columns(n, itemsize) == width
+    assert block_columns(tn // 2 + 1, itemsize) == tn  # one panel or less: as before (swapped or one panel)
+    graph = _product_graph(130, n, dtype)
+    module = emit_linalg(graph)
+    op = collect_ops(module, lambda o: o.name == "linalg.matmul")[0]
+    plan = product_plan(op, threads=True)
+    assert plan.kind == "blocked" and plan.columns == width, plan
+    rewrite_matmuls(module)
+    element = "f32" if dtype == "float32" else "f64"
+    panels = -(-n // width)  # B's column panels, packed or (whole panels) read in place
+    text = str(module)
+    assert f"tensor<{panels}x130x{width}x{element}>" in text or f"tensor<130x{panels}x{width}x{element}>" in text
+    zoo = matmul_zoo(130, n, dtype)
+    _assert_matches_reference(zoo, CpuBackend().compile(zoo), BATCHES, dtype)
