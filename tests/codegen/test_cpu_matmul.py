@@ -501,12 +501,14 @@ def test_batch_rows_are_packed_in_whole_groups_and_only_the_rest_is_masked():
 
 
 def test_packings_into_few_panels_spread_over_the_batch():
-    """x^T @ g with 15 x 100 outputs and k the batch (a convolution's weight gradient): g's
-    rows go into 4 column panels, so a task of 4 panels held the whole packing on one core;
-    it is now split into tasks of PACK_TASK_ROWS rows on threads, and matches the reference
-    with a partial last task. (15 rows split into no whole register blocks: x^T is packed too.)"""
+    """x^T @ g with 15 x 120 outputs (AVX-512; 3.75 column panels) and k the batch (a
+    convolution's weight gradient): g's rows go into 4 column panels, so a task of 4 panels held
+    the whole packing on one core; it is now split into tasks of PACK_TASK_ROWS rows on threads,
+    and matches the reference with a partial last task. (15 rows split into no whole register
+    blocks: x^T is packed too.)"""
+    tn = register_block(4)[1]
     x = make_node("input", [], name="x", shape=(3000, 15), dtype="float32")
-    g = make_node("input", [], name="g", shape=(3000, 100), dtype="float32")
+    g = make_node("input", [], name="g", shape=(3000, 3 * tn + 3 * tn // 4), dtype="float32")
     graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
     module = emit_linalg(graph)
     rewrite_matmuls(module, threads=True)
