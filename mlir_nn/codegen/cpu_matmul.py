@@ -81,6 +81,7 @@ ROW_MIN = 64  # shorter rows keep the dot-product loop order
 TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims count as 1) from which packing pays
 PARALLEL_WORK_MIN = 1 << 18  # work from which a product's blocks are spread over threads (see _on_threads)
 SWAP_GAIN = 1.2  # a product is swapped when that fills this many times the share of register blocks
+NARROW_SAVING_MIN = 0.03  # share of n that blocks one register wide must save in padding (``block_columns``)
 # A static product that would be swapped with at most this much work (attention's 64x16x64 per head)
 # runs as a vector loop instead: packing both operands cost more than the product. GPT small step on
 # one core: 31.4 -> 29.8 ms.
@@ -815,13 +816,16 @@ def _swaps(op: ir.Operation) -> bool:
 
 def block_columns(n: int, itemsize: int) -> int:
     """Columns of a blocked product's register blocks: two vector registers (``register_block``),
-    or one when a static n of more than two leaves at most one in its last panel, which two would
-    mostly pad: a 100-wide layer's products ran at 64 GFLOP/s in blocks of 12 x 32 (128 columns
-    computed), at 89 in blocks of 12 x 16 (112), one core of a Zen 4, where 128-wide ones ran
-    at 97 either way."""
+    or one when that computes NARROW_SAVING_MIN less padding for a static n of more than two:
+    a 100-wide layer's products ran at 68-77 GFLOP/s in blocks of 12 x 32 (128 columns computed),
+    at 77-86 in blocks of 12 x 16 (112), one core of a Zen 4; blocks of 12 x 16 ran 0-4% slower
+    where neither pads (1024 columns), so n = 1000 (1008 against 1024 computed) keeps 12 x 32."""
     tn = register_block(itemsize)[1]
     lanes = tn // 2
-    return lanes if isinstance(n, int) and n > tn and 0 < n % tn <= lanes else tn
+    if not isinstance(n, int) or n <= tn:
+        return tn
+    saved = _ceil_div(n, tn) * tn - _ceil_div(n, lanes) * lanes
+    return lanes if saved > NARROW_SAVING_MIN * n else tn
 
 
 def _small_swapped(op: ir.Operation) -> bool:

@@ -635,8 +635,9 @@ def test_balanced_tasks_count_the_register_blocks_of_an_operand_read_in_place():
 def test_a_short_last_column_panel_runs_in_blocks_one_register_wide(dtype, extra, narrow):
     """A product whose n leaves at most one vector register in its last two-register panel (a
     100-wide layer: 3 x 32 + 4 floats with AVX-512) runs in register blocks one register wide,
-    its B packed into panels of that width; a last panel fuller than that, or none, keeps the
-    two-register blocks. Every op of the zoo matches the reference at awkward batches."""
+    its B packed into panels of that width, when that saves enough padding; a last panel fuller
+    than that, or none, keeps the two-register blocks. Every op of the zoo matches the reference
+    at awkward batches."""
     itemsize = np.dtype(dtype).itemsize
     tn = register_block(itemsize)[1]
     lanes = tn // 2
@@ -644,6 +645,7 @@ def test_a_short_last_column_panel_runs_in_blocks_one_register_wide(dtype, extra
     width = lanes if narrow else tn
     assert block_columns(n, itemsize) == width
     assert block_columns(tn // 2 + 1, itemsize) == tn  # one panel or less: as before (swapped or one panel)
+    assert block_columns(31 * tn + lanes // 2, itemsize) == tn  # saves under NARROW_SAVING_MIN of the columns
     graph = _product_graph(130, n, dtype)
     module = emit_linalg(graph)
     op = collect_ops(module, lambda o: o.name == "linalg.matmul")[0]
