@@ -23,14 +23,15 @@ def test_panel_rows_divide_the_output_row_and_fill_half_a_block_at_least(q, tm, 
     assert panel_rows(q, tm) == rows
 
 
-# (in channels, image, out channels, kernel, stride, padding (top, bottom, left, right), dilation, groups): 32
-# channels both ways, so that the forward and the input gradient are blocked products that are not swapped
+# (in channels, image, out channels, kernel, stride, padding (top, bottom, left, right), dilation, groups): 72
+# channels in (more than windows.COL2IM_CHANNELS_MAX: the input gradient takes the im2col form) and 32 or 33
+# out, so that the forward and the input gradient are blocked products that are not swapped
 CASES = [
-    ((32, (3, 16), 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1), 1, 2),  # rows of 16 pixels: panels of 8, batch 1
-    ((32, (9, 20), 32, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1), 3, 2),  # stride 2: forward rows of 10
-    ((32, (11, 14), 33, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1), 2, 2),  # dilation: rows of 14, panels of 7
-    ((32, (13, 9), 32, (3, 2), (1, 1), (1, 0, 0, 1), (1, 1), 1), 3, 2),  # uneven padding, rows of 9
-    ((32, (5, 13), 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1), 2, 0),  # rows of 13: the packing copies columns
+    ((72, (3, 16), 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1), 1, 2),  # rows of 16 pixels: panels of 8, batch 1
+    ((72, (9, 20), 32, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1), 3, 2),  # stride 2: forward rows of 10
+    ((72, (11, 14), 33, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), 1), 2, 2),  # dilation: rows of 14, panels of 7
+    ((72, (13, 9), 32, (3, 2), (1, 1), (1, 0, 0, 1), (1, 1), 1), 3, 2),  # uneven padding, rows of 9
+    ((72, (5, 13), 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1), 2, 0),  # rows of 13: the packing copies columns
 ]
 
 

@@ -70,7 +70,9 @@ def check(graph, batch, ties=False, seed=0, tol=None):
     ((4, (7, 6), 6, (3, 2), (2, 1), (1, 1, 0, 0), (1, 2), 2), 3),
     ((3, (9, 8), 5, (2, 2), (1, 1), (0, 1, 0, 1), (1, 1), 1), 2),  # padding="same" with an even kernel
     ((4, (8, 5), 4, (3, 3), (3, 2), (2, 2, 1, 1), (2, 1), 4), 2),  # depthwise
-    ((16, (5, 4), 3, (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 1), 2),  # enough input channels for the im2col dX
+    ((16, (5, 4), 3, (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 1), 2),  # col2im dX at 16 input channels
+    ((64, (7, 9), 5, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1), 1),  # col2im dX at 64: stride 2, odd image, batch 1
+    ((65, (5, 4), 3, (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 1), 2),  # enough input channels for the im2col dX
     ((5, (11, 10), 7, (3, 2), (2, 3), (2, 1, 0, 2), (2, 1), 1), 3),  # col2im dX: stride, dilation, uneven padding
     ((2, (6, 9), 4, (5, 5), (1, 1), (0, 0, 0, 0), (1, 1), 1), 1),  # col2im dX: LeNet's 5x5 taps, batch 1
 ])
@@ -163,7 +165,7 @@ def test_pads_and_spreads_are_slice_copies_only_when_asked():
 @pytest.mark.parametrize("stride,padding,dilation", [((1, 1), (0, 0, 0, 0), (1, 1)), ((2, 3), (2, 1, 0, 2), (2, 1)),
                                                      ((3, 2), (1, 1, 2, 2), (1, 3))])
 def test_few_channel_input_gradient_equals_pytorch_in_float64(stride, padding, dilation):
-    """The col2im input gradient (fewer than FEW_CHANNELS input channels) against PyTorch's
+    """The col2im input gradient (at most COL2IM_CHANNELS_MAX input channels) against PyTorch's
     conv2d backward, at dynamic batch sizes that differ between calls."""
     torch = pytest.importorskip("torch")
     hw, kernel = (13, 11), (3, 4)
@@ -181,6 +183,24 @@ def test_few_channel_input_gradient_equals_pytorch_in_float64(stride, padding, d
         want = xt.grad.numpy()[:, :, top:top + hw[0], left:left + hw[1]]
         _, dx, _ = step.run([x, g], [w])
         np.testing.assert_allclose(dx, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("channels,col2im", [(16, True), (64, True), (65, False)])
+def test_cpu_input_gradients_up_to_col2im_channels_max_take_the_col2im_form(channels, col2im):
+    """On the CPU an input gradient with at most COL2IM_CHANNELS_MAX input channels is the product
+    of the gradient's pixel rows with the weight, its columns added back (no im2col gather of the
+    spread gradient); with more, the im2col form. Both match the reference at a static batch of 3
+    (odd image, stride 2, uneven padding)."""
+    from mlir_nn.codegen import emit_linalg
+    from mlir_nn.codegen.im2col_panels import IM2COL
+
+    hw, attrs = (9, 7), dict(stride=(2, 2), padding=(1, 0, 1, 1), dilation=(1, 1), groups=1)
+    w = _leaf("param", "w", (24, channels, 3, 3), "float32")
+    out = make_node("conv2d", [_leaf("input", "x", (3, channels) + hw, "float32"), w], **attrs).shape
+    g = _leaf("input", "g", out, "float32")
+    graph = Graph((g,), (w,), (make_node("conv2d_input_grad", [g, w], input_hw=hw, **attrs),), name="dx")
+    assert (IM2COL not in str(emit_linalg(graph, strided_copies=True))) == col2im
+    check(graph, 3)
 
 
 def test_few_channel_input_gradient_adds_taps_in_place_without_a_spread_buffer():
