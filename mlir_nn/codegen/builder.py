@@ -35,6 +35,7 @@ class FunctionBuilder:
         self.strided_copies = strided_copies  # pads as strided insert_slice (see codegen.windows.place)
         self.batch = batch  # index Value holding the run-time batch size, if the graph has one
         self.source_of_transpose: dict[object, ir.Value] = {}  # transpose node -> its input tensor
+        self.pieces: dict[object, tuple] = {}  # a sum of placed slices -> its pieces (codegen.joined_slices)
 
     # ------------------------------------------------------------------ scalars and sizes
 
