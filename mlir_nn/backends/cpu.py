@@ -172,16 +172,19 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
         from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
         from mlir_nn.codegen.lane_loads import scalarize_lane_loads
         from mlir_nn.codegen.parallel_maps import spread_maps
+        from mlir_nn.codegen.recompute import recompute_cheap_maps
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    module = emit_linalg(graph, wide_sums=True, strided_copies=True)  # float32 sums accumulate in float64
+    threads = threads and any(p.startswith(THREAD_PASS) for p in pipeline.passes)
+    # float32 sums accumulate in float64; batched products' loops run as tasks on threads
+    module = emit_linalg(graph, wide_sums=True, strided_copies=True, batch_tasks=threads)
     stages = {"linalg": str(module)}
     inline_f32_math(module)  # no libm call per element: loops with exp or erf vectorize
+    recompute_cheap_maps(module)  # x * c read again by a later pass: recomputed there, not stored
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]
     write_updates_in_place(module, fn, len(graph.outputs), [slot[name] for name, _ in graph.updates])
-    threads = threads and any(p.startswith(THREAD_PASS) for p in pipeline.passes)
     rewrite_matmuls(module, threads)
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()

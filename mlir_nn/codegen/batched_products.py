@@ -9,14 +9,17 @@ of its last two axes is read untransposed, the product's indexing maps transposi
 (attention's ``q @ k^T`` and the gradients ``g @ b^T``, ``a^T @ g``). A 4-D operand that is a
 chain of transposes of a (batch, time, heads, width) tensor (the heads split off a projection)
 reads each matrix from that tensor as a strided slice, not from a transposed copy: GPT small's
-step made 8 instead of 18 such copies. Without strided views
-(``FunctionBuilder.strided_copies`` off: the CUDA path, whose kernels see no subviews) a bmm is one
-batched ``linalg.generic`` instead, which the GPU schedules map onto threads.
+step made 8 instead of 18 such copies. With threads (``FunctionBuilder.batch_tasks``) a static
+batch loop is an ``scf.forall`` of up to BATCH_TASKS equal runs of matrices, one loop per task:
+on one thread these products were about 9% of GPT's step, serial at any thread count. Without
+strided views (``FunctionBuilder.strided_copies`` off: the CUDA path, whose kernels see no
+subviews) a bmm is one batched ``linalg.generic`` instead, which the GPU schedules map onto threads.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from mlir import ir
 from mlir.dialects import arith, scf, tensor
@@ -24,6 +27,8 @@ from mlir.dialects import arith, scf, tensor
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.ir import Node
 from mlir_nn.ir.shapes import BATCH
+
+BATCH_TASKS = 8  # tasks of a batch loop at most (CPU threads: FunctionBuilder.batch_tasks)
 
 
 def _swaps_last(node: Node) -> bool:
@@ -101,6 +106,49 @@ def _head_matrix(b: FunctionBuilder, source: ir.Value, perm: tuple[int, ...], i:
                                 [1] * 4)
 
 
+def batch_tasks(count: int) -> int:
+    """Tasks for a batch loop of ``count`` matrices (a dynamic count: 1): the largest divisor of
+    ``count`` up to BATCH_TASKS, so that each task runs the same number of products."""
+    if ir.ShapedType.is_dynamic_size(count):
+        return 1
+    return max(t for t in range(1, min(BATCH_TASKS, count) + 1) if count % t == 0)
+
+
+def _loop(b: FunctionBuilder, lo: ir.Value, hi: ir.Value, out: ir.Value,
+          product: Callable[[ir.Value], ir.Value]) -> ir.Value:
+    """``out`` (matrices ``lo`` to ``hi`` of the batch, from 0) with each matrix the ``product`` of its index."""
+    m, n = ir.RankedTensorType(out.type).shape[1:]
+    loop = scf.ForOp(lo, hi, b.index(1), [out])
+    with ir.InsertionPoint(loop.body):
+        i = loop.induction_variable
+        at = arith.subi(i, lo)
+        dynamic = ir.ShapedType.get_dynamic_size()
+        stored = tensor.insert_slice(product(i), loop.inner_iter_args[0], [at], [], [], [dynamic, 0, 0], [1, m, n],
+                                     [1, 1, 1])
+        scf.yield_([stored])
+    return loop.results[0]
+
+
+def _on_tasks(b: FunctionBuilder, out: ir.Value, tasks: int, product: Callable[[ir.Value], ir.Value]) -> ir.Value:
+    """The batch loop split into ``tasks`` equal runs of matrices, an ``scf.forall`` (threads): each
+    task a loop of its own, so what the products' schedule allocates before their loop
+    (``row_blocks``) is per task."""
+    count, m, n = ir.RankedTensorType(out.type).shape
+    chunk = count // tasks
+    forall = scf.ForallOp([0], [tasks], [1], [out])
+    with ir.InsertionPoint(forall.body):
+        lo = arith.muli(forall.induction_variables[0], b.index(chunk))
+        dynamic = ir.ShapedType.get_dynamic_size()
+        kind = ir.RankedTensorType.get([chunk, m, n], b.element)
+        part = tensor.extract_slice(kind, forall.inner_iter_args[0], [lo], [], [], [dynamic, 0, 0], [chunk, m, n],
+                                    [1, 1, 1])
+        done = _loop(b, lo, arith.addi(lo, b.index(chunk)), part, product)
+        with ir.InsertionPoint(forall.terminator().block):
+            tensor.parallel_insert_slice(done, forall.inner_iter_args[0], [lo], [], [], [dynamic, 0, 0],
+                                         [chunk, m, n], [1, 1, 1])
+    return forall.results[0]
+
+
 def lower_bmm(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     """(..., m, k) @ (..., k, n): one ``linalg.matmul`` per batch element (one batched generic without
     strided views). A 4-D operand that transposes its source's axes (the heads split off a
@@ -129,18 +177,18 @@ def lower_bmm(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     m, n = int(node.shape[-2]), int(node.shape[-1])
     out_shape = tuple(node.shape)
     merged_out = _merged(b, b.empty(out_shape), out_shape)
-    count = tensor.dim(merged_out, b.index(0))
-    loop = scf.ForOp(b.index(0), count, b.index(1), [merged_out])
-    with ir.InsertionPoint(loop.body):
-        i = loop.induction_variable
+
+    def product(i: ir.Value) -> ir.Value:
         a_i, b_i = (_matrix(b, v, i, *s) if view is None else _head_matrix(b, v, view[1], i, heads)
                     for v, s, view in zip(operands, shapes, views))
-        product = b.matmul(a_i, b_i, (m, n), flips[0], flips[1])
-        acc = loop.inner_iter_args[0]
-        dynamic = ir.ShapedType.get_dynamic_size()
-        stored = tensor.insert_slice(product, acc, [i], [], [], [dynamic, 0, 0], [1, m, n], [1, 1, 1])
-        scf.yield_([stored])
-    result = loop.results[0]
+        return b.matmul(a_i, b_i, (m, n), flips[0], flips[1])
+
+    total = ir.RankedTensorType(merged_out.type).shape[0]
+    tasks = batch_tasks(total) if b.batch_tasks else 1
+    if tasks > 1:
+        result = _on_tasks(b, merged_out, tasks, product)
+    else:
+        result = _loop(b, b.index(0), tensor.dim(merged_out, b.index(0)), merged_out, product)
     if len(out_shape) == 3:
         return result
     rank = len(out_shape)

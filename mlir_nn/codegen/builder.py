@@ -27,14 +27,17 @@ class FunctionBuilder:
     """Builds ops at the current insertion point of one function body."""
 
     def __init__(
-        self, dtype: str, batch: ir.Value | None, wide_sums: bool = False, strided_copies: bool = False
+        self, dtype: str, batch: ir.Value | None, wide_sums: bool = False, strided_copies: bool = False,
+        batch_tasks: bool = False,
     ) -> None:
         self.dtype = dtype
         self.element = element_type(dtype)
         self.wide_sums = wide_sums and needs_wide_accumulator(dtype)  # see codegen.accumulate
         self.strided_copies = strided_copies  # pads as strided insert_slice (see codegen.windows.place)
+        self.batch_tasks = batch_tasks  # batched products' loops as tasks (see codegen.batched_products)
         self.batch = batch  # index Value holding the run-time batch size, if the graph has one
         self.source_of_transpose: dict[object, ir.Value] = {}  # transpose node -> its input tensor
+        self.pieces: dict[object, tuple] = {}  # a sum of placed slices -> its pieces (codegen.joined_slices)
 
     # ------------------------------------------------------------------ scalars and sizes
 

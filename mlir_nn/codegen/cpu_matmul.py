@@ -1128,16 +1128,26 @@ def _apply_schedule(module: ir.Module, itemsize: int) -> None:
         raise RuntimeError(f"codegen: the CPU matmul schedule {SCHEDULE} failed: {error}") from None
 
 
+def _in_tasks(op: ir.Operation) -> bool:
+    """Whether ``op`` runs inside a task already (a batch loop's ``scf.forall``: batched_products)."""
+    parent = op.parent
+    while parent.name != "func.func":
+        if parent.name == "scf.forall":
+            return True
+        parent = parent.parent
+    return False
+
+
 def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
     """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts (a product with a
     short k is looped: one element-wise pass, ``short_products``). With ``threads``,
-    products with enough work spread their blocks over threads (large element-wise ops go on
-    threads after bufferization: ``parallel_maps``)."""
+    products with enough work spread their blocks over threads, unless they run in a task
+    already (large element-wise ops go on threads after bufferization: ``parallel_maps``)."""
     matmuls = collect_ops(module, lambda op: op.name == "linalg.matmul")
     blocked, itemsize = 0, 4
     with module.context:
         for op in matmuls:
-            plan = product_plan(op, threads)
+            plan = product_plan(op, threads and not _in_tasks(op))
             short, large = plan.kind == "short-k", plan.blocked
             if large:
                 itemsize = _itemsize(op.result)

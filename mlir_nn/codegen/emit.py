@@ -35,10 +35,12 @@ def _batch_size(args: list[tuple[Node, ir.Value]]) -> ir.Value | None:
     return None
 
 
-def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False, strided_copies: bool = False) -> func.FuncOp:
+def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False, strided_copies: bool = False,
+              batch_tasks: bool = False) -> func.FuncOp:
     """Append the step function of ``graph`` to ``module`` (inside its context); ``wide_sums``
     accumulates float32 reductions in float64 (``mlir_nn.codegen.accumulate``); ``strided_copies``
-    pads and spreads window operands by strided slice copies (targets that lower subviews)."""
+    pads and spreads window operands by strided slice copies (targets that lower subviews);
+    ``batch_tasks`` runs the loops of batched products as tasks (``scf.forall``)."""
     missing = sorted({n.op for n in graph.nodes} - set(LOWERINGS) - {"input", "param", "const"})
     if missing:
         raise NotImplementedError(f"codegen: no lowering for op(s) {', '.join(missing)}")
@@ -53,7 +55,8 @@ def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False, strided_
         entry = fn.add_entry_block()
     with ir.InsertionPoint(entry):
         values: dict[Node, Operand] = dict(zip(leaves, entry.arguments))
-        b = FunctionBuilder(dtype, _batch_size(list(zip(leaves, entry.arguments))), wide_sums, strided_copies)
+        b = FunctionBuilder(dtype, _batch_size(list(zip(leaves, entry.arguments))), wide_sums, strided_copies,
+                            batch_tasks)
         for node in graph.nodes:
             if node in values:
                 continue
@@ -67,13 +70,14 @@ def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False, strided_
 
 
 def emit_linalg(
-    graph: Graph, context: ir.Context | None = None, wide_sums: bool = False, strided_copies: bool = False
+    graph: Graph, context: ir.Context | None = None, wide_sums: bool = False, strided_copies: bool = False,
+    batch_tasks: bool = False,
 ) -> ir.Module:
     """The MLIR module of ``graph`` (see the package docstring for the function convention)."""
     context = context or ir.Context()
     with context, ir.Location.unknown():
         module = ir.Module.create()
-        emit_into(module, graph, wide_sums, strided_copies)
+        emit_into(module, graph, wide_sums, strided_copies, batch_tasks)
         if not module.operation.verify():
             raise RuntimeError(f"codegen: the module emitted for {graph.name} does not verify")
     return module

@@ -15,6 +15,7 @@ from mlir.dialects import arith, linalg, math, tensor
 
 from mlir_nn.codegen import philox
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
+from mlir_nn.codegen.joined_slices import joined
 from mlir_nn.codegen.maps import dims_map, identity_map, permutation_map, reduction_map
 from mlir_nn.codegen.reshapes import view_reshape
 from mlir_nn.codegen.row_ops import ROW_LOWERINGS, Rows
@@ -35,6 +36,12 @@ def _ewise(fn: Callable[..., ir.Value]) -> Rule:
         return b.elementwise(node.shape, xs, [i.shape for i in node.inputs], fn)
 
     return rule
+
+
+def _add(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
+    """x + y; a sum of slices placed in disjoint boxes as insertions (``joined_slices``)."""
+    value = joined(b, node, xs)
+    return b.elementwise(node.shape, xs, [i.shape for i in node.inputs], arith.addf) if value is None else value
 
 
 def _pow(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
@@ -277,7 +284,7 @@ def _softplus(b: FunctionBuilder, x: ir.Value) -> ir.Value:
 
 
 LOWERINGS: dict[str, Rule] = {
-    "add": _ewise(arith.addf),
+    "add": _add,
     "sub": _ewise(arith.subf),
     "mul": _ewise(arith.mulf),
     "div": _ewise(arith.divf),

@@ -17,6 +17,7 @@ from mlir.dialects import arith, linalg, tensor
 
 from mlir_nn.codegen.batched_products import lower_bmm
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
+from mlir_nn.codegen.joined_slices import note_piece
 from mlir_nn.codegen.maps import dims_map, identity_map
 from mlir_nn.codegen.shaped import dim_sizes
 from mlir_nn.codegen.windows import place
@@ -67,7 +68,9 @@ def _slice_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     """Zeros with the gradient placed at the strided box (``windows.place``: an insert_slice with strided
     views, else a gather)."""
     shape = node.inputs[0].shape
-    return place(b, b.tensor_of(xs[0], shape), shape, node.shape, node.attr("start"), node.attr("step"), 0.0)
+    x = b.tensor_of(xs[0], shape)
+    note_piece(b, node, x)
+    return place(b, x, shape, node.shape, node.attr("start"), node.attr("step"), 0.0)
 
 
 def _position(b: FunctionBuilder, loop: int) -> ir.Value:

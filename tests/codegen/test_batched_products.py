@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import mlir_nn
 from mlir_nn.codegen import emit_linalg
+from mlir_nn.codegen.batched_products import batch_tasks
 from mlir_nn.codegen.cpu_matmul import SWAPPED_LOOP_MAX
 from mlir_nn.codegen.schedule_report import product_schedules
 from mlir_nn.engine import Tensor
@@ -126,6 +127,30 @@ def test_small_static_products_with_few_columns_loop_instead_of_packing(sizes):
     report = product_schedules(emit_linalg(graph, strided_copies=True))
     assert [(s.m, s.n, s.k) for s in report] == [(m, n, k)] and m * n * k <= SWAPPED_LOOP_MAX
     assert report[0].schedule != "blocked-swapped", report[0]
+
+
+@pytest.mark.parametrize(("count", "tasks"), [(1, 1), (7, 7), (12, 6), (13, 1), (33, 3), (128, 8)])
+def test_batch_loops_split_into_equal_tasks(count, tasks):
+    assert batch_tasks(count) == tasks
+
+
+def test_batch_loops_run_as_tasks_only_when_asked():
+    a, b = np.zeros((12, 64, 16), np.float32), np.zeros((12, 64, 16), np.float32)
+    graph, _, _ = trace_step(lambda x, y: x @ y.transpose(1, 2), [a, b], ["a", "b"], dynamic_batch=False)
+    on_tasks = str(emit_linalg(graph, strided_copies=True, batch_tasks=True))
+    assert on_tasks.count("scf.forall (") == 1 and "tensor.parallel_insert_slice" in on_tasks
+    assert "scf.forall" not in str(emit_linalg(graph, strided_copies=True))
+
+
+@pytest.mark.parametrize("sizes", [(12, 64, 16, 64), (6, 33, 8, 16), (16, 8, 24, 8)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_row_block_products_on_tasks_equal_pytorch(sizes):
+    """Batch loops in tasks of several matrices whose products are register blocks of rows, B^T
+    copied per matrix into a buffer of each task's own."""
+    batch, m, k, n = sizes
+    rng = np.random.default_rng(sum(sizes))
+    a, b = rng.standard_normal((batch, m, k)), rng.standard_normal((batch, n, k))
+    _close(*_compiled(lambda x, y: x @ y.transpose(1, 2), a, b))
 
 
 HEAD_LAYOUTS = {  # (batch, time, heads, width) source -> the 4-D operand the product reads

@@ -1,0 +1,82 @@
+"""Sums of placed slices (the gradient of a split, a concatenation) compiled as insertions into one
+tensor, against the NumPy reference; sums whose boxes overlap stay adds."""
+
+import numpy as np
+import pytest
+
+from mlir_nn.backends import get_backend
+from mlir_nn.backends.reference import evaluate
+from mlir_nn.codegen import emit_linalg
+from mlir_nn.ir import Graph, make_node
+
+
+def _pieces_graph(dtype, width, boxes, rows=("N", 3)):
+    """x of shape rows + (width,); each box (start, size) of the last axis squared and placed back
+    at ``start + shift`` of a zero tensor, the placements summed left to right."""
+    x = make_node("input", [], name="x", shape=rows + (width,), dtype=dtype)
+    zero = (0,) * len(rows)
+    total = None
+    for start, size, shift in boxes:
+        part = make_node("slice", [x], start=zero + (start,), step=(1,) * (len(rows) + 1), shape=rows + (size,))
+        placed = make_node("slice_grad", [make_node("mul", [part, part])], start=zero + (start + shift,),
+                           step=(1,) * (len(rows) + 1), shape=x.shape)
+        total = placed if total is None else make_node("add", [total, placed])
+    return Graph((x,), (), (total,), name="joined")
+
+
+def _check(graph, batch):
+    dtype = graph.inputs[0].dtype
+    x = np.random.default_rng(batch).standard_normal(tuple(batch if d == "N" else d for d in graph.inputs[0].shape))
+    want, _ = evaluate(graph, [x.astype(dtype)], [], batch)
+    (got,) = get_backend("cpu").compile(graph).run([x.astype(dtype)], [])
+    np.testing.assert_array_equal(got, want[0])  # each element is one square or zero: exact
+
+
+COVERING = [(0, 4, 0), (4, 3, 0), (7, 6, 0)]  # the three parts of a split, placed back: all of x
+PARTIAL = [(0, 4, 0), (7, 6, 0)]  # a gap of zeros in between
+OVERLAPPING = [(0, 4, 0), (4, 3, 0), (7, 6, -5)]  # the last lands on the first two: added
+OVERLAPPING_ONE = [(0, 4, 0), (4, 3, 0), (7, 6, -1)]  # one column shared with the second
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("boxes", [COVERING, PARTIAL, OVERLAPPING, OVERLAPPING_ONE, COVERING[::-1],
+                                   COVERING + [(2, 5, 0)]],
+                         ids=["covering", "partial", "overlapping", "overlapping-one", "reversed",
+                              "covering-then-overlapping"])
+@pytest.mark.parametrize("batch", [1, 7, 33])
+def test_placed_slices_sum_as_the_reference(dtype, boxes, batch):
+    _check(_pieces_graph(dtype, 13, boxes), batch)
+
+
+def test_placements_over_a_static_middle_axis():
+    x = make_node("input", [], name="x", shape=("N", 9, 2), dtype="float32")
+    parts = [make_node("slice", [x], start=(0, a, 0), step=(1, 1, 1), shape=("N", n, 2)) for a, n in ((0, 5), (5, 4))]
+    placed = [make_node("slice_grad", [make_node("neg", [p])], start=(0, a, 0), step=(1, 1, 1), shape=x.shape)
+              for p, a in zip(parts, (0, 5))]
+    _check(Graph((x,), (), (make_node("add", [placed[1], placed[0]]),), name="rows"), 13)
+
+
+def _adds_and_fills(graph, strided_copies=True):
+    text = str(emit_linalg(graph, strided_copies=strided_copies))
+    return text.count("arith.addf"), text.count("linalg.fill"), text.count("tensor.insert_slice")
+
+
+def test_disjoint_placements_become_insertions_and_overlapping_ones_stay_adds():
+    adds, _, inserts = _adds_and_fills(_pieces_graph("float32", 13, COVERING))
+    assert adds == 0 and inserts >= 3
+    adds, _, _ = _adds_and_fills(_pieces_graph("float32", 13, OVERLAPPING))
+    assert adds == 1  # the first two joined, the overlapping third added
+    # without strided views (the CUDA path) every placement is a gather and every sum an add
+    adds, _, inserts = _adds_and_fills(_pieces_graph("float32", 13, COVERING), strided_copies=False)
+    assert adds == 2 and inserts == 0
+
+
+def test_covering_pieces_need_no_zero_fill():
+    """Once the pieces cover the tensor, they go into an empty one: the fills left are dead code."""
+    from mlir_nn.backends.lowering import run_pipeline
+    from mlir_nn.support.pipelines import Pipeline
+
+    for boxes, fills in ((COVERING, 0), (PARTIAL, 1)):
+        module = emit_linalg(_pieces_graph("float32", 13, boxes), strided_copies=True)
+        run_pipeline(module, Pipeline("clean", ("canonicalize", "cse")))
+        assert str(module).count("linalg.fill") == fills, boxes
