@@ -1,16 +1,17 @@
 """Cold compile time against JAX, and how soon a fresh process has trained, against PyTorch and JAX.
 
-1. First call, cold: a fresh process with an empty compile cache traces, optimizes and
-   compiles an MLP training step (MSE loss, SGD or Adam, batch 128) and returns its first
-   call's result, computed by native code; JAX's first call of the same step under
-   ``jax.jit`` (hand-written SGD/Adam) is timed the same way. Imports are excluded for both.
-   ``--first-tier native`` (the default) runs mlir-nn's first call on its quick native tier
-   (``MLIR_NN_FIRST_TIER=native``: LLVM at -O0 in this process) while another process
-   compiles the optimized code; "optimized" is when the step runs that code (the time from
-   the first call until ``lower`` has waited for it). ``--first-tier off`` compiles the
-   optimized code before the first call (``MLIR_NN_TIERED=0``): both times are then equal.
-   mlir-nn's first call is also given per stage (egraph, codegen, passes, llvm, link;
-   "other" is the rest: imports of egglog and MLIR, tracing, the executable, the call).
+1. First call, cold: a fresh process with an empty compile cache traces an MLP training
+   step (MSE loss, SGD or Adam, batch 128) and returns its first call's result; JAX's first
+   call of the same step under ``jax.jit`` (hand-written SGD/Adam) is timed the same way.
+   Imports are excluded for both. ``--first-tier`` says what runs mlir-nn's first call
+   (the tier is printed with it): ``interpreter`` (the default, as for users) runs the
+   traced graph on the reference ops at once while another process optimizes and compiles
+   it; ``native`` (``MLIR_NN_FIRST_TIER=native``) first compiles the optimized graph in this
+   process with LLVM at -O0; ``off`` (``MLIR_NN_TIERED=0``) compiles the optimized code
+   before the first call. "optimized" is when the step runs the optimized code (the time
+   from the first call until ``lower`` has waited for it). mlir-nn's first call is also
+   given per stage when it compiled (egraph, codegen, passes, llvm, link; "other" is the
+   rest: imports of egglog and MLIR, tracing, the executable, the call).
    MLPs: ``depth`` hidden layers of ``width`` units, input ``width``, 10 outputs.
 2. Time to train: a fresh process (imports included, empty cache, mlir-nn with its default
    tiers) until 200 steps of the autoencoder 784-256-64-16-64-256-784 (Adam, batch 128)
@@ -23,7 +24,8 @@ order flips every repeat), so load that comes and goes hits both; results are ra
 the CPU model and the load average noted.
 
     python benchmarks/compile_time.py [--quick | --smoke] [--repeats N] [--seed-machine-builds]
-                                      [--first-tier native|off] [--json benchmarks/results/compile_time.json]
+                                      [--first-tier interpreter|native|off]
+                                      [--json benchmarks/results/compile_time.json]
 """
 
 from __future__ import annotations
@@ -206,7 +208,8 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-FIRST_TIERS = {"native": {"MLIR_NN_TIERED": "1", "MLIR_NN_FIRST_TIER": "native"}, "off": {"MLIR_NN_TIERED": "0"}}
+FIRST_TIERS = {"interpreter": {"MLIR_NN_TIERED": "1", "MLIR_NN_FIRST_TIER": "interpreter"},
+               "native": {"MLIR_NN_TIERED": "1", "MLIR_NN_FIRST_TIER": "native"}, "off": {"MLIR_NN_TIERED": "0"}}
 
 
 def first_calls(models: list[tuple[int, int]], optimizers: list[str], repeats: int, first_tier: str) -> list[dict]:
@@ -253,8 +256,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="runs per framework and model (default 3, quick 1)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "compile_time.json"))
-    parser.add_argument("--first-tier", choices=sorted(FIRST_TIERS), default="native",
-                        help="mlir-nn's first call on the quick native tier, or compiled fully before it")
+    parser.add_argument("--first-tier", choices=sorted(FIRST_TIERS), default="interpreter",
+                        help="mlir-nn's first call on the interpreter (the default tier), on quick native code, "
+                             "or on the optimized code compiled before it")
     parser.add_argument("--seed-machine-builds", action="store_true",
                         help="start each mlir-nn cache with the C helpers it builds once per machine")
     args = parser.parse_args()
