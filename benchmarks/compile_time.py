@@ -15,7 +15,8 @@
    MLPs: ``depth`` hidden layers of ``width`` units, input ``width``, 10 outputs.
 2. Time to train: a fresh process (imports included, empty cache, mlir-nn with its default
    tiers) until 200 steps of the autoencoder 784-256-64-16-64-256-784 (Adam, batch 128)
-   are done, against PyTorch eager and JAX.
+   are done, against PyTorch eager and JAX; with what ran mlir-nn's last step ("numpy":
+   the interpreter tier still, "cpu": the optimized code).
 
 Caches start empty: mlir-nn then also builds its two C helpers, which it does once per
 machine; ``--seed-machine-builds`` starts each cache with them (a new step on a machine
@@ -71,7 +72,7 @@ step(x, y)
 first = time.perf_counter() - imported
 for _ in range(steps - 1):
     step(x, y)
-report = {"first": first, "total": time.perf_counter() - start}
+report = {"first": first, "total": time.perf_counter() - start, "last_tier": step._last.tier}
 if steps == 1:  # what ran the first call, its stages, and when the optimized code runs
     ran = step._last
     report["tier"] = ran.tier
@@ -242,11 +243,14 @@ def time_to_train(steps: int, repeats: int, sizes: list[int]) -> dict:
     tiers = {"MLIR_NN_TIERED": "1"}  # the default tiers (MLIR_NN_FIRST_TIER as set for this script)
     runs = interleaved(frameworks, sizes, "adam", steps, repeats, tiers)
     walls = {f: statistics.median(r["wall"] for r in runs[f]) for f in frameworks}
+    last_tiers = sorted({r["last_tier"] for r in runs["mlir-nn"]})  # what ran mlir-nn's last step
     for f, wall in walls.items():
         ratio = "" if "torch" not in walls else f"  ({wall / walls['torch']:.2f}x PyTorch)"
-        print(f"{steps} steps of MLP {'-'.join(map(str, sizes))}, Adam, fresh process: {f:8} {wall:6.2f} s{ratio}",
-              flush=True)
-    return {"steps": steps, "sizes": sizes, "wall_s": walls, "load": os.getloadavg()[0]}
+        ran = f", last step on {'/'.join(last_tiers)}" if f == "mlir-nn" else ""
+        print(f"{steps} steps of MLP {'-'.join(map(str, sizes))}, Adam, fresh process: {f:8} {wall:6.2f} s{ratio}"
+              f"{ran}", flush=True)
+    return {"steps": steps, "sizes": sizes, "wall_s": walls, "mlir_nn_last_tier": "/".join(last_tiers),
+            "load": os.getloadavg()[0]}
 
 
 def main() -> None:

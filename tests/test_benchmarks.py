@@ -44,6 +44,7 @@ def test_compile_time(tmp_path):
     assert row["mlir_nn_s"] > 0 and row["jax_s"] > 0 and "other" in row["stages_s"]
     assert row["first_tier"] == "numpy" and row["mlir_nn_optimized_s"] > row["mlir_nn_s"]  # the default tier
     assert "mlir-nn" in results["time_to_train"]["wall_s"] and "geomean" in out
+    assert set(results["time_to_train"]["mlir_nn_last_tier"].split("/")) <= {"numpy", "cpu"}
 
 
 def test_egraph_moons():

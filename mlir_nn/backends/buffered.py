@@ -3,12 +3,12 @@
 ``ReferenceExecutable`` (the oracle) allocates a new array per node and call. Arrays of a
 few hundred KB are allocated and freed through mmap, so every call pays page faults for
 every large intermediate: an autoencoder's Adam step (784-256-64-16-64-256-784, batch 128,
-one BLAS thread) took 18 ms that way and 9 ms with the buffers below. Here the common ops
-write with ``out=`` into buffers planned once per batch size by liveness (a buffer is
-reused once every node that reads it, or a view of it, has run); the others run their
-reference and may return views, which keep the buffers they view alive. Each op computes
-exactly what its reference computes (the same NumPy calls, in the same order), so results
-are identical to the oracle's.
+one BLAS thread) took 24 ms that way and 7 ms with the buffers below (the reference with
+glibc's mmap threshold raised from the environment: about 9 ms). Here the common ops write with ``out=`` (or copy)
+into buffers planned once per batch size by liveness (a buffer is reused once every node
+that reads it, or a view of it, has run); the others run their reference and may return
+views, which keep the buffers they view alive. Each op computes exactly what its reference
+computes (the same NumPy calls, in the same order), so results are identical to the oracle's.
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def _ufunc(ufunc: np.ufunc) -> Kernel:
 
 KERNELS: dict[str, Kernel] = {
     "add": _ufunc(np.add), "sub": _ufunc(np.subtract), "mul": _ufunc(np.multiply), "div": _ufunc(np.divide),
-    "neg": _ufunc(np.negative), "sqrt": _ufunc(np.sqrt), "exp": _ufunc(np.exp),
+    "neg": _ufunc(np.negative), "sqrt": _ufunc(np.sqrt), "exp": _ufunc(np.exp), "tanh": _ufunc(np.tanh),
+    "transpose": lambda args, attrs, out: np.copyto(out, np.transpose(args[0], attrs["perm"])),
+    "broadcast_to": lambda args, attrs, out: np.copyto(out, args[0]),
     "relu": lambda args, attrs, out: np.maximum(args[0], 0, out=out),
     "relu_grad": _relu_grad, "matmul": _product, "linear": _linear, "matmul_relu_grad": _matmul_relu_grad,
 }

@@ -92,7 +92,7 @@ def test_ops_without_an_out_form_or_with_mixed_dtypes_run_their_reference():
     x = make_node("input", (), name="x", shape=(3,), dtype="float32")
     y = make_node("input", (), name="y", shape=(3,), dtype="float64")
     assert kernel(make_node("add", (x, x))) is not None
-    assert kernel(make_node("tanh", (x,))) is None
+    assert kernel(make_node("log", (x,))) is None
     assert kernel(make_node("add", (make_node("cast", (x,), dtype="float64"), y))) is not None
     assert kernel(make_node("pow", (x,), exponent=2.0)) is not None
     assert kernel(make_node("pow", (x,), exponent=3.0)) is None
@@ -113,3 +113,14 @@ def test_nan_masks_zero_as_the_reference_does():
     for e, o in zip(expected, got):
         np.testing.assert_array_equal(o, e)
     np.testing.assert_array_equal(got[0], [[0.0, -3.0], [4.0, 0.0]])  # masks NaN and 0 zero
+
+
+def test_copies_and_tanh_match_the_reference():
+    """transpose (3-D perm) and broadcast_to copy into buffers; tanh writes with out=."""
+    x = make_node("input", (), name="x", shape=("N", 2, 3), dtype="float64")
+    b = make_node("param", (), name="b", shape=(3,), dtype="float64")
+    moved = make_node("transpose", (make_node("tanh", (x,)),), perm=(2, 0, 1))  # (3, N, 2)
+    spread = make_node("broadcast_to", (b,), shape=(4, 3))
+    graph = Graph((x,), (b,), (moved, make_node("mul", (spread, spread))), (("b", make_node("neg", (b,))),))
+    assert all(kernel(n) is not None for n in graph.nodes if n.op in ("transpose", "broadcast_to", "tanh"))
+    same_steps(graph, [np.array([0.5, -1.0, 2.0])], [1, 7, 13])
