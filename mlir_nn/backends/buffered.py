@@ -149,7 +149,8 @@ def plan(graph: Graph, batch: int | None) -> Plan:
 
 class BufferedExecutable:
     """Runs ``graph`` as ``ReferenceExecutable`` does (same checks, results and update
-    semantics), its intermediates in planned buffers. Calls take turns (the buffers are shared)."""
+    semantics), its intermediates in planned buffers: each thread's own, so threads (and a
+    forked child) never share them."""
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
@@ -160,38 +161,39 @@ class BufferedExecutable:
         self._bound = [position[n] for n in (*graph.inputs, *graph.params)]
         self._outputs = [position[o] for o in graph.outputs]
         self._updates = [position[u] for _, u in graph.updates]
-        self._plans: dict[int | None, Plan] = {}
-        self._lock = threading.Lock()
+        self._local = threading.local()  # plans: {batch: Plan} of this thread (buffers are per thread)
 
     def run(self, inputs: list[np.ndarray], params: list[np.ndarray]) -> list[np.ndarray]:
         batch = check_arguments(self.graph, inputs, params, labels=self._labels)
-        with self._lock:
-            step = self._plans.get(batch)
-            if step is None:
-                step = self._plans[batch] = plan(self.graph, batch)
-            values: list = [None] * len(self.graph.nodes)
-            for i, array in zip(self._bound, [*inputs, *params]):
-                values[i] = array
-            owned = set()  # positions whose value is a planned buffer or a new array
-            for ins in step.instructions:
-                args = [values[o] for o in ins.operands]
-                if ins.kernel is None:
-                    result = np.asarray(op_def(ins.node.op).reference(args, ins.attrs, ins.shape), dtype=ins.node.dtype)
-                    if result.shape != ins.shape:
-                        raise AssertionError(f"{ins.node.op}: reference produced {result.shape}, "
-                                             f"shape rule says {ins.shape}")
-                else:
-                    result = np.empty(ins.shape, ins.node.dtype) if ins.buffer == -1 else step.buffers[ins.buffer]
-                    ins.kernel(args, ins.attrs, result)
-                    owned.add(ins.position)
-                values[ins.position] = result
-            arguments = [*inputs, *params]
-            outputs = [values[i] if i in owned else self._own(values[i], [*arguments, *step.buffers])
-                       for i in self._outputs]
-            updates = [values[i] if i in owned else self._own(values[i], params) for i in self._updates]
-            with interrupts_deferred():  # as the reference: all computed first, written whole
-                for slot, value in zip(self._update_slots, updates):
-                    params[slot][...] = value
+        if not hasattr(self._local, "plans"):
+            self._local.plans = {}
+        plans: dict[int | None, Plan] = self._local.plans
+        step = plans.get(batch)
+        if step is None:
+            step = plans[batch] = plan(self.graph, batch)
+        values: list = [None] * len(self.graph.nodes)
+        for i, array in zip(self._bound, [*inputs, *params]):
+            values[i] = array
+        owned = set()  # positions whose value is a planned buffer or a new array
+        for ins in step.instructions:
+            args = [values[o] for o in ins.operands]
+            if ins.kernel is None:
+                result = np.asarray(op_def(ins.node.op).reference(args, ins.attrs, ins.shape), dtype=ins.node.dtype)
+                if result.shape != ins.shape:
+                    raise AssertionError(f"{ins.node.op}: reference produced {result.shape}, "
+                                         f"shape rule says {ins.shape}")
+            else:
+                result = np.empty(ins.shape, ins.node.dtype) if ins.buffer == -1 else step.buffers[ins.buffer]
+                ins.kernel(args, ins.attrs, result)
+                owned.add(ins.position)
+            values[ins.position] = result
+        arguments = [*inputs, *params]
+        outputs = [values[i] if i in owned else self._own(values[i], [*arguments, *step.buffers])
+                   for i in self._outputs]
+        updates = [values[i] if i in owned else self._own(values[i], params) for i in self._updates]
+        with interrupts_deferred():  # as the reference: all computed first, written whole
+            for slot, value in zip(self._update_slots, updates):
+                params[slot][...] = value
         return outputs
 
     @staticmethod

@@ -1,5 +1,7 @@
 """The interpreter tier's executable: the reference's results exactly, in reused buffers."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -124,3 +126,30 @@ def test_copies_and_tanh_match_the_reference():
     graph = Graph((x,), (b,), (moved, make_node("mul", (spread, spread))), (("b", make_node("neg", (b,))),))
     assert all(kernel(n) is not None for n in graph.nodes if n.op in ("transpose", "broadcast_to", "tanh"))
     same_steps(graph, [np.array([0.5, -1.0, 2.0])], [1, 7, 13])
+
+
+def test_threads_calling_one_executable_at_once_get_their_own_buffers():
+    """Large enough that NumPy lets go of the GIL inside ops: shared buffers gave wrong results."""
+    graph, params = traced([300, 301, 3], Adam, 65, optimize=False)
+    buffered, reference = BufferedExecutable(graph), ReferenceExecutable(graph)
+    rng = np.random.default_rng(4)
+    calls = [[rng.standard_normal((65, *n.shape[1:])).astype(np.float32) for n in graph.inputs] for _ in range(4)]
+    expected = []
+    for inputs in calls:
+        copies = [p.copy() for p in params]
+        expected.append((reference.run(inputs, copies), copies))
+    got: list = [None] * len(calls)
+
+    def work(k: int) -> None:
+        for _ in range(10):  # many calls, so that the threads' calls overlap
+            copies = [p.copy() for p in params]
+            got[k] = (buffered.run(calls[k], copies), copies)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (outputs, updated), (want_outputs, want_updated) in zip(got, expected):
+        for g, e in zip([*outputs, *updated], [*want_outputs, *want_updated]):
+            np.testing.assert_array_equal(g, e)
