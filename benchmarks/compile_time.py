@@ -1,20 +1,22 @@
 """Cold compile time against JAX, and how soon a fresh process has trained, against PyTorch and JAX.
 
-1. First call, cold: a fresh process with an empty compile cache traces, optimizes and
-   compiles an MLP training step (MSE loss, SGD or Adam, batch 128) and returns its first
-   call's result, computed by native code; JAX's first call of the same step under
-   ``jax.jit`` (hand-written SGD/Adam) is timed the same way. Imports are excluded for both.
-   ``--first-tier native`` (the default) runs mlir-nn's first call on its quick native tier
-   (``MLIR_NN_FIRST_TIER=native``: LLVM at -O0 in this process) while another process
-   compiles the optimized code; "optimized" is when the step runs that code (the time from
-   the first call until ``lower`` has waited for it). ``--first-tier off`` compiles the
-   optimized code before the first call (``MLIR_NN_TIERED=0``): both times are then equal.
-   mlir-nn's first call is also given per stage (egraph, codegen, passes, llvm, link;
-   "other" is the rest: imports of egglog and MLIR, tracing, the executable, the call).
+1. First call, cold: a fresh process with an empty compile cache traces an MLP training
+   step (MSE loss, SGD or Adam, batch 128) and returns its first call's result; JAX's first
+   call of the same step under ``jax.jit`` (hand-written SGD/Adam) is timed the same way.
+   Imports are excluded for both. ``--first-tier`` says what runs mlir-nn's first call
+   (the tier is printed with it): ``interpreter`` (the default, as for users) runs the
+   traced graph on the reference ops at once while another process optimizes and compiles
+   it; ``native`` (``MLIR_NN_FIRST_TIER=native``) first compiles the optimized graph in this
+   process with LLVM at -O0; ``off`` (``MLIR_NN_TIERED=0``) compiles the optimized code
+   before the first call. "optimized" is when the step runs the optimized code (the time
+   from the first call until ``lower`` has waited for it). mlir-nn's first call is also
+   given per stage when it compiled (egraph, codegen, passes, llvm, link; "other" is the
+   rest: imports of egglog and MLIR, tracing, the executable, the call).
    MLPs: ``depth`` hidden layers of ``width`` units, input ``width``, 10 outputs.
 2. Time to train: a fresh process (imports included, empty cache, mlir-nn with its default
    tiers) until 200 steps of the autoencoder 784-256-64-16-64-256-784 (Adam, batch 128)
-   are done, against PyTorch eager and JAX.
+   are done, against PyTorch eager and JAX; with what ran mlir-nn's last step ("numpy":
+   the interpreter tier still, "cpu": the optimized code).
 
 Caches start empty: mlir-nn then also builds its two C helpers, which it does once per
 machine; ``--seed-machine-builds`` starts each cache with them (a new step on a machine
@@ -23,7 +25,8 @@ order flips every repeat), so load that comes and goes hits both; results are ra
 the CPU model and the load average noted.
 
     python benchmarks/compile_time.py [--quick | --smoke] [--repeats N] [--seed-machine-builds]
-                                      [--first-tier native|off] [--json benchmarks/results/compile_time.json]
+                                      [--first-tier interpreter|native|off]
+                                      [--json benchmarks/results/compile_time.json]
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ step(x, y)
 first = time.perf_counter() - imported
 for _ in range(steps - 1):
     step(x, y)
-report = {"first": first, "total": time.perf_counter() - start}
+report = {"first": first, "total": time.perf_counter() - start, "last_tier": step._last.tier}
 if steps == 1:  # what ran the first call, its stages, and when the optimized code runs
     ran = step._last
     report["tier"] = ran.tier
@@ -206,7 +209,8 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-FIRST_TIERS = {"native": {"MLIR_NN_TIERED": "1", "MLIR_NN_FIRST_TIER": "native"}, "off": {"MLIR_NN_TIERED": "0"}}
+FIRST_TIERS = {"interpreter": {"MLIR_NN_TIERED": "1", "MLIR_NN_FIRST_TIER": "interpreter"},
+               "native": {"MLIR_NN_TIERED": "1", "MLIR_NN_FIRST_TIER": "native"}, "off": {"MLIR_NN_TIERED": "0"}}
 
 
 def first_calls(models: list[tuple[int, int]], optimizers: list[str], repeats: int, first_tier: str) -> list[dict]:
@@ -239,11 +243,14 @@ def time_to_train(steps: int, repeats: int, sizes: list[int]) -> dict:
     tiers = {"MLIR_NN_TIERED": "1"}  # the default tiers (MLIR_NN_FIRST_TIER as set for this script)
     runs = interleaved(frameworks, sizes, "adam", steps, repeats, tiers)
     walls = {f: statistics.median(r["wall"] for r in runs[f]) for f in frameworks}
+    last_tiers = sorted({r["last_tier"] for r in runs["mlir-nn"]})  # what ran mlir-nn's last step
     for f, wall in walls.items():
         ratio = "" if "torch" not in walls else f"  ({wall / walls['torch']:.2f}x PyTorch)"
-        print(f"{steps} steps of MLP {'-'.join(map(str, sizes))}, Adam, fresh process: {f:8} {wall:6.2f} s{ratio}",
-              flush=True)
-    return {"steps": steps, "sizes": sizes, "wall_s": walls, "load": os.getloadavg()[0]}
+        ran = f", last step on {'/'.join(last_tiers)}" if f == "mlir-nn" else ""
+        print(f"{steps} steps of MLP {'-'.join(map(str, sizes))}, Adam, fresh process: {f:8} {wall:6.2f} s{ratio}"
+              f"{ran}", flush=True)
+    return {"steps": steps, "sizes": sizes, "wall_s": walls, "mlir_nn_last_tier": "/".join(last_tiers),
+            "load": os.getloadavg()[0]}
 
 
 def main() -> None:
@@ -253,8 +260,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="runs per framework and model (default 3, quick 1)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "compile_time.json"))
-    parser.add_argument("--first-tier", choices=sorted(FIRST_TIERS), default="native",
-                        help="mlir-nn's first call on the quick native tier, or compiled fully before it")
+    parser.add_argument("--first-tier", choices=sorted(FIRST_TIERS), default="interpreter",
+                        help="mlir-nn's first call on the interpreter (the default tier), on quick native code, "
+                             "or on the optimized code compiled before it")
     parser.add_argument("--seed-machine-builds", action="store_true",
                         help="start each mlir-nn cache with the C helpers it builds once per machine")
     args = parser.parse_args()

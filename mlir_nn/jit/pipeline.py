@@ -8,8 +8,8 @@
 
 ``StepPipeline.build`` runs them once, in that order. Tiers are this pipeline's policy
 for when the result is needed: a cpu step whose compiled form is not in the disk caches
-yet starts on a first tier (the reference interpreter, or ``quick``: native code compiled
-with little LLVM work) while a separate process builds it (``mlir_nn.jit.tiered``).
+yet starts on a first tier (the reference ops in planned buffers, or ``quick``: native
+code compiled with little LLVM work) while a separate process builds it (``mlir_nn.jit.tiered``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Built:
 class StepPipeline:
     """The stages for one backend; ``optimize=False`` skips the e-graph optimizer and
     ``tiered`` allows a first tier while a cold cpu step compiles: ``first_tier`` says which
-    (``"auto"``, ``"interpreter"`` or ``"native"``, see ``mlir_nn.jit.tiered``)."""
+    (``"interpreter"`` or ``"native"``, see ``mlir_nn.jit.tiered``)."""
 
     backend: str
     optimize: bool = True

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mlir_nn.backends import Executable, get_backend
+from mlir_nn.backends import Executable
+from mlir_nn.backends.buffered import BufferedExecutable
 from mlir_nn.backends.thread_pool import available_cores
 from mlir_nn.engine import Tensor
 from mlir_nn.ir import BATCH, Graph
@@ -15,7 +16,7 @@ from mlir_nn.ir.sequence_ops import check_indices
 from mlir_nn.jit import blas_threads
 from mlir_nn.jit.feeds import FedTensor
 from mlir_nn.jit.pipeline import Built, StepPipeline
-from mlir_nn.jit.tiered import BackgroundCompile, first_tier, running
+from mlir_nn.jit.tiered import BackgroundCompile, running
 
 if TYPE_CHECKING:
     from mlir_nn.backends.cpu import PlainCall
@@ -43,7 +44,7 @@ class CompiledStep:
         self._batch_estimate = batch_estimate
         self._background: BackgroundCompile | None = None
         self._switch = threading.Lock()
-        self.first_tier = first_tier(pipeline.first_tier, graph, batch_estimate)
+        self.first_tier = pipeline.first_tier
         tiers = pipeline.tiers(graph)
         built = pipeline.cached(graph, batch_estimate) if tiers else None
         pipeline.check(compiling=built is None)
@@ -54,7 +55,7 @@ class CompiledStep:
                 self._use(pipeline.quick(graph, batch_estimate))
             else:
                 self.optimized_graph, self.optimize_report = graph, None
-                self.executable: Executable = get_backend("numpy").compile(graph)
+                self.executable: Executable = BufferedExecutable(graph)
                 self.stages: dict[str, str] = {"tensor": str(graph)}
             self._background = BackgroundCompile(graph, batch_estimate, pipeline.optimize)
             self.run_plain: PlainCall | None = None  # every call goes through run, which switches tiers

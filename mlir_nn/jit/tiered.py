@@ -9,17 +9,17 @@ call loads the optimized graph and the native code from the caches and switches 
 Both tiers update the same parameter arrays in place and agree within the compiled
 backend's tolerances, so the switch is invisible to a training loop.
 
-The first tier (``MLIR_NN_FIRST_TIER``): ``interpreter`` needs no compile at all.
+The first tier (``MLIR_NN_FIRST_TIER``): ``interpreter`` (the default) runs the traced
+graph at once, without egglog or MLIR, on the reference ops with planned buffers
+(``mlir_nn.backends.buffered``): its first call took 0.04-0.2 s on the MLPs of
+``benchmarks/compile_time.py``, and an Adam step of the 784-256-64-16-64-256-784
+autoencoder (batch 128, one BLAS thread) 7 ms against 3.9 ms for -O0 native code.
 ``native`` compiles the optimized graph in this process with LLVM at ``QUICK_OPT_LEVEL``
-(0: fast instruction selection, no IR optimization: LLVM took 0.6-0.7x the time of -O2
-on MLPs, and their steps ran 1.7-1.8x slower than the optimized code) and runs the
-first calls on that until the optimized code is ready; only then does the compile
-process start, so that the quick compile has this process's cores. ``auto`` (the default) picks native code
-for steps whose products are large (``QUICK_WORK`` multiply-adds per call at the traced
-batch), where the interpreter is slow, and the interpreter for the others, which it runs
-at once: with one BLAS thread on a 2-core machine the interpreter took 4.3 ms for an 8x64
-MLP's Adam step (12.8M multiply-adds, batch 128), 18 ms for 4x256 (102M) and 29 ms for the
-784-256-64-16-64-256-784 autoencoder (168M), whose -O0 code took 3.9 ms.
+(0: fast instruction selection, no IR optimization) and runs the first calls on that
+until the optimized code is ready; only then does the compile process start, so that the
+quick compile has this process's cores. It waits for egglog and the MLIR passes (the
+autoencoder's first call came after 5.3-7.6 s, 2 cores at a load of 3.5-4.4) and delays
+the optimized code by as much, so it is no longer the default for any step.
 
 ``jit(..., tiered=False)`` or ``MLIR_NN_TIERED=0`` compiles before the first call instead.
 """
@@ -40,10 +40,8 @@ from mlir_nn.ir import Graph
 
 ENV = "MLIR_NN_TIERED"
 FIRST_TIER_ENV = "MLIR_NN_FIRST_TIER"
-FIRST_TIERS = ("auto", "interpreter", "native")
+FIRST_TIERS = ("interpreter", "native")
 QUICK_OPT_LEVEL = 0  # LLVM's -O level of the native first tier
-QUICK_WORK = 50_000_000  # multiply-adds of the products per call from which "auto" picks native code
-PRODUCTS = ("matmul", "linear", "matmul_relu_grad", "bmm")  # ops whose inputs 0 and 1 are multiplied
 
 
 def from_caches(graph: Graph, batch_estimate: int | None, optimize: bool) -> tuple[Graph, Any, Any] | None:
@@ -73,32 +71,11 @@ def tiered_default() -> bool:
 
 
 def first_tier_default() -> str:
-    """``MLIR_NN_FIRST_TIER``: ``auto`` (the default), ``interpreter`` or ``native``."""
+    """``MLIR_NN_FIRST_TIER``: ``interpreter`` (the default) or ``native``."""
     value = os.environ.get(FIRST_TIER_ENV, FIRST_TIERS[0]).strip()
     if value not in FIRST_TIERS:
-        raise ValueError(f"{FIRST_TIER_ENV} must be {', '.join(FIRST_TIERS[:-1])} or {FIRST_TIERS[-1]}, "
-                         f"got {value!r}")
+        raise ValueError(f"{FIRST_TIER_ENV} must be {' or '.join(FIRST_TIERS)}, got {value!r}")
     return value
-
-
-def product_work(graph: Graph, batch_estimate: int | None) -> int:
-    """Multiply-adds of ``graph``'s matrix products per call, the batch at ``batch_estimate``."""
-    from mlir_nn.ir.shapes import numel
-
-    work = 0
-    for node in graph.nodes:
-        if node.op in PRODUCTS:
-            a = node.inputs[0].shape
-            inner = a[-2] if node.attr_dict.get("transpose_a") else a[-1]
-            work += numel(node.shape, batch_estimate or 1) * numel((inner,), batch_estimate or 1)
-    return work
-
-
-def first_tier(setting: str, graph: Graph, batch_estimate: int | None) -> str:
-    """``interpreter`` or ``native`` for ``setting`` (``auto`` decides by ``product_work``)."""
-    if setting != "auto":
-        return setting
-    return "native" if product_work(graph, batch_estimate) >= QUICK_WORK else "interpreter"
 
 
 MAX_RUNNING = max(2, min(4, len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity") else 2))

@@ -15,15 +15,14 @@ import numpy as np
 import pytest
 
 from mlir_nn import jit
+from mlir_nn.backends.buffered import BufferedExecutable
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.native import OPT_LEVEL
 from mlir_nn.jit.tiered import (
     ENV,
     FIRST_TIER_ENV,
     QUICK_OPT_LEVEL,
-    first_tier,
     first_tier_default,
-    product_work,
     tiered_default,
 )
 from mlir_nn.nn import MLP
@@ -54,6 +53,7 @@ def test_a_tiered_step_is_interpreted_until_its_compile_is_done_then_native():
         np.testing.assert_allclose(tiered(x, y), reference(x, y), rtol=1e-6)  # both on the interpreter
     compiled = tiered._last
     assert compiled.tier == "numpy" and "llvm" not in compiled.stages
+    assert isinstance(compiled.executable, BufferedExecutable)
     compiled._background.wait(timeout=300)
     for x, y in batches[3:]:
         np.testing.assert_allclose(tiered(x, y), reference(x, y), rtol=2e-4, atol=2e-5)
@@ -193,26 +193,10 @@ def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_
 def test_the_first_tier_switch(monkeypatch):
     monkeypatch.setenv(ENV, "1")
     monkeypatch.delenv(FIRST_TIER_ENV, raising=False)
-    assert first_tier_default() == "auto" and jit(lambda x: x).pipeline.first_tier == "auto"
+    assert first_tier_default() == "interpreter" and jit(lambda x: x).pipeline.first_tier == "interpreter"
     monkeypatch.setenv(FIRST_TIER_ENV, "native")
     assert jit(lambda x: x).pipeline.first_tier == "native"
     assert jit(lambda x: x, tiered=False).pipeline.first_tier == "interpreter"  # no tiers: no first tier
     monkeypatch.setenv(FIRST_TIER_ENV, "fast")
-    with pytest.raises(ValueError, match="MLIR_NN_FIRST_TIER must be auto, interpreter or native, got 'fast'"):
+    with pytest.raises(ValueError, match="MLIR_NN_FIRST_TIER must be interpreter or native, got 'fast'"):
         jit(lambda x: x)
-
-
-@pytest.mark.parametrize("sizes,batch,work,tier", [
-    ([2, 32, 32, 16, 1], 10, 3 * 10 * (2 * 32 + 32 * 32 + 32 * 16 + 16), "interpreter"),
-    ([784, 256, 64, 16, 64, 256, 784], 128, 3 * 128 * (2 * 784 * 256 + 2 * 256 * 64 + 2 * 64 * 16), "native"),
-])
-def test_auto_picks_native_code_for_large_products(sizes, batch, work, tier):
-    """Forward, input gradient (not of the first layer) and weight gradient of each layer."""
-    from mlir_nn.jit.trace import trace_step
-
-    model = MLP(sizes[0], sizes[1:])
-    arrays = [np.ones((batch, sizes[0]), np.float32), np.ones((batch, sizes[-1]), np.float32)]
-    graph = trace_step(train_step(model, SGD(model.parameters(), lr=0.1)), arrays, ["x", "y"])[0]
-    first_layer_input_gradient = batch * sizes[0] * sizes[1]
-    assert product_work(graph, batch) == work - first_layer_input_gradient
-    assert first_tier("auto", graph, batch) == tier and first_tier("interpreter", graph, batch) == "interpreter"

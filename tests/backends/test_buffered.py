@@ -1,0 +1,155 @@
+"""The interpreter tier's executable: the reference's results exactly, in reused buffers."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from mlir_nn import jit
+from mlir_nn.backends.buffered import BufferedExecutable, kernel, plan
+from mlir_nn.backends.reference import ReferenceExecutable
+from mlir_nn.ir import Graph, make_node
+from mlir_nn.losses import mse_loss
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD, Adam
+from mlir_nn.trainer import train_step
+
+
+def traced(sizes: list[int], optimizer: type, batch: int, optimize: bool) -> tuple[Graph, list[np.ndarray]]:
+    """An MLP training step's graph (traced, or after the e-graph) and its parameter arrays."""
+    model = MLP(sizes[0], sizes[1:])
+    opt = optimizer(model.parameters(), lr=1e-2)
+    step = jit(train_step(model, opt, mse_loss), backend="numpy", optimize=optimize)
+    rng = np.random.default_rng(1)
+    step(rng.standard_normal((batch, sizes[0])).astype(np.float32),
+         rng.standard_normal((batch, sizes[-1])).astype(np.float32))
+    compiled = step._last
+    graph = compiled.optimized_graph
+    return graph, [a.copy() for a in compiled._param_arrays()]
+
+
+def same_steps(graph: Graph, params: list[np.ndarray], batches: list[int], repeats: int = 2) -> None:
+    """Both executables, each on its own copy of ``params``, give identical outputs and
+    parameters for every call (batch sizes change between calls)."""
+    reference, buffered = ReferenceExecutable(graph), BufferedExecutable(graph)
+    theirs, ours = [p.copy() for p in params], [p.copy() for p in params]
+    rng = np.random.default_rng(2)
+    kept = []
+    for batch in batches * repeats:
+        inputs = [rng.standard_normal((batch, *node.shape[1:])).astype(node.dtype) for node in graph.inputs]
+        expected, got = reference.run(inputs, theirs), buffered.run(inputs, ours)
+        for e, g in zip(expected, got):
+            np.testing.assert_array_equal(g, e)
+        for e, g in zip(theirs, ours):
+            np.testing.assert_array_equal(g, e)
+        kept.append((expected, got))
+    for expected, got in kept:  # earlier calls' outputs are not buffers a later call wrote
+        for e, g in zip(expected, got):
+            np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("optimize", [False, True], ids=["traced", "optimized"])
+@pytest.mark.parametrize("optimizer", [SGD, Adam])
+def test_mlp_steps_match_the_reference_exactly_at_awkward_batches(optimizer, optimize):
+    graph, params = traced([13, 33, 7, 3], optimizer, 7, optimize)
+    same_steps(graph, params, [7, 1, 13, 33, 257])
+
+
+def test_buffers_are_reused_and_far_fewer_than_nodes():
+    graph, params = traced([13, 33, 33, 33, 7], Adam, 5, optimize=False)
+    step = plan(graph, 5)
+    planned = sum(1 for i in step.instructions if i.buffer is not None and i.buffer >= 0)
+    assert len(step.buffers) < planned  # some buffer holds more than one node's value
+    same_steps(graph, params, [5, 9])
+
+
+def views_graph() -> Graph:
+    """Views of buffers as an output and an update: the reference's reshape returns views of
+    a product and of a sum; (3, 3) products made after the view would take its buffer."""
+    x = make_node("input", (), name="x", shape=("N", 3), dtype="float32")
+    w = make_node("param", (), name="w", shape=(3, 3), dtype="float32")
+    v = make_node("param", (), name="v", shape=(3, 3), dtype="float32")
+    product = make_node("matmul", (x, w))  # (N, 3) in a buffer
+    seen = make_node("reshape", (product,), shape=("N", 3))  # a view of it, an output
+    square = make_node("add", (w, v))  # (3, 3) in a buffer
+    moved = make_node("reshape", (square,), shape=(3, 3))  # a view of it, the new w
+    later = make_node("sub", (make_node("sub", (moved, w)), v))
+    return Graph((x,), (w, v), (seen, w, later), (("w", moved), ("v", later)))
+
+
+def test_views_of_buffers_stay_valid_and_outputs_are_arrays_of_their_own():
+    graph = views_graph()
+    rng = np.random.default_rng(3)
+    params = [rng.standard_normal((3, 3)).astype(np.float32) for _ in range(2)]
+    same_steps(graph, params, [4, 1, 6], repeats=3)
+    buffered = BufferedExecutable(graph)
+    w, v = (p.copy() for p in params)
+    before = w.copy()
+    seen, old_w, later = buffered.run([rng.standard_normal((2, 3)).astype(np.float32)], [w, v])
+    np.testing.assert_array_equal(old_w, before)  # the parameter's value before the step, a copy
+    assert not np.may_share_memory(old_w, w) and not np.may_share_memory(later, v)
+
+
+def test_ops_without_an_out_form_or_with_mixed_dtypes_run_their_reference():
+    x = make_node("input", (), name="x", shape=(3,), dtype="float32")
+    y = make_node("input", (), name="y", shape=(3,), dtype="float64")
+    assert kernel(make_node("add", (x, x))) is not None
+    assert kernel(make_node("log", (x,))) is None
+    assert kernel(make_node("add", (make_node("cast", (x,), dtype="float64"), y))) is not None
+    assert kernel(make_node("pow", (x,), exponent=2.0)) is not None
+    assert kernel(make_node("pow", (x,), exponent=3.0)) is None
+
+
+def test_nan_masks_zero_as_the_reference_does():
+    """relu_grad and matmul_relu_grad zero where the mask is NaN (NaN > 0 is false)."""
+    z = make_node("input", (), name="z", shape=("N", 2), dtype="float32")
+    g = make_node("input", (), name="g", shape=("N", 2), dtype="float32")
+    mask = make_node("sqrt", (make_node("neg", (z,)),))  # NaN where z > 0
+    w = make_node("param", (), name="w", shape=(2, 2), dtype="float32")
+    outputs = (make_node("relu_grad", (mask, g)), make_node("matmul_relu_grad", (g, w, mask)))
+    graph = Graph((z, g), (w,), outputs, ())
+    inputs = [np.array([[1.0, -1.0], [-4.0, 0.0]], np.float32), np.array([[2.0, -3.0], [4.0, -1.0]], np.float32)]
+    params = [np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)]
+    with np.errstate(invalid="ignore"):
+        expected, got = ReferenceExecutable(graph).run(inputs, params), BufferedExecutable(graph).run(inputs, params)
+    for e, o in zip(expected, got):
+        np.testing.assert_array_equal(o, e)
+    np.testing.assert_array_equal(got[0], [[0.0, -3.0], [4.0, 0.0]])  # masks NaN and 0 zero
+
+
+def test_copies_and_tanh_match_the_reference():
+    """transpose (3-D perm) and broadcast_to copy into buffers; tanh writes with out=."""
+    x = make_node("input", (), name="x", shape=("N", 2, 3), dtype="float64")
+    b = make_node("param", (), name="b", shape=(3,), dtype="float64")
+    moved = make_node("transpose", (make_node("tanh", (x,)),), perm=(2, 0, 1))  # (3, N, 2)
+    spread = make_node("broadcast_to", (b,), shape=(4, 3))
+    graph = Graph((x,), (b,), (moved, make_node("mul", (spread, spread))), (("b", make_node("neg", (b,))),))
+    assert all(kernel(n) is not None for n in graph.nodes if n.op in ("transpose", "broadcast_to", "tanh"))
+    same_steps(graph, [np.array([0.5, -1.0, 2.0])], [1, 7, 13])
+
+
+def test_threads_calling_one_executable_at_once_get_their_own_buffers():
+    """Large enough that NumPy lets go of the GIL inside ops: shared buffers gave wrong results."""
+    graph, params = traced([300, 301, 3], Adam, 65, optimize=False)
+    buffered, reference = BufferedExecutable(graph), ReferenceExecutable(graph)
+    rng = np.random.default_rng(4)
+    calls = [[rng.standard_normal((65, *n.shape[1:])).astype(np.float32) for n in graph.inputs] for _ in range(4)]
+    expected = []
+    for inputs in calls:
+        copies = [p.copy() for p in params]
+        expected.append((reference.run(inputs, copies), copies))
+    got: list = [None] * len(calls)
+
+    def work(k: int) -> None:
+        for _ in range(10):  # many calls, so that the threads' calls overlap
+            copies = [p.copy() for p in params]
+            got[k] = (buffered.run(calls[k], copies), copies)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (outputs, updated), (want_outputs, want_updated) in zip(got, expected):
+        for g, e in zip([*outputs, *updated], [*want_outputs, *want_updated]):
+            np.testing.assert_array_equal(g, e)
