@@ -897,8 +897,8 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     row) panels per task instead of the default (``balanced_tasks``). ``block_width``: the
     register blocks' columns when not the default (``block_columns``)."""
     element = ir.RankedTensorType(a.type).element_type
-    tm, tn = register_block(_itemsize(a))
-    tn = block_width or tn
+    tm, wide = register_block(_itemsize(a))
+    tn = block_width or wide
     tm, columns = (tm, None) if swapped else _image_panels(a, ta, tm)
     a_map, b_map = dims_map(5, [1, 4, 2]), dims_map(5, [0, 4, 3])
     in_place = None if swapped or columns is not None else _rows_in_place(a, ta, tm)
@@ -923,7 +923,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     elif not swapped and _columns_in_place(b, tb, tn):  # B (k, n) viewed as [k, n / tn, tn]
         packed_b, b_map = _expand(b, [dim_sizes(b)[0], n // tn, tn], [[0], [1, 2]]), dims_map(5, [4, 0, 3])
     else:
-        rows_tag = PACK_ROWS_B if tn == register_block(_itemsize(a))[1] else PACK_ROWS_B_NARROW
+        rows_tag = PACK_ROWS_B if tn == wide else PACK_ROWS_B_NARROW
         packed_b = _panels(b, 0 if tb else 1, tn, parallel, rows_tag)
     row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
     acc = _zeros([row_panels, tm, col_panels, tn], element)
