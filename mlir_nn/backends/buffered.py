@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlir_nn.ir import Graph, Node, op_def
-from mlir_nn.ir.arguments import check_arguments, label_inputs
+from mlir_nn.backends.reference import ReferenceExecutable, check_bound, own, run_node
+from mlir_nn.ir import Graph, Node
+from mlir_nn.ir.arguments import check_arguments
 from mlir_nn.ir.shapes import resolve
-from mlir_nn.support.interrupts import interrupts_deferred
 
 Kernel = Callable[[list[np.ndarray], dict, np.ndarray], None]  # (args, attrs, out)
 
@@ -124,8 +124,8 @@ def plan(graph: Graph, batch: int | None) -> Plan:
             continue
         shape = resolve(node.shape, batch)
         found = kernel(node)
-        if found is None and op_def(node.op).reference is None:
-            raise ValueError(f"{node.op}: node is not bound (a leaf missing from the graph's declarations)")
+        if found is None:
+            check_bound(node)
         operands = tuple(position[o] for o in node.inputs)
         buffer = None
         if found is not None and i in outputs:
@@ -147,16 +147,13 @@ def plan(graph: Graph, batch: int | None) -> Plan:
     return Plan(instructions, buffers)
 
 
-class BufferedExecutable:
+class BufferedExecutable(ReferenceExecutable):
     """Runs ``graph`` as ``ReferenceExecutable`` does (same checks, results and update
     semantics), its intermediates in planned buffers: each thread's own, so threads (and a
     forked child) never share them."""
 
     def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        index = {p.attr("name"): i for i, p in enumerate(graph.params)}
-        self._update_slots = [index[name] for name, _ in graph.updates]
-        self._labels = label_inputs(graph)
+        super().__init__(graph)
         position = {node: i for i, node in enumerate(graph.nodes)}
         self._bound = [position[n] for n in (*graph.inputs, *graph.params)]
         self._outputs = [position[o] for o in graph.outputs]
@@ -178,25 +175,13 @@ class BufferedExecutable:
         for ins in step.instructions:
             args = [values[o] for o in ins.operands]
             if ins.kernel is None:
-                result = np.asarray(op_def(ins.node.op).reference(args, ins.attrs, ins.shape), dtype=ins.node.dtype)
-                if result.shape != ins.shape:
-                    raise AssertionError(f"{ins.node.op}: reference produced {result.shape}, "
-                                         f"shape rule says {ins.shape}")
+                result = run_node(ins.node, args, ins.attrs, ins.shape)
             else:
                 result = np.empty(ins.shape, ins.node.dtype) if ins.buffer == -1 else step.buffers[ins.buffer]
                 ins.kernel(args, ins.attrs, result)
                 owned.add(ins.position)
             values[ins.position] = result
-        arguments = [*inputs, *params]
-        outputs = [values[i] if i in owned else self._own(values[i], [*arguments, *step.buffers])
-                   for i in self._outputs]
-        updates = [values[i] if i in owned else self._own(values[i], params) for i in self._updates]
-        with interrupts_deferred():  # as the reference: all computed first, written whole
-            for slot, value in zip(self._update_slots, updates):
-                params[slot][...] = value
+        shared = [*inputs, *params, *step.buffers]
+        outputs = [values[i] if i in owned else own(values[i], shared) for i in self._outputs]
+        self._write_updates(params, [values[i] if i in owned else own(values[i], params) for i in self._updates])
         return outputs
-
-    @staticmethod
-    def _own(value: np.ndarray, others: list[np.ndarray]) -> np.ndarray:
-        """``value``, copied when it may share memory with any of ``others``."""
-        return value.copy() if any(np.may_share_memory(value, a) for a in others) else value

@@ -18,16 +18,28 @@ def evaluate(graph: Graph, inputs: list[np.ndarray], params: list[np.ndarray],
     for node in graph.nodes:
         if node in values:
             continue
-        definition = op_def(node.op)
-        if definition.reference is None:
-            raise ValueError(f"{node.op}: node is not bound (a leaf missing from the graph's declarations)")
-        args = [values[i] for i in node.inputs]
-        out_shape = resolve(node.shape, batch)
-        result = np.asarray(definition.reference(args, node.attr_dict, out_shape), dtype=node.dtype)
-        if result.shape != out_shape:
-            raise AssertionError(f"{node.op}: reference produced {result.shape}, shape rule says {out_shape}")
-        values[node] = result
+        check_bound(node)
+        values[node] = run_node(node, [values[i] for i in node.inputs], node.attr_dict, resolve(node.shape, batch))
     return [values[o] for o in graph.outputs], [values[u] for _, u in graph.updates]
+
+
+def check_bound(node: Node) -> None:
+    """Raise unless ``node``'s op has a reference (a leaf that is no input or parameter has none)."""
+    if op_def(node.op).reference is None:
+        raise ValueError(f"{node.op}: node is not bound (a leaf missing from the graph's declarations)")
+
+
+def run_node(node: Node, args: list[np.ndarray], attrs: dict, shape: tuple[int, ...]) -> np.ndarray:
+    """``node``'s reference on ``args``, as its dtype, checked against its ``shape``."""
+    result = np.asarray(op_def(node.op).reference(args, attrs, shape), dtype=node.dtype)
+    if result.shape != shape:
+        raise AssertionError(f"{node.op}: reference produced {result.shape}, shape rule says {shape}")
+    return result
+
+
+def own(value: np.ndarray, others: list[np.ndarray]) -> np.ndarray:
+    """``value``, copied when it may share memory with any of ``others``."""
+    return value.copy() if any(np.may_share_memory(value, a) for a in others) else value
 
 
 class ReferenceExecutable:
@@ -46,14 +58,16 @@ class ReferenceExecutable:
         batch = check_arguments(self.graph, inputs, params, labels=self._labels)
         outputs, updates = evaluate(self.graph, inputs, params, batch)
         arguments = [*inputs, *params]
-        outputs = [o.copy() if any(np.may_share_memory(o, a) for a in arguments) else o for o in outputs]
-        # every new value is computed (and none reads a parameter about to be written) before
-        # the first is written; the writes run whole, a Ctrl-C waits for them
-        updates = [u.copy() if any(np.may_share_memory(u, p) for p in params) else u for u in updates]
+        outputs = [own(o, arguments) for o in outputs]
+        self._write_updates(params, [own(u, params) for u in updates])
+        return outputs
+
+    def _write_updates(self, params: list[np.ndarray], updates: list[np.ndarray]) -> None:
+        """Write the new parameter values, computed whole before (none reads a parameter about to
+        be written: ``own``); the writes run whole, a Ctrl-C waits for them."""
         with interrupts_deferred():
             for slot, value in zip(self._update_slots, updates):
                 params[slot][...] = value
-        return outputs
 
 
 class ReferenceBackend:

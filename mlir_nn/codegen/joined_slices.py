@@ -23,7 +23,7 @@ from mlir.dialects import tensor
 
 from mlir_nn.codegen.builder import FunctionBuilder, Operand
 from mlir_nn.ir import BATCH, Node
-from mlir_nn.ir.shapes import Shape
+from mlir_nn.ir.shapes import Shape, numel
 
 
 @dataclass(frozen=True)
@@ -68,15 +68,10 @@ def joined(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value | None
 
 
 def _covers(pieces: tuple[Piece, ...], shape: Shape) -> bool:
-    """Whether disjoint ``pieces`` fill ``shape``: equal volumes, a batch axis whole in each."""
-    def volume(sizes: Shape) -> int:
-        n = 1
-        for s in sizes:
-            n *= 1 if s == BATCH else int(s)
-        return n
-
+    """Whether disjoint ``pieces`` fill ``shape``: equal volumes (the batch counted once), a batch
+    axis whole in each."""
     whole = all(p.shape[d] == BATCH for p in pieces for d, s in enumerate(shape) if s == BATCH)
-    return whole and sum(volume(p.shape) for p in pieces) == volume(shape)
+    return whole and sum(numel(p.shape) for p in pieces) == numel(shape)
 
 
 def _insert(b: FunctionBuilder, piece: Piece, into: ir.Value) -> ir.Value:
