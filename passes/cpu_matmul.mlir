@@ -121,12 +121,8 @@ module attributes {transform.with_named_sequence} {
     // (`mlirnn.small_chunk = tiles`, a sum over the batch with a large accumulator: first a loop over
     // equal chunks of one inner loop (its tile sizes), the batch loop inside; `mlirnn.small_chunk_tasks`:
     // the chunks as tasks on threads)
-{small_chunks}    // (`mlirnn.small_tasks`: first split into tasks of {small_task_rows} rows on threads)
-    %small_tasks = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_tasks} in %root
-        : (!transform.any_op) -> !transform.any_op
-    %small_task, %small_forall = transform.structured.tile_using_forall %small_tasks tile_sizes [{small_task_rows}]
-        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    %blocked = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_rows} in %root
+{small_chunks}    // (`mlirnn.small_tasks = array<i64: rows>`: first split into tasks of that many rows on threads)
+{small_tasks}    %blocked = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_rows} in %root
         : (!transform.any_op) -> !transform.any_op
     %row_blocks, %block_loop = transform.structured.tile_using_for %blocked tile_sizes [{small_rows}, 0, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)

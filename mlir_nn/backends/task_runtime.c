@@ -317,7 +317,10 @@ API void mlirAsyncRuntimeAwaitAllInGroup(Object *group) { work_until(group_done,
 
 API void *mlirAsyncRuntimeGetValueStorage(Object *value) { return value->storage; }
 
+static atomic_llong tasks_started; /* tasks queued since the process started (for Python) */
+
 API void mlirAsyncRuntimeExecute(CoroHandle handle, CoroResume resume) {
+    atomic_fetch_add(&tasks_started, 1);
     Task *task = malloc(sizeof(Task));
     if (!task) abort();
     *task = (Task){NULL, handle, resume};
@@ -363,6 +366,10 @@ API int mlirnn_runtime_set_threads(int threads) {
 
 /* Pool threads running in this process. */
 API int mlirnn_runtime_started_threads(void) { return atomic_load(&pool.started); }
+
+/* Tasks queued in this process: a parallel loop of one block calls its body directly and
+ * queues none. */
+API long long mlirnn_runtime_tasks_started(void) { return atomic_load(&tasks_started); }
 
 /* Tokens, values and groups not yet destroyed (0 between steps: a leak test's measure). */
 API long long mlirnn_runtime_live_objects(void) { return atomic_load(&live_objects); }

@@ -33,6 +33,7 @@ def load() -> ctypes.CDLL:
         raise NativeError(f"loading the task runtime {path} failed: {error}") from None
     library.mlirnn_runtime_set_threads.argtypes = [ctypes.c_int]
     library.mlirnn_runtime_live_objects.restype = ctypes.c_longlong
+    library.mlirnn_runtime_tasks_started.restype = ctypes.c_longlong
     library.mlirAsyncRuntimGetNumWorkerThreads.restype = ctypes.c_int64
     library.mlirnn_runtime_set_threads(num_threads())
     return library
@@ -51,3 +52,8 @@ def pool_threads_started() -> int:
 def live_objects() -> int:
     """Tokens, values and groups not yet freed: 0 whenever no step is running."""
     return int(load().mlirnn_runtime_live_objects())
+
+
+def tasks_started() -> int:
+    """Tasks queued in this process so far (a parallel loop of one block queues none)."""
+    return int(load().mlirnn_runtime_tasks_started())

@@ -43,9 +43,10 @@
   a sum over the batch whose accumulator has more than SMALL_CARRY_MAX elements (it is
   carried through the batch loop) is split into chunks of its rows: a loop over equal chunks
   (``mlirnn.small_chunk``) when a divisor of the rows makes them large enough, else one
-  product each (``_in_chunks``); when the batch is the rows and a row has SMALL_TASK_MIN multiply-adds,
-  in tasks of SMALL_TASK_ROWS rows on threads (``mlirnn.small_tasks``). The moons MLP's step
-  at batch 10000 went from 7.5 to 1 ms on one core.
+  product each (``_in_chunks``), and into partial sums of batch ranges on threads when the
+  batch is large (``batch_split``); when the batch is the rows, in tasks of rows on threads
+  (``mlirnn.small_tasks``), as many as the batch needs at run time. The moons MLP's step at
+  batch 10000 went from 7.5 to 1 ms on one core.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from mlir import ir
 from mlir.dialects import arith, bufferization, linalg, tensor
 from mlir.dialects.transform import interpreter
 
+from mlir_nn.codegen.batch_split import rows_per_task, split_over_batch
 from mlir_nn.codegen.im2col_panels import (
     drop_im2col_tags,
     im2col_panels,
@@ -126,11 +128,12 @@ SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 4  # those over a dynamic bat
 # k in steps of that many, the block's accumulators carried in registers. Unrolled whole, the
 # k = 256 forward product of a 256-10 output layer (1280 FMAs) took LLVM about a second.
 SMALL_K_STEPS, SMALL_K_STEP = "mlirnn.small_k_steps", 8
-# Those whose rows are the batch on threads: tasks of SMALL_TASK_ROWS rows when a row has at
-# least SMALL_TASK_MIN multiply-adds (a task then has >= 1M of them). Narrower ones, the moons
-# step's, stay on the calling thread: a task's coroutine frame is a heap allocation, and the
-# moons step calls no malloc.
-SMALL_TASKS, SMALL_TASK_ROWS, SMALL_TASK_MIN = "mlirnn.small_tasks", 512, 2048
+# Those whose rows are the batch on threads: tasks of SMALL_TASK_ROWS rows, or of more narrow
+# rows, SMALL_TASK_WORK multiply-adds (``small_task_rows``; the tag's value). The task count
+# follows the batch at run time: a batch of one task's rows or fewer (the moons step's) calls
+# its task directly, queueing none; the narrow layers of 24-48-48-24 at batch 20000 ran on one
+# core before.
+SMALL_TASKS, SMALL_TASK_ROWS, SMALL_TASK_WORK = "mlirnn.small_tasks", 512, 1 << 20
 # Small products whose vector rows are longer than one register but not a power of two of them
 # (20, 24, 48 floats) are split there into two (16 + 4, 16 + 8, 32 + 16): LLVM widens such vectors
 # to the next power of two and shuffles their pieces (x @ w over 50000 rows, one core: 48 x 48
@@ -278,6 +281,7 @@ class LoopPlan:
     chunk_axis: int = 1
     swapped: bool = False
     chunk_tasks: bool = False  # the loop over equal chunks runs them as tasks on threads
+    split_rows: int | None = None  # a sum over the batch in tasks of at least this many rows (``batch_split``)
 
 
 def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
@@ -327,7 +331,7 @@ def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
     tags: list[str] = []
     if elements <= SMALL_VECTOR_MAX and not dot:
         tags.append(SMALL_ROWS if over_batch else SMALL_VECTOR)
-        if over_batch and threads and order[0] == 0 and inner[0] * inner[1] >= SMALL_TASK_MIN:
+        if over_batch and threads and order[0] == 0:
             tags.append(SMALL_TASKS)
         if stepped:
             tags.append(SMALL_K_STEPS)
@@ -337,8 +341,10 @@ def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
     size, lanes = (inner[0], inner[1]) if axis == 1 else (inner[1], inner[0])
     chunks = tuple(_chunks(size, lanes)) if chunked and chunk is None else None
     chunk_tasks = chunk is not None and threads and inner[0] * inner[1] >= SMALL_CHUNK_TASK_MIN
+    # the other large sums over the batch: the batch in ranges of partial sums, as tasks
+    split = rows_per_task(inner[0] * inner[1]) if chunked and threads and not chunk_tasks else None
     return LoopPlan(ta, tb, row_vector, copy_b, tuple(order), tuple(tags), chunks, chunk, axis, swapped,
-                    chunk_tasks)
+                    chunk_tasks, split)
 
 
 @dataclass(frozen=True)
@@ -410,7 +416,11 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
         chunks = f", {'tasks' if plan.chunk_tasks else 'a loop'} over chunks of {pieces[0]} x {pieces[1]} elements"
     if SMALL_K_STEPS in plan.tags:
         chunks += f", k in steps of {SMALL_K_STEP}"
-    return ProductPlan("small-rows", SMALL_TASKS in plan.tags or plan.chunk_tasks,
+    if SMALL_TASKS in plan.tags:
+        chunks += f", tasks of {small_task_rows(inner[0] * inner[1])} rows"
+    if plan.split_rows:
+        chunks += f", tasks of at least {plan.split_rows} batch rows into partial sums"
+    return ProductPlan("small-rows", SMALL_TASKS in plan.tags or plan.chunk_tasks or bool(plan.split_rows),
                        f"{vector}, blocks of {SMALL_ROW_BLOCK} rows{chunks}",
                        plan)
 
@@ -442,6 +452,13 @@ def _loop_nest(op: ir.Operation, a: ir.Value, b: ir.Value, c: ir.Value, plan: Lo
         # an accumulator of its own: CSE merges equal fills, which bufferization then copies
         # apart (a memcpy of the whole (batch, n) output per product)
         c = _zeros(dim_sizes(c), ir.RankedTensorType(c.type).element_type)
+    if plan.split_rows:
+        return split_over_batch(a, b, c, plan.split_rows, lambda a, b, c: _carried(a, b, c, plan))
+    return _carried(a, b, c, plan)
+
+
+def _carried(a: ir.Value, b: ir.Value, c: ir.Value, plan: LoopPlan) -> ir.Value:
+    """C + op(A) op(B) as the loop nest of ``plan``, its accumulator in chunks when it has some."""
     order, tags = list(plan.order), list(plan.tags)
     if plan.chunks is None:
         product = _looped(a, b, c, plan.ta, plan.tb, order, tags)
@@ -468,11 +485,22 @@ def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: li
 
     for tag in tags:
         product.owner.attributes[tag] = ir.UnitAttr.get()
+    if SMALL_TASKS in tags:  # rows are the batch: a row's work is k * n
+        k = ir.RankedTensorType(a.type).shape[0 if ta else 1]
+        rows = small_task_rows(k * ir.RankedTensorType(c.type).shape[1])
+        product.owner.attributes[SMALL_TASKS] = ir.DenseI64ArrayAttr.get([rows])
     lanes = dim_sizes(c)[1] if order[2] == 1 else None  # the vector code's lanes: C's rows
     point = _lane_split(lanes, vector_bytes() // _itemsize(c))
     if tags and point is not None:
         product.owner.attributes[SPLIT_LANES] = ir.DenseI64ArrayAttr.get([2, point])
     return product
+
+
+def small_task_rows(row_work: int) -> int:
+    """Batch rows per task of a SMALL_TASKS product whose row has ``row_work`` multiply-adds:
+    SMALL_TASK_ROWS, or a multiple of SMALL_ROW_BLOCK rows with SMALL_TASK_WORK."""
+    blocks = -(-SMALL_TASK_WORK // (row_work * SMALL_ROW_BLOCK))
+    return max(SMALL_TASK_ROWS, blocks * SMALL_ROW_BLOCK)
 
 
 def _lane_split(size: int | None, lanes: int) -> int | None:
@@ -1038,19 +1066,20 @@ def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
 
 def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
                    chunks: Iterable[tuple[str, tuple[int, ...]]] = (),
-                   splits: Iterable[tuple[int, int]] = ()) -> str:
+                   splits: Iterable[tuple[int, int]] = (), small_tasks: Iterable[int] = ()) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn, "tn_narrow": tn // 2,
              "row_panels": mc // tm, "fine_row_panels": max(1, mc // tm // FINE_TASK_SHARE), "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
-             "small_rows": SMALL_ROW_BLOCK, "small_task_rows": SMALL_TASK_ROWS, "small_k_step": SMALL_K_STEP,
+             "small_rows": SMALL_ROW_BLOCK, "small_k_step": SMALL_K_STEP,
              "pack_task_rows": PACK_TASK_ROWS}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))
     text = text.replace("{small_chunks}", "".join(_chunk_section(*c) for c in sorted(chunks)))
     text = text.replace("{lane_splits}", "".join(_split_section(s) for s in sorted(splits)))
+    text = text.replace("{small_tasks}", "".join(_SMALL_TASKS.replace("{rows}", str(r)) for r in sorted(small_tasks)))
     return text.replace("{balanced_tasks}", "".join(_balanced_section(t) for t in sorted(tasks)))
 
 
@@ -1102,6 +1131,20 @@ def _task_sizes(module: ir.Module) -> set[tuple[int, int]]:
     return {tuple(ir.DenseI64ArrayAttr(op.attributes[PARALLEL_TASKS])) for op in tagged}
 
 
+# tasks of the products tagged SMALL_TASKS with this many rows
+_SMALL_TASKS = """    %small_tasks_{rows} = transform.structured.match ops{["linalg.generic"]}
+        attributes {mlirnn.small_tasks = array<i64: {rows}>} in %root : (!transform.any_op) -> !transform.any_op
+    %small_task_{rows}, %small_forall_{rows} = transform.structured.tile_using_forall %small_tasks_{rows}
+        tile_sizes [{rows}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+"""
+
+
+def _small_task_rows(module: ir.Module) -> set[int]:
+    """The distinct SMALL_TASKS row counts of the products in ``module``."""
+    tagged = collect_ops(module, lambda op: op.name == "linalg.generic" and SMALL_TASKS in op.attributes)
+    return {ir.DenseI64ArrayAttr(op.attributes[SMALL_TASKS])[0] for op in tagged}
+
+
 def _chunk_tiles(module: ir.Module) -> set[tuple[str, tuple[int, ...]]]:
     """The distinct (SMALL_CHUNK or SMALL_CHUNK_TASKS, tile sizes) of the products in ``module``."""
     found = set()
@@ -1118,7 +1161,8 @@ def _lane_splits(module: ir.Module) -> set[tuple[int, int]]:
 
 
 def _apply_schedule(module: ir.Module, itemsize: int) -> None:
-    text = _schedule_text(itemsize, _task_sizes(module), _chunk_tiles(module), _lane_splits(module))
+    text = _schedule_text(itemsize, _task_sizes(module), _chunk_tiles(module), _lane_splits(module),
+                          _small_task_rows(module))
     schedule = ir.Module.parse(text, module.context)
     entry = next(op for op in schedule.body.operations
                  if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")

@@ -1,8 +1,10 @@
 """Large element-wise passes in row blocks on threads (after bufferization and update fusion).
 
-An element-wise ``linalg.generic`` over a buffer with at least PARALLEL_MAP_MIN elements per
-block of PARALLEL_MAP_ROWS rows (a product's epilogue, an optimizer's update) runs as an
-``scf.forall`` over blocks of rows, which the pipeline's async lowering spreads over threads.
+An element-wise ``linalg.generic`` over a 2-D buffer (a product's epilogue, an optimizer's
+update) runs as an ``scf.forall`` over blocks of PARALLEL_MAP_ROWS rows, or of more short rows
+(PARALLEL_MAP_MIN elements), which the pipeline's async lowering spreads over threads. Over a
+dynamic batch, the blocks are counted at run time: a batch of one block (the moons step's)
+calls its one task directly, and a large one (24-48-48-24 at batch 20000) is spread.
 Passes over tensors of rank 3 and more (layout transposes, bias and activation epilogues,
 reductions over inner loops, copies and fills) are spread over their leading dim in blocks of
 at least PARALLEL_MAP_MIN elements: on a 2-core machine such passes were about half of a CNN
@@ -122,8 +124,8 @@ def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
     """Tile sizes of a task if ``op`` is a large pass to spread, else None: rows (indices of the
     leading dim), or (``_inner_split``) a count of another loop's indices. 2-D: an
     all-parallel generic or a copy (a product's last column panel) whose outputs have a
-    static row length and at least PARALLEL_MAP_MIN elements per block of PARALLEL_MAP_ROWS
-    rows (with a static row count, short rows in taller blocks of PARALLEL_MAP_MIN elements).
+    static row length, in blocks of PARALLEL_MAP_ROWS rows (short rows: taller blocks of
+    PARALLEL_MAP_MIN elements).
     Rank 3 and more: a generic (reductions over inner loops allowed), copy or fill with static
     inner dims, in blocks of at least PARALLEL_MAP_MIN elements, at least two of them. Never one
     tagged by another schedule or already on threads."""
@@ -139,11 +141,10 @@ def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
     if len(shape) == 2:
         if op.name == "linalg.fill" or (op.name == "linalg.generic" and not _two_parallel_loops(op)):
             return None
-        rows = PARALLEL_MAP_ROWS
-        if PARALLEL_MAP_ROWS * per_row < PARALLEL_MAP_MIN:
-            if ir.ShapedType.is_dynamic_size(shape[0]):
-                return None
-            rows = -(-PARALLEL_MAP_MIN // per_row)  # a static row count: taller blocks of short rows
+        # short rows: taller blocks of PARALLEL_MAP_MIN elements. Over a dynamic batch the task
+        # count is ceil(rows / block); a batch of one block's rows or fewer (the moons step's)
+        # runs its one task on the calling thread, with no task started.
+        rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // per_row))
     elif _leading_dim_splits(op):
         rows = -(-PARALLEL_MAP_MIN // per_row)
     else:

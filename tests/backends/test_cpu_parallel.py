@@ -18,7 +18,9 @@ import pytest
 
 from mlir_nn.backends.cpu import compile_kernel
 from mlir_nn.backends.reference import evaluate
-from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, PARALLEL_WORK_MIN, SMALL_TASK_MIN
+from mlir_nn.backends.task_runtime import tasks_started
+from mlir_nn.codegen.batch_split import TASKS_MAX, rows_per_task
+from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, PARALLEL_WORK_MIN, small_task_rows
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.ir import Graph, make_node
 from mlir_nn.support.cpu_target import cache_blocks
@@ -61,11 +63,19 @@ def _one_product(batch_rows: bool, k: int, m: int) -> Graph:
     return Graph((x, other), (), (make_node("matmul", [x, other], transpose_a=True),), name="weights")
 
 
-def test_small_products_stay_on_the_calling_thread():
-    # k over SHORT_K (not one pass with an epilogue); too little work per row of the batch for tasks
-    assert 32 > SHORT_K and 32 * 32 < SMALL_TASK_MIN <= 64 * 32
-    assert PARALLEL_FN not in compiled(_one_product(True, 32, 32)).stages["llvm"]
-    assert PARALLEL_FN in compiled(_one_product(True, 64, 32)).stages["llvm"]
+@pytest.mark.parametrize("batch_rows", [True, False])
+def test_small_products_queue_tasks_only_for_a_batch_larger_than_one_task(batch_rows):
+    """x @ w in tasks of rows, x^T @ g in partial sums of batch ranges: as many tasks as the
+    batch needs at run time, none queued for a batch of one task's rows (the moons step's)."""
+    assert 32 > SHORT_K  # not one pass with an epilogue
+    graph = _one_product(batch_rows, 24, 48)
+    assert PARALLEL_FN in compiled(graph).stages["llvm"]
+    one_task = small_task_rows(24 * 48) if batch_rows else rows_per_task(24 * 48)
+    for batch, queued in ((1, False), (one_task, False), (one_task + 1, True), (7 * one_task + 3, True),
+                          (TASKS_MAX * one_task * 3 + 1, True)):
+        before = tasks_started()
+        check(graph, batch, batch)
+        assert (tasks_started() > before) == queued, batch
 
 
 def test_weight_gradients_go_to_threads_and_match_at_every_batch():

@@ -30,7 +30,6 @@ from mlir_nn.codegen.cpu_matmul import (
     SMALL_K_STEP,
     SMALL_K_STEPS,
     SMALL_ROW_BLOCK,
-    SMALL_TASK_MIN,
     SMALL_VECTOR_MAX,
     TRANSPOSE_TILE,
     _even_block_rows,
@@ -93,10 +92,12 @@ def test_small_products_are_vector_code_and_match_the_reference(k, m, dtype):
     assert rewrite_matmuls(module)[0] == 0  # all loop kernels: too little static work to pack
     text = str(module)
     assert "vector.fma" in text and "vector.contract" not in text  # FMAs on vector registers
-    # over the batch: blocks of rows (a vector per block), the batch's rows as tasks on threads
-    # where a row has enough work (x @ w, g @ w^T, both linear ops, the ReLU-grad product)
+    # over the batch: blocks of rows (a vector per block); k over SHORT_K (else one pass with an
+    # epilogue): the batch's rows as tasks on threads (x @ w, g @ w^T, both linear ops, the
+    # ReLU-grad product), and the sums over the batch with large accumulators in partial sums of
+    # batch ranges (x^T g, (x^T)^T g, both gemms)
     assert f"vector<{SMALL_ROW_BLOCK}x" in text
-    assert text.count("= scf.forall") == (5 if k * m >= SMALL_TASK_MIN else 0)
+    assert text.count("= scf.forall") == (5 + (4 if k * m > SMALL_CARRY_MAX else 0) if k >= SHORT_K else 0)
     # rows: no whole block, one, many, a partial last one, several tasks
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
 

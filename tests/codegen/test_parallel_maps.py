@@ -46,7 +46,7 @@ def _spread(source: str, spread: int) -> str:
 
 @pytest.mark.parametrize("shape, spread, rows", [
     ("64x1024xf32", 1, PARALLEL_MAP_ROWS), ("?x512xf32", 1, PARALLEL_MAP_ROWS), ("64x256xf32", 0, None),
-    ("32x1024xf32", 0, None), ("64x?xf32", 0, None), ("?x100xf32", 0, None),
+    ("32x1024xf32", 0, None), ("64x?xf32", 0, None), ("?x100xf32", 1, 164),  # a dynamic batch: counted at run time
     ("300x100xf32", 1, 164),  # static short rows: blocks of ceil(PARALLEL_MAP_MIN / 100) rows
 ])
 def test_only_large_maps_not_yet_on_threads_are_spread(shape, spread, rows):
@@ -67,7 +67,7 @@ func.func @copy(%a: memref<SHAPE, strided<[150, 1]>>, %c: f32, %b: memref<SHAPE,
 @pytest.mark.parametrize("shape, spread, rows", [
     ("25600x22xf32", 1, 745),  # a product's last column panel: blocks of ceil(PARALLEL_MAP_MIN / 22) rows
     ("700x22xf32", 0, None),  # one task's worth
-    ("?x22xf32", 0, None),  # short rows of a dynamic count
+    ("?x22xf32", 1, 745),  # short rows of a dynamic count: as many blocks as the batch needs
 ])
 def test_large_2d_copies_are_spread_and_fills_are_not(shape, spread, rows):
     text = _spread(_COPY.replace("SHAPE", shape), spread)

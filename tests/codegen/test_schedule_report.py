@@ -14,16 +14,19 @@ from tests.egraph.util import trace_mlp
 
 def _generic_tags(module, threads: bool) -> list[set[str]]:
     """The schedule tags ``cpu_matmul`` puts on the loop nests it makes of each product (one,
-    or one per chunk of a large accumulator), before its transform schedule consumes them."""
+    or one per chunk of a large accumulator), before its transform schedule consumes them, and
+    "scf.forall" when it made tasks of its own (a sum over the batch in partial sums)."""
     tags = []
     with module.context:
         for op in collect_ops(module, lambda op: op.name == "linalg.matmul"):
-            before = set(collect_ops(module, lambda o: o.name == "linalg.generic"))
+            before = set(collect_ops(module, lambda o: o.name in ("linalg.generic", "scf.forall")))
             with ir.InsertionPoint(op), op.location:
                 cpu_matmul._as_generic(op, cpu_matmul.loop_plan(op, threads))
-            made = [o for o in collect_ops(module, lambda o: o.name == "linalg.generic") if o not in before]
+            made = [o for o in collect_ops(module, lambda o: o.name in ("linalg.generic", "scf.forall"))
+                    if o not in before]
             kinds = (SMALL_ROWS, SMALL_VECTOR, SMALL_TASKS, SMALL_CHUNK_TASKS)
-            tags.append({t for o in made for t in kinds if t in o.attributes})
+            tags.append({t for o in made for t in kinds if t in o.attributes}
+                        | {o.name for o in made if o.name == "scf.forall"})
     return tags
 
 
@@ -46,7 +49,8 @@ def test_the_report_names_the_schedules_the_rewrite_gives(widths, batch, dtype, 
     for schedule, tags in zip(report, _generic_tags(module, threads)):
         if schedule.schedule in ("small-rows", "small-vector", "loops"):  # a loop nest: its tags say which
             want = {"small-rows": {SMALL_ROWS}, "small-vector": {SMALL_VECTOR}, "loops": set()}[schedule.schedule]
-            on_threads = tags & {SMALL_TASKS, SMALL_CHUNK_TASKS}  # tasks of rows, or of a sum's chunks
+            # tasks of rows, of a sum's chunks, or of partial sums over batch ranges
+            on_threads = tags & {SMALL_TASKS, SMALL_CHUNK_TASKS, "scf.forall"}
             assert tags - on_threads == want and len(on_threads) == schedule.threads, schedule
     blocked, _ = rewrite_matmuls(module, threads)
     assert sum(k.startswith("blocked") for k in kinds) == blocked

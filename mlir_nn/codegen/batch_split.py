@@ -1,0 +1,79 @@
+"""A small sum over the batch split into tasks of row ranges, each into a partial sum of its own.
+
+A weight gradient C (m, n) += A^T B over a dynamic batch of rows, with a small C (24 x 48),
+runs as one loop over the batch that carries C's chunks in registers (``cpu_matmul``): at
+batch 20000 it was a third of a 24-48-48-24 step, all of it on one core. Here the batch is
+cut at run time into ``tasks`` = min(ceil(batch / rows_min), TASKS_MAX) equal ranges, an
+``scf.forall``: each task computes the same product over its rows into a zeroed partial C
+of its own, and C plus the partials used is one pass at the end. A batch of at most
+``rows_min`` rows (the moons step's) is one task, which the async lowering calls directly:
+no task is queued. The partial sums live in the step's workspace (TASKS_MAX of them, static).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mlir import ir
+from mlir.dialects import arith, linalg, scf, tensor
+
+from mlir_nn.codegen.maps import dims_map
+
+TASKS_MAX = 8  # partial sums at most: tasks enough for a few cores, a workspace of TASKS_MAX * m * n
+TASK_WORK_MIN = 1 << 19  # multiply-adds from which a task of its own pays (its queueing and partial sum)
+_DYNAMIC = ir.ShapedType.get_dynamic_size()
+
+
+def rows_per_task(row_work: int) -> int:
+    """Batch rows of at least TASK_WORK_MIN multiply-adds (``row_work`` a row)."""
+    return -(-TASK_WORK_MIN // row_work)
+
+
+def split_over_batch(a: ir.Value, b: ir.Value, c: ir.Value, rows_min: int,
+                     product: Callable[[ir.Value, ir.Value, ir.Value], ir.Value]) -> ir.Value:
+    """C + A^T B for A (batch, m), B (batch, n), C (m, n), where ``product(a, b, zeros)`` builds
+    the sum over the rows of ``a`` and ``b`` into ``zeros``: in tasks of at least ``rows_min``
+    rows, their partial sums added to C at the end."""
+    index = ir.IndexType.get()
+    element = ir.RankedTensorType(c.type).element_type
+    m, n = ir.RankedTensorType(c.type).shape
+    batch = tensor.dim(a, arith.constant(index, 0))
+    tasks = arith.minui(arith.ceildivui(batch, arith.constant(index, rows_min)), arith.constant(index, TASKS_MAX))
+    rows = arith.ceildivui(batch, tasks)
+    partials = tensor.empty([TASKS_MAX, m, n], element)
+    forall = scf.ForallOp([0], [tasks], [1], [partials])
+    with ir.InsertionPoint(forall.body):
+        task = forall.induction_variables[0]
+        start = arith.muli(task, rows)
+        count = arith.minui(rows, arith.subi(batch, start))
+        a_rows = _rows(a, start, count)
+        b_rows = _rows(b, start, count)
+        mine = ir.RankedTensorType.get([m, n], element)
+        slot = tensor.extract_slice(mine, forall.inner_iter_args[0], [task], [], [], [_DYNAMIC, 0, 0], [1, m, n],
+                                    [1, 1, 1])
+        zeros = linalg.fill(arith.constant(element, 0.0), outs=[slot])
+        done = product(a_rows, b_rows, zeros)
+        with ir.InsertionPoint(forall.terminator().block):
+            tensor.parallel_insert_slice(done, forall.inner_iter_args[0], [task], [], [], [_DYNAMIC, 0, 0],
+                                         [1, m, n], [1, 1, 1])
+    used = tensor.extract_slice(ir.RankedTensorType.get([_DYNAMIC, m, n], element), forall.results[0], [], [tasks],
+                                [], [0, 0, 0], [_DYNAMIC, m, n], [1, 1, 1])
+    return _added(used, c)
+
+
+def _rows(x: ir.Value, start: ir.Value, count: ir.Value) -> ir.Value:
+    """Rows [start, start + count) of the 2-D ``x``."""
+    width = ir.RankedTensorType(x.type).shape[1]
+    kind = ir.RankedTensorType.get([_DYNAMIC, width], ir.RankedTensorType(x.type).element_type)
+    return tensor.extract_slice(kind, x, [start], [count], [], [_DYNAMIC, 0], [_DYNAMIC, width], [1, 1])
+
+
+def _added(partials: ir.Value, c: ir.Value) -> ir.Value:
+    """C plus the sum of the (tasks, m, n) ``partials``, the task loop outermost."""
+    reduction, parallel = linalg.IteratorType.reduction, linalg.IteratorType.parallel
+
+    @linalg.generic([partials], [c], [dims_map(3, [0, 1, 2]), dims_map(3, [1, 2])], [reduction, parallel, parallel])
+    def added(part: ir.Value, acc: ir.Value) -> ir.Value:
+        return arith.addf(acc, part)
+
+    return added
