@@ -90,7 +90,7 @@ def test_workspaces_are_kept_per_batch_size_and_reused():
 TASK_FRAME = "async_execute_fn"  # a task's coroutine (its name perhaps prefixed with its kernel's)
 
 
-def _allocating_functions(llvm: str) -> set[str]:
+def allocating_functions(llvm: str) -> set[str]:
     """The functions of the LLVM dialect text ``llvm`` that call malloc, aligned_alloc or free."""
     found, function = set(), None
     for line in llvm.splitlines():
@@ -108,7 +108,7 @@ def test_the_moons_step_calls_no_malloc_and_reuses_buffers():
     llvm = compiled.as_text("llvm")
     # only a task's coroutine frame is allocated (``async_execute_fn``), and at batch 10 each
     # parallel loop is one task, called directly: none is queued, no frame allocated
-    assert all(TASK_FRAME in name for name in _allocating_functions(llvm))
+    assert all(TASK_FRAME in name for name in allocating_functions(llvm))
     before = tasks_started()
     for _ in range(3):
         step(x, y)
@@ -165,7 +165,7 @@ def test_packed_products_take_their_panels_from_the_workspace(batch):
     compiled = fast.lower(x, y)
     plan = compiled.executable.kernel.plan
     assert plan.heap_buffers == 0 and plan.linear_fixed > 0  # padded panels planned: products were packed
-    assert all(TASK_FRAME in name for name in _allocating_functions(compiled.as_text("llvm")))
+    assert all(TASK_FRAME in name for name in allocating_functions(compiled.as_text("llvm")))
     for _ in range(3):
         np.testing.assert_allclose(fast(x, y), slow(x, y), rtol=2e-4, atol=2e-5)
     for p, q in zip(fast_model.parameters(), slow_model.parameters()):
