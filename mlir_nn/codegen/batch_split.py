@@ -3,11 +3,12 @@
 A weight gradient C (m, n) += A^T B over a dynamic batch of rows, with a small C (24 x 48),
 runs as one loop over the batch that carries C's chunks in registers (``cpu_matmul``): at
 batch 20000 it was a third of a 24-48-48-24 step, all of it on one core. Here the batch is
-cut at run time into ``tasks`` = min(ceil(batch / rows_min), TASKS_MAX) equal ranges, an
-``scf.forall``: each task computes the same product over its rows into a zeroed partial C
-of its own, and C plus the partials used is one pass at the end. A batch of at most
-``rows_min`` rows (the moons step's) is one task, which the async lowering calls directly:
-no task is queued. The partial sums live in the step's workspace (TASKS_MAX of them, static).
+cut at run time into ``tasks`` = floor(batch / rows_min) equal ranges (1 to TASKS_MAX), an
+``scf.forall``: each task computes the same product over its rows (at least ``rows_min``)
+into a zeroed partial C of its own, and C plus the partials used is one pass at the end. A
+batch under 2 * ``rows_min`` rows (the moons step's) is one task, which the async lowering
+calls directly: no task is queued. The partial sums live in the step's workspace (TASKS_MAX
+of them, static).
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ def split_over_batch(a: ir.Value, b: ir.Value, c: ir.Value, rows_min: int,
                      product: Callable[[ir.Value, ir.Value, ir.Value], ir.Value]) -> ir.Value:
     """C + A^T B for A (batch, m), B (batch, n), C (m, n), where ``product(a, b, zeros)`` builds
     the sum over the rows of ``a`` and ``b`` into ``zeros``: in tasks of at least ``rows_min``
-    rows, their partial sums added to C at the end."""
+    rows (one task for fewer), their partial sums added to C at the end."""
     index = ir.IndexType.get()
     element = ir.RankedTensorType(c.type).element_type
     m, n = ir.RankedTensorType(c.type).shape
     batch = tensor.dim(a, arith.constant(index, 0))
-    tasks = arith.minui(arith.ceildivui(batch, arith.constant(index, rows_min)), arith.constant(index, TASKS_MAX))
+    whole = arith.divui(batch, arith.constant(index, rows_min))  # tasks of rows_min rows or more
+    tasks = arith.maxui(arith.minui(whole, arith.constant(index, TASKS_MAX)), arith.constant(index, 1))
     rows = arith.ceildivui(batch, tasks)
     partials = tensor.empty([TASKS_MAX, m, n], element)
     forall = scf.ForallOp([0], [tasks], [1], [partials])

@@ -65,14 +65,16 @@ def _one_product(batch_rows: bool, k: int, m: int) -> Graph:
 
 @pytest.mark.parametrize("batch_rows", [True, False])
 def test_small_products_queue_tasks_only_for_a_batch_larger_than_one_task(batch_rows):
-    """x @ w in tasks of rows, x^T @ g in partial sums of batch ranges: as many tasks as the
-    batch needs at run time, none queued for a batch of one task's rows (the moons step's)."""
+    """x @ w in tasks of rows (the last one partial), x^T @ g in partial sums of batch ranges
+    of at least as many rows each: as many tasks as the batch needs at run time, none queued
+    for a batch of one task (the moons step's)."""
     assert 32 > SHORT_K  # not one pass with an epilogue
     graph = _one_product(batch_rows, 24, 48)
     assert PARALLEL_FN in compiled(graph).stages["llvm"]
-    one_task = small_task_rows(24 * 48) if batch_rows else rows_per_task(24 * 48)
-    for batch, queued in ((1, False), (one_task, False), (one_task + 1, True), (7 * one_task + 3, True),
-                          (TASKS_MAX * one_task * 3 + 1, True)):
+    rows = small_task_rows(24 * 48) if batch_rows else rows_per_task(24 * 48)
+    two_tasks = rows + 1 if batch_rows else 2 * rows  # the fewest rows that make two
+    for batch, queued in ((1, False), (rows, False), (two_tasks - 1, False), (two_tasks, True),
+                          (7 * rows + 3, True), (TASKS_MAX * rows * 3 + 1, True)):
         before = tasks_started()
         check(graph, batch, batch)
         assert (tasks_started() > before) == queued, batch

@@ -3,8 +3,8 @@
 The zoo's sums over the batch (x^T g, read directly and through a transpose node, and the two
 gemms that subtract or scale it into a parameter) have accumulators of more than
 SMALL_CARRY_MAX elements here, so each runs as tasks of batch ranges. The batches cover one
-task, one task and a row, several tasks with a short last one, and more ranges than
-TASKS_MAX (longer tasks, a short last one): tolerances as test_cpu_matmul's.
+task, the most rows of one task, two, several with ranges of unequal length, and rows for
+more than TASKS_MAX tasks (longer ranges): tolerances as test_cpu_matmul's.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_sums_over_the_batch_in_partial_sums_match_the_reference(k, m, dtype):
     split = collect_ops(module, lambda op: op.name == "scf.forall" and str(op.results[0].type).startswith(partials))
     assert len(split) == SUMS
     rows = rows_per_task(k * m)
-    batches = (1, rows, rows + 1, 3 * rows - 5, TASKS_MAX * rows + 7)
+    batches = (1, rows, 2 * rows - 1, 2 * rows, 3 * rows + 5, TASKS_MAX * rows + 7, (TASKS_MAX + 1) * rows)
     _assert_matches_reference(graph, CpuBackend().compile(graph), batches, dtype)
 
 
