@@ -284,27 +284,30 @@ def _pairwise_sum(terms: list[ir.Value]) -> ir.Value:
 
 
 def _conv2d_taps(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
-    """Each NCHW output element as the sum of its C/G * KH * KW taps, unrolled in the body of
-    one element-wise pass over the output: tap (c, i, j) reads a strided view of the padded
-    input (rows contiguous along the output's, so the loop vectorizes) and one weight that
-    does not change along them. A first layer's few input channels (LeNet's 1 x 5 x 5, a
-    VGG's 3 x 3 x 3) gain nothing from a GEMM: its im2col rows, their packing and the
-    transpose back to NCHW moved 25 times the input through memory."""
+    """Each NCHW output row as the sum of its C/G * KH * KW taps in one pass over the output:
+    loops (n, g, o, p | c, i, j | q), the output row's vectors innermost, summed over the taps
+    (LLVM unrolls the tap loops and keeps the row's sums in registers), each tap reading the
+    padded input along the row (contiguous, so the loop vectorizes) and one weight. A first
+    layer's few input channels (LeNet's 1 x 5 x 5, a VGG's 3 x 3 x 3) gain nothing from a GEMM:
+    its im2col rows, their packing and the transpose back to NCHW moved 25 times the input
+    through memory."""
     x_node, w_node = node.inputs[:2]
-    o = int(w_node.shape[0])
-    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), tuple(int(d) for d in w_node.shape[2:]))
+    o, cg, kh, kw = (int(d) for d in w_node.shape)
+    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
     wide = _whole_vectors(b, xs)
-    views = _tap_views(b, xs_[0], x_node.shape, w_node.shape, ys, wide, groups)
+    x = _padded(b, xs_[0], x_node.shape, ys, wide, 0.0)
+    x = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, wide.padded), groups)
     w = _weight_groups(b, b.tensor_of(xs_[1], w_node.shape), w_node.shape, groups)
-    taps = _taps(w_node.shape)
-    # loops: n g o p q
-    maps = [_map(5, [_d(0), _d(1), _d(3), _d(4)])] * len(taps) + [_map(5, [_d(1), _d(2), c, i, j]) for c, i, j in taps]
+    n, g, oc, p, c, i, j, q = range(8)
+    maps = [_map(8, [_d(n), _d(g), _d(c), _windowed(ys, p, i), _windowed(wide, q, j)]),
+            _map(8, [_d(g), _d(oc), _d(c), _d(i), _d(j)]),
+            _map(8, [_d(n), _d(g), _d(oc), _d(p), _d(q)])]
     out_shape = (x_node.shape[0], groups, o // groups, ys.out, xs.out)
+    iterators = [PARALLEL] * 4 + [REDUCTION] * 3 + [PARALLEL]
 
-    @linalg.generic(views + [w] * len(taps), [b.empty(out_shape[:4] + (wide.out,))], maps + [identity_map(5)],
-                    [PARALLEL] * 5)
-    def summed(*args: ir.Value) -> ir.Value:
-        return _pairwise_sum([arith.mulf(args[t], args[len(taps) + t], fastmath=_contract()) for t in range(len(taps))])
+    @linalg.generic([x, w], [b.filled(out_shape[:4] + (wide.out,), 0.0)], maps, iterators)
+    def summed(xv: ir.Value, wv: ir.Value, total: ir.Value) -> ir.Value:
+        return arith.addf(total, arith.mulf(xv, wv, fastmath=_contract()), fastmath=_contract())
 
     return reshape(b, _first_columns(b, summed, out_shape), out_shape, node.shape, _SPLIT_1)
 
