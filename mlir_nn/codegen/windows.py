@@ -8,8 +8,10 @@ convolution, the pooling gradients) gather instead: the output gradient is sprea
 the stride and padded by the window span, so that every input position reads a plain
 window of it. On the CPU, the input gradient of a convolution with up to 64 input channels
 (COL2IM_CHANNELS_MAX) is a GEMM whose columns are added back tap by tap (``codegen.col2im``) instead, and a
-convolution with few taps per output (TAPS_MAX) reads its taps as strided views of the
-padded input, forward and weight gradient, with no im2col at all. The fused ops
+convolution with few taps per output (TAPS_MAX) sums its taps in one pass over the padded
+input, forward and weight gradient, with no im2col at all. Over a static batch with many
+output pixels, the CPU weight and col2im input gradients run per chunk of images
+(CHUNK_PIXELS), as tasks, so that each chunk's columns stay in cache. The fused ops
 the optimizer's conv rules make (``conv2d_bias``, ``conv2d_weight_update``) are the same
 products with element-wise epilogues.
 """
@@ -252,35 +254,9 @@ def _conv2d_weight_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand
 TAPS_MAX = 32  # a convolution with at most this many taps per output (C/G * KH * KW) sums them in one pass
 
 
-def _taps(shape: Shape) -> list[tuple[int, int, int]]:
-    """(channel, row, column) of each tap of a weight of ``shape`` (O, C/G, KH, KW), in its order."""
-    _, cg, kh, kw = (int(d) for d in shape)
-    return [(c, i, j) for c in range(cg) for i in range(kh) for j in range(kw)]
-
-
-def _tap_views(b: FunctionBuilder, x: Operand, x_shape: Shape, w_shape: Shape, ys: Axis, xs: Axis,
-               groups: int) -> list[ir.Value]:
-    """Per tap (c, i, j), the (N, G, P, Q) strided view of the padded, grouped input that the
-    tap multiplies with: input channel g * C/G + c at rows p * stride + i * dilation, ..."""
-    n = x_shape[0]
-    padded = _padded(b, x, x_shape, ys, xs, 0.0)
-    padded = _grouped(b, padded, tuple(x_shape[:2]) + (ys.padded, xs.padded), groups)
-    dynamic, static = _slice_sizes(b, (n, groups, 1, ys.out, xs.out))
-    kind = tensor_type((n, groups, ys.out, xs.out), b.dtype)
-    return [tensor.extract_slice(kind, padded, [], dynamic, [], [0, 0, c, i * ys.dilation, j * xs.dilation], static,
-                                 [1, 1, 1, ys.stride, xs.stride]) for c, i, j in _taps(w_shape)]
-
-
 def _contract() -> ir.Attribute:
     """Products and sums that LLVM may fuse into FMAs."""
     return ir.Attribute.parse("#arith.fastmath<contract>")
-
-
-def _pairwise_sum(terms: list[ir.Value]) -> ir.Value:
-    while len(terms) > 1:
-        terms = [arith.addf(*terms[k:k + 2], fastmath=_contract()) if k + 1 < len(terms) else terms[k]
-                 for k in range(0, len(terms), 2)]
-    return terms[0]
 
 
 def _conv2d_taps(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
@@ -292,7 +268,7 @@ def _conv2d_taps(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value
     its im2col rows, their packing and the transpose back to NCHW moved 25 times the input
     through memory."""
     x_node, w_node = node.inputs[:2]
-    o, cg, kh, kw = (int(d) for d in w_node.shape)
+    o, _, kh, kw = (int(d) for d in w_node.shape)
     ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
     wide = _whole_vectors(b, xs)
     x = _padded(b, xs_[0], x_node.shape, ys, wide, 0.0)
@@ -479,13 +455,15 @@ def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> i
     return reshape(b, flat, (o, c * kh * kw), node.shape, [[0], [1, 2, 3]])
 
 
-# A CPU weight gradient over a static batch with more than 2 * CHUNK_PIXELS output pixels sums its
-# product over chunks of images of at most CHUNK_PIXELS pixels each (``_weight_grad_in_chunks``).
+# CPU weight and col2im input gradients over a static batch with more than 2 * CHUNK_PIXELS output
+# pixels run per chunk of images of at most CHUNK_PIXELS pixels each (``_weight_grad_in_chunks``,
+# ``_input_grad_in_chunks``): a chunk's columns (1024 x 288 floats, 1.2 MB, for VGG-small's second
+# convolution) stay in cache between the pass that writes them and the one that reads them.
 CHUNK_PIXELS = 1024
 
 
 def chunk_images(n: Dim, pixels: int) -> int | None:
-    """Images per chunk of a weight gradient over ``n`` images of ``pixels`` output pixels each: the
+    """Images per chunk of a gradient over ``n`` images of ``pixels`` output pixels each: the
     largest divisor of n whose chunk has at most CHUNK_PIXELS pixels; None for a dynamic batch, too
     few pixels to split, or one image."""
     if n == BATCH or int(n) == 1 or int(n) * pixels <= 2 * CHUNK_PIXELS:
