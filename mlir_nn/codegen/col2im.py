@@ -41,11 +41,21 @@ def _tap(b: FunctionBuilder, cols: ir.Value, cols_shape: Shape, k: int, m: int) 
 def scatter_columns(b: FunctionBuilder, cols: ir.Value, cols_shape: Shape, ys: Axis, xs: Axis,
                     out_shape: Shape) -> ir.Value:
     """Sum columns (N, P, Q, KH, KW, C) into the (N, C, H, W) image their windows cover."""
+    acc = b.filled(accumulator_shape(cols_shape, ys, xs), 0.0)
+    return cropped_nchw(b, add_columns(b, cols, cols_shape, acc, ys, xs), ys, xs, out_shape)
+
+
+def accumulator_shape(cols_shape: Shape, ys: Axis, xs: Axis) -> tuple[Dim, ...]:
+    """The padded NHWC image (N, H + padding, W + padding, C) that columns (N, P, Q, KH, KW, C) add into."""
+    return (cols_shape[0], ys.padded, xs.padded, cols_shape[5])
+
+
+def add_columns(b: FunctionBuilder, cols: ir.Value, cols_shape: Shape, acc: ir.Value, ys: Axis,
+                xs: Axis) -> ir.Value:
+    """``acc`` (``accumulator_shape``) with the columns (N, P, Q, KH, KW, C) added into the windows they cover."""
     n, p, q, kh, kw, c = cols_shape
-    acc_shape: tuple[Dim, ...] = (n, ys.padded, xs.padded, c)
-    acc = b.filled(acc_shape, 0.0)
     if xs.dilation == 1:
-        return _cropped_nchw(b, _row_runs(b, cols, cols_shape, acc, acc_shape, ys, xs), ys, xs, out_shape)
+        return _row_runs(b, cols, cols_shape, acc, accumulator_shape(cols_shape, ys, xs), ys, xs)
     window = b.sizes((n, p, q, c))
     strides = [1, ys.stride, xs.stride, 1]
     for k in range(int(kh)):
@@ -59,7 +69,7 @@ def scatter_columns(b: FunctionBuilder, cols: ir.Value, cols_shape: Shape, ys: A
                 return arith.addf(total, v)
 
             acc = tensor.insert_slice(added, acc, [], _dynamic(window), [], offsets, _static(window), strides)
-    return _cropped_nchw(b, acc, ys, xs, out_shape)
+    return acc
 
 
 def _row_runs(b: FunctionBuilder, cols: ir.Value, cols_shape: Shape, acc: ir.Value, acc_shape: Shape, ys: Axis,
@@ -90,7 +100,7 @@ def _row_runs(b: FunctionBuilder, cols: ir.Value, cols_shape: Shape, acc: ir.Val
     return tensor.expand_shape(kind, added, [[0], [1], [2, 3]], _dynamic(sizes), _static(sizes))
 
 
-def _cropped_nchw(b: FunctionBuilder, acc: ir.Value, ys: Axis, xs: Axis, out_shape: Shape) -> ir.Value:
+def cropped_nchw(b: FunctionBuilder, acc: ir.Value, ys: Axis, xs: Axis, out_shape: Shape) -> ir.Value:
     """The padded NHWC accumulator's (H, W) interior (a view) copied to NCHW. The crop is a slice,
     not an offset in the copy's map: linalg takes each loop's extent from the first operand
     that indexes it plainly, which would be the padded accumulator."""

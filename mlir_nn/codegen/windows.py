@@ -8,8 +8,10 @@ convolution, the pooling gradients) gather instead: the output gradient is sprea
 the stride and padded by the window span, so that every input position reads a plain
 window of it. On the CPU, the input gradient of a convolution with up to 64 input channels
 (COL2IM_CHANNELS_MAX) is a GEMM whose columns are added back tap by tap (``codegen.col2im``) instead, and a
-convolution with few taps per output (TAPS_MAX) reads its taps as strided views of the
-padded input, forward and weight gradient, with no im2col at all. The fused ops
+convolution with few taps per output (TAPS_MAX) sums its taps in one pass over the padded
+input, forward and weight gradient, with no im2col at all. Over a static batch with many
+output pixels, the CPU weight and col2im input gradients run per chunk of images
+(CHUNK_PIXELS), as tasks, so that each chunk's columns stay in cache. The fused ops
 the optimizer's conv rules make (``conv2d_bias``, ``conv2d_weight_update``) are the same
 products with element-wise epilogues.
 """
@@ -21,10 +23,11 @@ import math
 from collections.abc import Callable, Sequence
 
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import arith, linalg, scf, tensor
 
+from mlir_nn.codegen.batched_products import batch_tasks
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
-from mlir_nn.codegen.col2im import scatter_columns
+from mlir_nn.codegen.col2im import accumulator_shape, add_columns, cropped_nchw, scatter_columns
 from mlir_nn.codegen.im2col_panels import IM2COL
 from mlir_nn.codegen.maps import dims_map, identity_map, matmul_maps
 from mlir_nn.codegen.tensor_types import tensor_type
@@ -251,59 +254,36 @@ def _conv2d_weight_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand
 TAPS_MAX = 32  # a convolution with at most this many taps per output (C/G * KH * KW) sums them in one pass
 
 
-def _taps(shape: Shape) -> list[tuple[int, int, int]]:
-    """(channel, row, column) of each tap of a weight of ``shape`` (O, C/G, KH, KW), in its order."""
-    _, cg, kh, kw = (int(d) for d in shape)
-    return [(c, i, j) for c in range(cg) for i in range(kh) for j in range(kw)]
-
-
-def _tap_views(b: FunctionBuilder, x: Operand, x_shape: Shape, w_shape: Shape, ys: Axis, xs: Axis,
-               groups: int) -> list[ir.Value]:
-    """Per tap (c, i, j), the (N, G, P, Q) strided view of the padded, grouped input that the
-    tap multiplies with: input channel g * C/G + c at rows p * stride + i * dilation, ..."""
-    n = x_shape[0]
-    padded = _padded(b, x, x_shape, ys, xs, 0.0)
-    padded = _grouped(b, padded, tuple(x_shape[:2]) + (ys.padded, xs.padded), groups)
-    dynamic, static = _slice_sizes(b, (n, groups, 1, ys.out, xs.out))
-    kind = tensor_type((n, groups, ys.out, xs.out), b.dtype)
-    return [tensor.extract_slice(kind, padded, [], dynamic, [], [0, 0, c, i * ys.dilation, j * xs.dilation], static,
-                                 [1, 1, 1, ys.stride, xs.stride]) for c, i, j in _taps(w_shape)]
-
-
 def _contract() -> ir.Attribute:
     """Products and sums that LLVM may fuse into FMAs."""
     return ir.Attribute.parse("#arith.fastmath<contract>")
 
 
-def _pairwise_sum(terms: list[ir.Value]) -> ir.Value:
-    while len(terms) > 1:
-        terms = [arith.addf(*terms[k:k + 2], fastmath=_contract()) if k + 1 < len(terms) else terms[k]
-                 for k in range(0, len(terms), 2)]
-    return terms[0]
-
-
 def _conv2d_taps(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
-    """Each NCHW output element as the sum of its C/G * KH * KW taps, unrolled in the body of
-    one element-wise pass over the output: tap (c, i, j) reads a strided view of the padded
-    input (rows contiguous along the output's, so the loop vectorizes) and one weight that
-    does not change along them. A first layer's few input channels (LeNet's 1 x 5 x 5, a
-    VGG's 3 x 3 x 3) gain nothing from a GEMM: its im2col rows, their packing and the
-    transpose back to NCHW moved 25 times the input through memory."""
+    """Each NCHW output row as the sum of its C/G * KH * KW taps in one pass over the output:
+    loops (n, g, o, p | c, i, j | q), the output row's vectors innermost, summed over the taps
+    (LLVM unrolls the tap loops and keeps the row's sums in registers), each tap reading the
+    padded input along the row (contiguous, so the loop vectorizes) and one weight. A first
+    layer's few input channels (LeNet's 1 x 5 x 5, a VGG's 3 x 3 x 3) gain nothing from a GEMM:
+    its im2col rows, their packing and the transpose back to NCHW moved 25 times the input
+    through memory."""
     x_node, w_node = node.inputs[:2]
-    o = int(w_node.shape[0])
-    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), tuple(int(d) for d in w_node.shape[2:]))
+    o, _, kh, kw = (int(d) for d in w_node.shape)
+    ys, xs, groups = _conv_parts(node, tuple(x_node.shape[2:]), (kh, kw))
     wide = _whole_vectors(b, xs)
-    views = _tap_views(b, xs_[0], x_node.shape, w_node.shape, ys, wide, groups)
+    x = _padded(b, xs_[0], x_node.shape, ys, wide, 0.0)
+    x = _grouped(b, x, tuple(x_node.shape[:2]) + (ys.padded, wide.padded), groups)
     w = _weight_groups(b, b.tensor_of(xs_[1], w_node.shape), w_node.shape, groups)
-    taps = _taps(w_node.shape)
-    # loops: n g o p q
-    maps = [_map(5, [_d(0), _d(1), _d(3), _d(4)])] * len(taps) + [_map(5, [_d(1), _d(2), c, i, j]) for c, i, j in taps]
+    n, g, oc, p, c, i, j, q = range(8)
+    maps = [_map(8, [_d(n), _d(g), _d(c), _windowed(ys, p, i), _windowed(wide, q, j)]),
+            _map(8, [_d(g), _d(oc), _d(c), _d(i), _d(j)]),
+            _map(8, [_d(n), _d(g), _d(oc), _d(p), _d(q)])]
     out_shape = (x_node.shape[0], groups, o // groups, ys.out, xs.out)
+    iterators = [PARALLEL] * 4 + [REDUCTION] * 3 + [PARALLEL]
 
-    @linalg.generic(views + [w] * len(taps), [b.empty(out_shape[:4] + (wide.out,))], maps + [identity_map(5)],
-                    [PARALLEL] * 5)
-    def summed(*args: ir.Value) -> ir.Value:
-        return _pairwise_sum([arith.mulf(args[t], args[len(taps) + t], fastmath=_contract()) for t in range(len(taps))])
+    @linalg.generic([x, w], [b.filled(out_shape[:4] + (wide.out,), 0.0)], maps, iterators)
+    def summed(xv: ir.Value, wv: ir.Value, total: ir.Value) -> ir.Value:
+        return arith.addf(total, arith.mulf(xv, wv, fastmath=_contract()), fastmath=_contract())
 
     return reshape(b, _first_columns(b, summed, out_shape), out_shape, node.shape, _SPLIT_1)
 
@@ -465,10 +445,89 @@ def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> i
     o, c, kh, kw = (int(d) for d in node.shape)
     ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
-    cols = _columns(b, x, x_node.shape, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride))
     grad = _pixel_rows(b, xs_[1], g_node.shape)
-    flat = _product(b, grad, cols, (o, c * kh * kw), (o,), True, False)
+    images = chunk_images(x_node.shape[0], ys.out * xs.out) if b.strided_copies else None
+    if images is not None:
+        flat = _weight_grad_in_chunks(b, x, grad, x_node.shape, (o, c * kh * kw), ys, xs, images)
+    else:
+        cols = _columns(b, x, x_node.shape, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride))
+        flat = _product(b, grad, cols, (o, c * kh * kw), (o,), True, False)
     return reshape(b, flat, (o, c * kh * kw), node.shape, [[0], [1, 2, 3]])
+
+
+# CPU weight and col2im input gradients over a static batch with more than 2 * CHUNK_PIXELS output
+# pixels run per chunk of images of at most CHUNK_PIXELS pixels each (``_weight_grad_in_chunks``,
+# ``_input_grad_in_chunks``): a chunk's columns (1024 x 288 floats, 1.2 MB, for VGG-small's second
+# convolution) stay in cache between the pass that writes them and the one that reads them.
+CHUNK_PIXELS = 1024
+
+
+def chunk_images(n: Dim, pixels: int) -> int | None:
+    """Images per chunk of a gradient over ``n`` images of ``pixels`` output pixels each: the
+    largest divisor of n whose chunk has at most CHUNK_PIXELS pixels; None for a dynamic batch, too
+    few pixels to split, or one image."""
+    if n == BATCH or int(n) == 1 or int(n) * pixels <= 2 * CHUNK_PIXELS:
+        return None
+    return max(d for d in range(1, int(n)) if int(n) % d == 0 and (d * pixels <= CHUNK_PIXELS or d == 1))
+
+
+def _weight_grad_in_chunks(b: FunctionBuilder, x: ir.Value, grad: ir.Value, x_shape: Shape, out: tuple[int, int],
+                           ys: Axis, xs: Axis, images: int) -> ir.Value:
+    """grad^T @ columns summed over chunks of ``images`` images: each chunk's columns (gathered from its
+    slice of the padded input ``x``) are written just before its product reads them, in cache, where the
+    whole batch's columns streamed from memory (VGG-small's second convolution at batch 128: 32768
+    pixels of 288 columns, 38 MB). With ``b.batch_tasks`` the chunks run as tasks (``batch_tasks``),
+    each summing its own chunks, the tasks' sums added at the end."""
+    n, c, height, width = int(x_shape[0]), int(x_shape[1]), ys.padded, xs.padded
+    pixels = images * ys.out * xs.out
+    chunks = n // images
+    tasks = batch_tasks(chunks) if b.batch_tasks else 1
+    dynamic = ir.ShapedType.get_dynamic_size()
+
+    def chunk_sum(first: ir.Value) -> ir.Value:
+        """The sum of the products of chunks ``first`` to ``first + chunks / tasks``."""
+        acc = linalg.fill(b.scalar(0.0), outs=[tensor.empty(list(out), b.element)])
+        loop = scf.ForOp(first, arith.addi(first, b.index(chunks // tasks)), b.index(1), [acc])
+        with ir.InsertionPoint(loop.body):
+            image = arith.muli(loop.induction_variable, b.index(images))
+            kind = ir.RankedTensorType.get([images, c, height, width], b.element)
+            part = tensor.extract_slice(kind, x, [image], [], [], [dynamic, 0, 0, 0], [images, c, height, width],
+                                        [1] * 4)
+            cols = _columns(b, part, (images, c), (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride))
+            rows = tensor.extract_slice(ir.RankedTensorType.get([pixels, out[0]], b.element), grad,
+                                        [arith.muli(image, b.index(ys.out * xs.out))], [], [], [dynamic, 0],
+                                        [pixels, out[0]], [1, 1])
+            product = _product(b, rows, cols, out, (out[0],), True, False)
+            scf.yield_([_added(loop.inner_iter_args[0], product)])
+        return loop.results[0]
+
+    if tasks == 1:
+        return chunk_sum(b.index(0))
+    forall = scf.ForallOp([0], [tasks], [1], [tensor.empty([tasks, *out], b.element)])
+    with ir.InsertionPoint(forall.body):
+        task = forall.induction_variables[0]
+        total = chunk_sum(arith.muli(task, b.index(chunks // tasks)))
+        with ir.InsertionPoint(forall.terminator().block):
+            tensor.parallel_insert_slice(total, forall.inner_iter_args[0], [task], [], [], [dynamic, 0, 0],
+                                         [1, *out], [1, 1, 1])
+    sums = linalg.fill(b.scalar(0.0), outs=[tensor.empty(list(out), b.element)])
+
+    @linalg.generic([forall.results[0]], [sums], [identity_map(3), dims_map(3, [1, 2])], [REDUCTION] + [PARALLEL] * 2)
+    def summed(v: ir.Value, total: ir.Value) -> ir.Value:
+        return arith.addf(total, v)
+
+    return summed
+
+
+def _added(x: ir.Value, y: ir.Value) -> ir.Value:
+    """x + y element-wise, into x."""
+    rank = len(ir.RankedTensorType(x.type).shape)
+
+    @linalg.generic([y], [x], [identity_map(rank)] * 2, [PARALLEL] * rank)
+    def total(v: ir.Value, acc: ir.Value) -> ir.Value:
+        return arith.addf(acc, v)
+
+    return total
 
 
 def _conv2d_weight_update(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
@@ -521,10 +580,68 @@ def _conv2d_input_grad_col2im(b: FunctionBuilder, node: Node, xs_: list[Operand]
     p, q = ys.out, xs.out
     grad = _pixel_rows(b, xs_[0], g_node.shape)
     w = _taps_last_channel(b, xs_[1], w_node.shape)
+    images = chunk_images(n, p * q)
+    if images is not None:
+        return _input_grad_in_chunks(b, grad, w, (int(n), p, q, kh, kw, c), ys, xs, images, node.shape)
     flat = _product(b, grad, w, (_rows(n, p, q), kh * kw * c), (n, p, q), False, False)
     cols_shape = (n, p, q, kh, kw, c)
     cols = reshape(b, flat, (_rows(n, p, q), kh * kw * c), cols_shape, [[0, 1, 2], [3, 4, 5]])
     return scatter_columns(b, cols, cols_shape, ys, xs, node.shape)
+
+
+def _input_grad_in_chunks(b: FunctionBuilder, grad: ir.Value, w: ir.Value, cols_shape: tuple[int, ...], ys: Axis,
+                          xs: Axis, images: int, out_shape: Shape) -> ir.Value:
+    """The col2im input gradient over chunks of ``images`` images (``chunk_images``): each chunk's
+    columns, grad rows @ ``w``, are added into its images as soon as the product has written them, in
+    cache, where the whole batch's columns streamed through memory (VGG-small's second convolution at
+    batch 128: 32768 pixels of 288 columns, 38 MB). With ``b.batch_tasks`` the chunks run as tasks."""
+    n, p, q, kh, kw, c = cols_shape
+    chunk_cols = (images, p, q, kh, kw, c)
+    acc_shape = accumulator_shape(chunk_cols, ys, xs)
+    chunks = n // images
+    tasks = batch_tasks(chunks) if b.batch_tasks else 1
+    dynamic = ir.ShapedType.get_dynamic_size()
+
+    def image_slice(x: ir.Value, first: ir.Value, count: int) -> ir.Value:
+        kind = ir.RankedTensorType.get([count, *acc_shape[1:]], b.element)
+        return tensor.extract_slice(kind, x, [first], [], [], [dynamic, 0, 0, 0], [count, *acc_shape[1:]], [1] * 4)
+
+    def put(part: ir.Value, into: ir.Value, first: ir.Value) -> ir.Value:
+        count = ir.RankedTensorType(part.type).shape[0]
+        return tensor.insert_slice(part, into, [first], [], [], [dynamic, 0, 0, 0], [count, *acc_shape[1:]], [1] * 4)
+
+    def chunks_added(acc: ir.Value, first: ir.Value) -> ir.Value:
+        """``acc``, images ``first * images`` on of the batch, with the columns of its chunks added."""
+        loop = scf.ForOp(b.index(0), b.index(chunks // tasks), b.index(1), [acc])
+        with ir.InsertionPoint(loop.body):
+            chunk = arith.addi(first, loop.induction_variable)
+            at = arith.muli(loop.induction_variable, b.index(images))
+            rows_shape = [images * p * q, ir.RankedTensorType(grad.type).shape[1]]
+            rows = tensor.extract_slice(ir.RankedTensorType.get(rows_shape, b.element), grad,
+                                        [arith.muli(chunk, b.index(rows_shape[0]))], [], [], [dynamic, 0], rows_shape,
+                                        [1, 1])
+            flat = _product(b, rows, w, (images * p * q, kh * kw * c), (images * p * q,), False, False)
+            cols = reshape(b, flat, (images * p * q, kh * kw * c), chunk_cols, [[0, 1, 2], [3, 4, 5]])
+            part = add_columns(b, cols, chunk_cols, image_slice(loop.inner_iter_args[0], at, images), ys, xs)
+            scf.yield_([put(part, loop.inner_iter_args[0], at)])
+        return loop.results[0]
+
+    acc = b.filled((n, *acc_shape[1:]), 0.0)
+    per_task = images * (chunks // tasks)
+    if tasks == 1:
+        acc = chunks_added(acc, b.index(0))
+    else:
+        forall = scf.ForallOp([0], [tasks], [1], [acc])
+        with ir.InsertionPoint(forall.body):
+            task = forall.induction_variables[0]
+            first = arith.muli(task, b.index(per_task))
+            done = chunks_added(image_slice(forall.inner_iter_args[0], first, per_task),
+                                arith.muli(task, b.index(chunks // tasks)))
+            with ir.InsertionPoint(forall.terminator().block):
+                tensor.parallel_insert_slice(done, forall.inner_iter_args[0], [first], [], [], [dynamic, 0, 0, 0],
+                                             [per_task, *acc_shape[1:]], [1] * 4)
+        acc = forall.results[0]
+    return cropped_nchw(b, acc, ys, xs, out_shape)
 
 
 def _conv2d_input_grad_gathered(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:

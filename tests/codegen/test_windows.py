@@ -6,6 +6,7 @@ import pytest
 
 from mlir_nn.backends import get_backend
 from mlir_nn.backends.reference import evaluate
+from mlir_nn.codegen.windows import CHUNK_PIXELS, chunk_images
 from mlir_nn.ir import Graph, make_node
 
 TOL = {"float32": dict(rtol=2e-4, atol=2e-5), "float64": dict(rtol=1e-9, atol=1e-11)}
@@ -123,8 +124,8 @@ def test_adaptive_pooling_and_pad(dtype):
 @pytest.mark.parametrize("c, kernel, groups, taps", [(1, (5, 5), 1, 25), (3, (3, 3), 1, 27), (4, (3, 3), 4, 9),
                                                       (6, (5, 5), 1, None)])
 def test_convolutions_with_few_taps_sum_them_in_one_pass(c, kernel, groups, taps):
-    """A convolution with at most TAPS_MAX taps per output: the forward pass is one
-    element-wise pass over NCHW, its taps strided views of the padded input, and the weight
+    """A convolution with at most TAPS_MAX taps per output: the forward pass is one pass
+    over NCHW, loops (n g o p | c i j | q) reading the padded input (no views), and the weight
     gradient one pass of partial sums per output column; no im2col product. More taps, or
     the CUDA target (no subviews), keep the GEMM or the direct loop."""
     from mlir_nn.codegen import emit_linalg
@@ -140,7 +141,10 @@ def test_convolutions_with_few_taps_sum_them_in_one_pass(c, kernel, groups, taps
     if taps is None:
         assert "linalg.matmul" in text and "linalg.matmul" in wtext
     else:
-        assert "linalg.matmul" not in text and text.count("tensor.extract_slice") == taps
+        assert "linalg.matmul" not in text and "tensor.extract_slice" not in text
+        # (n g o p | c i j | q): each output row's vectors summed over the taps in registers
+        loops = '"parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction", "parallel"'
+        assert f"iterator_types = [{loops}]" in text
         assert "linalg.matmul" not in wtext
         # (n | g o c i | p | j q): the kw taps' sums run beside the columns, as independent chains
         loops = '"reduction", "parallel", "parallel", "parallel", "parallel", "reduction", "parallel", "parallel"'
@@ -279,3 +283,83 @@ def test_tap_passes_run_along_output_rows_in_whole_vectors(dtype):
     element = "f32" if dtype == "float32" else "f64"
     assert f"tensor<?x1x6x28x32x{element}>" in text and f"tensor<1x6x1x5x5x32x{element}>" in text
     check(graph, 3)
+
+
+def weight_grad_graph(dtype, batch, c, hw, o, kernel, stride, padding, update=False):
+    """The weight gradient of a convolution over a static batch (``update``: with an SGD update folded in)."""
+    attrs = dict(stride=stride, padding=padding, dilation=(1, 1), groups=1)
+    x = _leaf("input", "x", (batch, c) + hw, dtype)
+    w = _leaf("param", "w", (o, c) + kernel, dtype)
+    g = _leaf("input", "g", make_node("conv2d", [x, w], **attrs).shape, dtype)
+    if not update:
+        return Graph((x, g), (w,), (make_node("conv2d_weight_grad", [x, g], kernel=kernel, **attrs),), name="dw")
+    lr = _leaf("param", "lr", (), dtype)
+    beta = make_node("const", [], value=0.75, dtype=dtype)
+    y = make_node("conv2d_weight_update", [x, g, w, lr, beta], kernel=kernel, subtract=True, **attrs)
+    return Graph((x, g), (w, lr), (y,), name="dw_update")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case,chunks", [
+    ((7, 5, (35, 39), 6, (3, 3), (2, 2), (1, 1, 1, 1)), 7),  # prime batch: chunks of one image, 7 tasks
+    ((2, 4, (50, 47), 4, (3, 3), (1, 1), (0, 0, 0, 0)), 2),  # chunks of one image, 2 tasks
+    ((16, 5, (22, 32), 7, (3, 3), (1, 1), (0, 0, 0, 0)), 16),  # 16 chunks: 8 tasks of 2
+    ((12, 9, (13, 15), 33, (5, 3), (1, 1), (2, 2, 1, 1)), 3),  # 4 images a chunk; 135 columns, 33 rows
+])
+def test_weight_gradients_over_a_static_batch_sum_chunks_of_images(dtype, case, chunks):
+    """A weight gradient over more than 2 * CHUNK_PIXELS output pixels of a static batch sums its
+    product over chunks of images (their columns gathered per chunk, in cache), in tasks: the
+    chunks as ``chunk_images`` counts them, the result as the reference's."""
+    batch, _, hw, _, kernel, stride, padding = case
+    out = [(size + lo + hi - k) // s + 1 for size, k, s, lo, hi in zip(hw, kernel, stride, padding[::2], padding[1::2])]
+    assert batch // chunk_images(batch, out[0] * out[1]) == chunks
+    graph = weight_grad_graph(dtype, *case)
+    text = get_backend("cpu").compile(graph).stages["linalg"]
+    assert "scf.forall" in text and "scf.for " in text
+    # (float32: each sum has up to 9600 terms of size ~1, so its rounding reaches ~1e-4 absolute)
+    tol = dict(rtol=2e-4, atol=1e-3) if dtype == "float32" else None
+    check(graph, batch, tol=tol)
+    check(weight_grad_graph(dtype, *case, update=True), batch, seed=1, tol=tol)
+
+
+def test_weight_gradients_with_few_pixels_or_a_dynamic_batch_are_one_product():
+    """Up to 2 * CHUNK_PIXELS pixels, over one image or a dynamic batch, the weight gradient is one product."""
+    assert chunk_images(2, CHUNK_PIXELS) is None and chunk_images("N", 4 * CHUNK_PIXELS) is None
+    assert chunk_images(1, 4 * CHUNK_PIXELS) is None
+    assert chunk_images(3, CHUNK_PIXELS) == 1 and chunk_images(128, 256) == 4 and chunk_images(128, 64) == 16
+    graph = weight_grad_graph("float32", 2, 4, (32, 32), 8, (3, 3), (1, 1), (1, 1, 1, 1))
+    assert "scf.for " not in get_backend("cpu").compile(graph).stages["linalg"]
+    check(graph, 2)
+    one = weight_grad_graph("float32", 1, 5, (50, 47), 4, (3, 3), (1, 1), (1, 0, 2, 1))
+    assert "scf.for " not in get_backend("cpu").compile(one).stages["linalg"]
+    check(one, 1)
+
+
+def input_grad_graph(dtype, batch, c, hw, o, kernel, stride, padding, dilation):
+    """The input gradient of a convolution over a static batch."""
+    attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=1)
+    x = _leaf("input", "x", (batch, c) + hw, dtype)
+    w = _leaf("param", "w", (o, c) + kernel, dtype)
+    g = _leaf("input", "g", make_node("conv2d", [x, w], **attrs).shape, dtype)
+    return Graph((g,), (w,), (make_node("conv2d_input_grad", [g, w], input_hw=hw, **attrs),), name="dx")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case,chunks", [
+    ((7, 5, (35, 39), 6, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)), 7),  # prime batch, stride 2: 7 tasks of one image
+    ((16, 3, (22, 32), 7, (3, 3), (1, 1), (0, 0, 0, 0), (1, 1)), 16),  # 16 chunks: 8 tasks of 2
+    ((12, 9, (13, 15), 33, (5, 3), (1, 1), (2, 2, 1, 1), (1, 1)), 3),  # 4 images a chunk, uneven padding
+    ((6, 4, (33, 41), 5, (3, 2), (1, 2), (1, 1, 0, 1), (1, 2)), 6),  # dilation along W: per-tap adds
+])
+def test_col2im_input_gradients_over_a_static_batch_run_in_chunks_of_images(dtype, case, chunks):
+    """A col2im input gradient over more than 2 * CHUNK_PIXELS output pixels of a static batch runs per
+    chunk of images (product, then its columns added into its images), in tasks; as the reference."""
+    graph = input_grad_graph(dtype, *case)
+    g_shape = graph.inputs[0].shape
+    assert case[0] // chunk_images(case[0], g_shape[2] * g_shape[3]) == chunks
+    text = get_backend("cpu").compile(graph).stages["linalg"]
+    assert "scf.forall" in text and "scf.for " in text
+    check(graph, case[0])
+    one = input_grad_graph(dtype, 1, *case[1:])  # one image: one product
+    assert "scf.for " not in get_backend("cpu").compile(one).stages["linalg"]
+    check(one, 1)
