@@ -79,15 +79,17 @@ class Split:
 
     def _chunk(self, members: list[tuple[str, str]], whole: bool = False) -> Chunk:
         names = [name for name, _ in members]
-        public = list(names)
+        public = [name for name in names if name != self.step_name]
         calls: tuple[str, ...] = ()
         declarations = ""
+        step = ""
         if self.step_name in names:  # it calls every kernel: declare those compiled elsewhere
-            public.append("_mlir_ciface_" + self.step_name)
+            step = self.step_name
+            public.insert(0, "_mlir_ciface_" + step)
             calls = tuple(name for name in self.kernels if name not in names)
             declarations = "".join(self.declarations[name] + "\n" for name in calls)
         text = "module {\n" + declarations + "\n".join(body for _, body in members) + "\n}\n"
-        return Chunk(text, tuple(public), calls, whole, tuple(n for n in names if n != self.step_name))
+        return Chunk(text, tuple(public), calls, whole, tuple(public[1:] if step else public), step)
 
 
 def _cost(text: str) -> int:
@@ -99,14 +101,17 @@ def _cost(text: str) -> int:
 @dataclass(frozen=True)
 class Chunk:
     """A module of kernels (perhaps with the step): ``public`` are its functions that others
-    call, ``calls`` the kernels it calls that other chunks define; ``whole``: the only chunk of
-    its step (no other chunk's names to clash with); ``kernels``: the kernels it defines."""
+    call (the step's C interface first, when it holds the step), ``calls`` the kernels it
+    calls that other chunks define; ``whole``: the only chunk of its step (no other chunk's
+    names to clash with); ``kernels``: the kernels it defines; ``step``: the name of the step
+    it defines, or "" (the step itself is internal: see ``kernel_build.inline_step``)."""
 
     text: str
     public: tuple[str, ...]
     calls: tuple[str, ...]
     whole: bool = False
     kernels: tuple[str, ...] = ()
+    step: str = ""
 
 
 def _ops(block: ir.Block) -> list[ir.Operation]:
