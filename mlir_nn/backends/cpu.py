@@ -308,7 +308,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     linked: list[kernel_cache.StoredObject] = []  # cached objects of kernels
     keys: dict[str, str] = {}  # kernel -> its key in the kernel cache
     if split is None:  # a pipeline without the split pass: lowered whole already
-        chunks = [Chunk(stages["llvm"], (name, "_mlir_ciface_" + name), ())]
+        chunks = [Chunk(stages["llvm"], ("_mlir_ciface_" + name,), (), step=name)]
         tail = Pipeline(pipeline.name, ())
     else:
         tail, count = tail_pipeline(pipeline), max(1, kernel_pool.worker_count())
@@ -352,7 +352,7 @@ def _store_kernels(jobs: list[Job], texts: list[str], keys: dict[str, str], step
             continue
         try:
             path = job.path
-            if step in job.chunk.public:
+            if job.chunk.step:
                 path = job.path.with_suffix(".kernels.o")
                 localize_symbols(job.path, path, step_symbols(step))
             kernel_cache.store(path, text, {k: keys[k] for k in job.chunk.kernels})

@@ -79,15 +79,17 @@ class Split:
 
     def _chunk(self, members: list[tuple[str, str]], whole: bool = False) -> Chunk:
         names = [name for name, _ in members]
-        public = list(names)
+        public = [name for name in names if name != self.step_name]
         calls: tuple[str, ...] = ()
         declarations = ""
+        step = ""
         if self.step_name in names:  # it calls every kernel: declare those compiled elsewhere
-            public.append("_mlir_ciface_" + self.step_name)
+            step = self.step_name
+            public.insert(0, "_mlir_ciface_" + step)
             calls = tuple(name for name in self.kernels if name not in names)
             declarations = "".join(self.declarations[name] + "\n" for name in calls)
         text = "module {\n" + declarations + "\n".join(body for _, body in members) + "\n}\n"
-        return Chunk(text, tuple(public), calls, whole, tuple(n for n in names if n != self.step_name))
+        return Chunk(text, tuple(public), calls, whole, tuple(public[1:] if step else public), step)
 
 
 def _cost(text: str) -> int:
@@ -99,14 +101,17 @@ def _cost(text: str) -> int:
 @dataclass(frozen=True)
 class Chunk:
     """A module of kernels (perhaps with the step): ``public`` are its functions that others
-    call, ``calls`` the kernels it calls that other chunks define; ``whole``: the only chunk of
-    its step (no other chunk's names to clash with); ``kernels``: the kernels it defines."""
+    call (the step's C interface first, when it holds the step), ``calls`` the kernels it
+    calls that other chunks define; ``whole``: the only chunk of its step (no other chunk's
+    names to clash with); ``kernels``: the kernels it defines; ``step``: the name of the step
+    it defines, or "" (the step itself is internal: see ``kernel_build.inline_step``)."""
 
     text: str
     public: tuple[str, ...]
     calls: tuple[str, ...]
     whole: bool = False
     kernels: tuple[str, ...] = ()
+    step: str = ""
 
 
 def _ops(block: ir.Block) -> list[ir.Operation]:
@@ -200,20 +205,28 @@ def _blocks(fn: ir.Operation) -> list[ir.Block]:
     return blocks
 
 
-def _inputs(piece: list[ir.Operation]) -> list[ir.Value]:
-    """Values the piece reads that are defined outside it, in first-use order."""
+def _inputs(piece: list[ir.Operation]) -> tuple[list[ir.Value], list[tuple[ir.Operation, int, ir.Value]]]:
+    """Values the piece reads that are defined outside it, in first-use order, and where it
+    reads them: (op, operand position, value). One walk finds both (the outlining rewrites
+    those operands only: the ops of a blocked product have thousands of others)."""
     nested = [inner for op in piece for inner in _nested(op)]
     inside = set(nested)
-    seen: dict[ir.Value, None] = {}
+    outside: dict[ir.Value, None] = {}
+    defined_inside: set[ir.Value] = set()
+    reads = []
     for inner in nested:
-        for value in inner.operands:
-            if value in seen:
+        for k, value in enumerate(inner.operands):
+            if value in defined_inside:
                 continue
-            owner = value.owner
-            defined = owner.operation if isinstance(owner, ir.OpView | ir.Operation) else owner.owner.operation
-            if defined not in inside:
-                seen[value] = None
-    return list(seen)
+            if value not in outside:
+                owner = value.owner
+                defined = owner.operation if isinstance(owner, ir.OpView | ir.Operation) else owner.owner.operation
+                if defined in inside:
+                    defined_inside.add(value)
+                    continue
+                outside[value] = None
+            reads.append((inner, k, value))
+    return list(outside), reads
 
 
 _PLACEHOLDER_NAME = "kernel"  # a kernel's name while its text is hashed
@@ -261,9 +274,10 @@ def _mark_noalias(kernel: func.FuncOp, arguments: list[ir.Value], single_op: boo
 
 def _outline(piece: list[ir.Operation], scratch: ir.Module) -> tuple[str, str, list[ir.Value]]:
     """Move ``piece`` into a function of ``scratch``: (name, kernel module text, arguments)."""
-    values = _inputs(piece)
+    values, reads = _inputs(piece)
     constants = [v for v in values if isinstance(v.owner, ir.OpView | ir.Operation) and v.owner.name in _CONSTANTS]
-    arguments = [v for v in values if v not in constants]
+    constant_set = set(constants)
+    arguments = [v for v in values if v not in constant_set]
     with ir.InsertionPoint(scratch.body), piece[0].location:
         kernel = func.FuncOp(_PLACEHOLDER_NAME, ([v.type for v in arguments], []))
         entry = kernel.add_entry_block()
@@ -275,13 +289,8 @@ def _outline(piece: list[ir.Operation], scratch: ir.Module) -> tuple[str, str, l
     _mark_noalias(kernel, arguments, len(piece) == 1)
     for op in piece:
         op.move_before(end)
-    for op in piece:
-        for inner in _nested(op):
-            operands = inner.operands
-            for k, operand in enumerate(operands):
-                new = replacement.get(operand)
-                if new is not None:
-                    operands[k] = new
+    for inner, k, value in reads:
+        inner.operands[k] = replacement[value]
     text = str(kernel)  # printed once: the name, which hashes the rest, is put into the text
     name = KERNEL_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:24]
     return name, text.replace(f"func.func @{_PLACEHOLDER_NAME}(", f"func.func @{name}(", 1), arguments

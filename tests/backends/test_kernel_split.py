@@ -56,7 +56,8 @@ def test_each_piece_of_work_becomes_a_kernel_called_by_the_step_and_same_pieces_
             ir.Module.parse(kernel)
         assert split.chunks(1)[0].whole and not any(chunk.whole for chunk in split.chunks(3))
         alone, *rest = split.apart(sorted(split.kernels)[1:], 1)  # the step apart; one kernel linked elsewhere
-        assert alone.public == (split.step_name, "_mlir_ciface_" + split.step_name) and len(alone.calls) == 3
+        assert alone.public == ("_mlir_ciface_" + split.step_name,) and alone.step == split.step_name
+        assert len(alone.calls) == 3 and not alone.kernels
         assert len(rest) == 1 and len(rest[0].kernels) == 2 and not rest[0].calls and not rest[0].whole
         assert sum(c.text.count("func.func @k") for c in [alone, *rest]) == 2
         for chunk in [alone, *rest]:
@@ -125,7 +126,7 @@ def test_merged_llvm_text_has_each_definition_once_and_parses():
         names = [ir.StringAttr(op.attributes["sym_name"]).value for op in module.body.operations]
     assert len(names) == len(set(names)) and any(n.startswith("k") for n in names)
     text = merge_texts([kernel.stages["llvm"], kernel.stages["llvm"]])
-    assert text.count(f"llvm.func @{symbol_name(graph)}(") == 1
+    assert text.count(f"llvm.func internal @{symbol_name(graph)}(") == 1  # inlined into its C interface
 
 
 def _check(graph, kernel) -> None:
@@ -185,3 +186,16 @@ def test_workers_by_default_only_on_cores_beyond_two(monkeypatch):
         done = subprocess.run([sys.executable, "-c", code, *map(str, allowed)], capture_output=True, text=True,
                               check=True, env=env)
         assert int(done.stdout) == max(0, min(kernel_pool.MAX_WORKERS, len(allowed) - 2))
+
+
+def test_the_step_is_inlined_into_its_c_interface_and_not_exported():
+    """Only the step's C interface and its packed wrapper are exported: a public step got a
+    wrapper of its own and was called with every memref's fields as arguments."""
+    graph = matmul_zoo(7, 13, "float32")
+    clear_memory_cache()
+    kernel = compile_kernel(graph, use_disk=False)
+    name = symbol_name(graph)
+    library = kernel.native.owner
+    assert not hasattr(library, name) and not hasattr(library, f"_mlir_{name}")
+    assert hasattr(library, f"_mlir_ciface_{name}") and hasattr(library, f"_mlir__mlir_ciface_{name}")
+    _check(graph, kernel)
