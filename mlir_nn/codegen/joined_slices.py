@@ -28,6 +28,8 @@ from mlir_nn.codegen.builder import FunctionBuilder, Operand
 from mlir_nn.ir import BATCH, Node
 from mlir_nn.ir.shapes import Shape, numel
 
+JOINED = "mlirnn.joined"  # on the empty tensor of a join: a number of its own
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -89,6 +91,9 @@ def _insert_all(b: FunctionBuilder, pieces: tuple[Piece, ...], into: ir.Value) -
     outer = ir.RankedTensorType(into.type)
     if getattr(into.owner, "name", None) == "tensor.empty":
         value = tensor.empty(sizes, outer.element_type)
+        # one of its own (CSE merges equal ops: the joined tensors of all of GPT's layers went
+        # into one, and bufferization copied in the first piece of each but one)
+        value.owner.attributes[JOINED] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), len(b.pieces))
     else:
         value = tensor.expand_shape(ir.RankedTensorType.get(sizes, outer.element_type), into, groups, [], sizes)
     for (_, _, source, starts) in layouts:

@@ -137,3 +137,25 @@ def test_merged_heads_are_inserted_before_their_merge():
     text = _cleaned(_merged_heads_graph("float32", (0, 14), total=28))
     inserts = [line for line in text.splitlines() if "tensor.insert_slice" in line]
     assert len(inserts) == 2 and all("tensor<2x5x12xf32> into tensor<2x5x28xf32>" in i for i in inserts)
+
+
+def test_equal_joins_keep_tensors_of_their_own():
+    """Two joins of one shape (two layers' q, k, v gradients) start from empty tensors that CSE does
+    not merge: inserted into one, bufferization copied in the first piece of each but one."""
+    xs = [make_node("input", [], name=f"x{i}", shape=(2, 3, 5, 4), dtype="float32") for i in range(6)]
+    outputs = []
+    for layer in (xs[:3], xs[3:]):
+        placed = None
+        for x, start in zip(layer, (0, 12, 24)):
+            piece = make_node("reshape", [make_node("transpose", [x], perm=(0, 2, 1, 3))], shape=(2, 5, 12))
+            slot = make_node("slice_grad", [piece], start=(0, 0, start), step=(1, 1, 1), shape=(2, 5, 36))
+            placed = slot if placed is None else make_node("add", [placed, slot])
+        outputs.append(placed)
+    graph = Graph(tuple(xs), (), tuple(outputs), name="two")
+    assert _cleaned(graph).count("tensor.empty() {mlirnn.joined") == 2
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(x.shape).astype(np.float32) for x in xs]
+    want, _ = evaluate(graph, arrays, [], None)
+    got = get_backend("cpu").compile(graph).run(arrays, [])
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
