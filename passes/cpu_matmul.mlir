@@ -88,7 +88,7 @@ module attributes {transform.with_named_sequence} {
     } : !transform.any_op
 
     // Blocks of rows of a batch loop's small products (`mlirnn.row_block`, mlir_nn/codegen/row_blocks.py):
-    // a loop over k in steps of {small_k_step}, each step one vector contraction, the block's
+    // a loop over k in steps of {row_block_k_step}, each step one vector contraction, the block's
     // accumulators carried in registers (hoisted below).
     // (a B stored (n, k) is copied to (k, n) in {tile} x {tile} vector tiles, `mlirnn.row_block_transpose`)
     %register_transposes = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.row_block_transpose}
@@ -104,7 +104,7 @@ module attributes {transform.with_named_sequence} {
     %register_rows = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.row_block} in %root
         : (!transform.any_op) -> !transform.any_op
     %register_steps, %register_k_loop = transform.structured.tile_using_for %register_rows
-        tile_sizes [0, {small_k_step}, 0] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+        tile_sizes [0, {row_block_k_step}, 0] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     transform.structured.vectorize %register_steps : !transform.any_op
     // (small products whose vector rows are not a power of two of registers, `mlirnn.split_lanes =
     // array<i64: loop, size>`: first split in two along that loop)

@@ -68,6 +68,7 @@ from mlir_nn.codegen.im2col_panels import (
     pixel_panels,
 )
 from mlir_nn.codegen.maps import dims_map, matmul_maps
+from mlir_nn.codegen.row_blocks import K_STEP as ROW_BLOCK_K_STEP
 from mlir_nn.codegen.row_blocks import block_rows, row_block_product
 from mlir_nn.codegen.row_sums import tag_row_sums
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
@@ -1073,7 +1074,7 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
              "row_panels": mc // tm, "fine_row_panels": max(1, mc // tm // FINE_TASK_SHARE), "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
              "small_rows": SMALL_ROW_BLOCK, "small_k_step": SMALL_K_STEP,
-             "pack_task_rows": PACK_TASK_ROWS}
+             "row_block_k_step": ROW_BLOCK_K_STEP, "pack_task_rows": PACK_TASK_ROWS}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))

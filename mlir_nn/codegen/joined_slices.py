@@ -8,7 +8,9 @@ q, k, v projection moved eight times its own size through memory. Here an ``add`
 placements (or of sums of them) whose boxes are disjoint inserts the pieces of one into the
 other; once the pieces cover the whole tensor, all of them go into an empty tensor (no fill).
 Each sum is exact: the other side is zero where a piece lands (only -0.0 stays -0.0, where
-the add gave +0.0).
+the add gave +0.0). Pieces that are reshapes of static tensors (attention's merged heads: a
+transpose, collapsed) are inserted before the reshape, into the joined tensor reshaped alike,
+so that their producer writes into it in place (``_unfolded``).
 
 Only where ``place`` makes an insert_slice (``b.strided_copies``: the CPU; the CUDA runtime
 has no subviews) and every step is 1.
@@ -16,6 +18,7 @@ has no subviews) and every step is 1.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from mlir import ir
@@ -24,6 +27,8 @@ from mlir.dialects import tensor
 from mlir_nn.codegen.builder import FunctionBuilder, Operand
 from mlir_nn.ir import BATCH, Node
 from mlir_nn.ir.shapes import Shape, numel
+
+JOINED = "mlirnn.joined"  # on the empty tensor of a join: a number of its own
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,7 @@ def joined(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value | None
         value, extra = xs[0], theirs
     else:
         value, extra = xs[1], ours
-    for piece in extra:
-        value = _insert(b, piece, value)
+    value = _insert_all(b, extra, value)
     b.pieces[node] = pieces
     return value
 
@@ -72,6 +76,58 @@ def _covers(pieces: tuple[Piece, ...], shape: Shape) -> bool:
     axis whole in each."""
     whole = all(p.shape[d] == BATCH for p in pieces for d, s in enumerate(shape) if s == BATCH)
     return whole and sum(numel(p.shape) for p in pieces) == numel(shape)
+
+
+def _insert_all(b: FunctionBuilder, pieces: tuple[Piece, ...], into: ir.Value) -> ir.Value:
+    """``pieces`` inserted into ``into``: when all are collapses alike (``_unfolded``), their
+    sources into ``into`` expanded once (an empty one made expanded), collapsed back; else one by one."""
+    layouts = [_unfolded(piece, into) for piece in pieces]
+    first = layouts[0] if layouts else None
+    if first is None or any(layout is None or layout[:2] != first[:2] for layout in layouts):
+        for piece in pieces:
+            into = _insert(b, piece, into)
+        return into
+    groups, sizes = first[0], first[1]
+    outer = ir.RankedTensorType(into.type)
+    if getattr(into.owner, "name", None) == "tensor.empty":
+        value = tensor.empty(sizes, outer.element_type)
+        # one of its own (CSE merges equal ops: the joined tensors of all of GPT's layers went
+        # into one, and bufferization copied in the first piece of each but one)
+        value.owner.attributes[JOINED] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), len(b.pieces))
+    else:
+        value = tensor.expand_shape(ir.RankedTensorType.get(sizes, outer.element_type), into, groups, [], sizes)
+    for (_, _, source, starts) in layouts:
+        shape = ir.RankedTensorType(source.type).shape
+        value = tensor.insert_slice(source, value, [], [], [], starts, shape, [1] * len(sizes))
+    return tensor.collapse_shape(outer, value, groups)
+
+
+def _unfolded(piece: Piece, into: ir.Value) -> tuple[list[list[int]], list[int], ir.Value, list[int]] | None:
+    """Where a piece that is a ``collapse_shape`` of a static tensor goes before its collapse: the
+    collapse's groups, ``into``'s sizes expanded alike, the uncollapsed source and its start there,
+    when its slice's start and size along each merged axis are whole multiples of the merged inner
+    sizes. Its producer (attention's head merge, a transpose) then writes into the joined tensor in
+    place; inserted collapsed, it wrote a buffer of its own that a strided copy moved over (GPT
+    medium: three copies per layer, on one thread). None where the piece is no such collapse."""
+    owner = piece.source.owner
+    collapse = getattr(owner, "operation", owner)
+    if not isinstance(collapse, ir.Operation) or collapse.name != "tensor.collapse_shape":
+        return None
+    source = collapse.operands[0]
+    inner, outer = ir.RankedTensorType(source.type), ir.RankedTensorType(into.type)
+    if not inner.has_static_shape or not outer.has_static_shape:
+        return None
+    groups = [[ir.IntegerAttr(i).value for i in ir.ArrayAttr(group)]
+              for group in ir.ArrayAttr(collapse.attributes["reassociation"])]
+    sizes, starts = [], []
+    for group, start, whole in zip(groups, piece.start, outer.shape):
+        tail = [inner.shape[i] for i in group[1:]]
+        step = math.prod(tail)
+        if start % step or whole % step:
+            return None
+        sizes += [whole // step] + tail
+        starts += [start // step] + [0] * len(tail)
+    return groups, sizes, source, starts
 
 
 def _insert(b: FunctionBuilder, piece: Piece, into: ir.Value) -> ir.Value:
