@@ -454,11 +454,11 @@ def _loop_nest(op: ir.Operation, a: ir.Value, b: ir.Value, c: ir.Value, plan: Lo
         # apart (a memcpy of the whole (batch, n) output per product)
         c = _zeros(dim_sizes(c), ir.RankedTensorType(c.type).element_type)
     if plan.split_rows:
-        return split_over_batch(a, b, c, plan.split_rows, lambda a, b, c: _carried(a, b, c, plan))
-    return _carried(a, b, c, plan)
+        return split_over_batch(a, b, c, plan.split_rows, lambda a, b, c: _nest(a, b, c, plan))
+    return _nest(a, b, c, plan)
 
 
-def _carried(a: ir.Value, b: ir.Value, c: ir.Value, plan: LoopPlan) -> ir.Value:
+def _nest(a: ir.Value, b: ir.Value, c: ir.Value, plan: LoopPlan) -> ir.Value:
     """C + op(A) op(B) as the loop nest of ``plan``, its accumulator in chunks when it has some."""
     order, tags = list(plan.order), list(plan.tags)
     if plan.chunks is None:
@@ -486,7 +486,7 @@ def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: li
 
     for tag in tags:
         product.owner.attributes[tag] = ir.UnitAttr.get()
-    if SMALL_TASKS in tags:  # rows are the batch: a row's work is k * n
+    if SMALL_TASKS in tags:  # its value: rows per task (rows are the batch, a row's work is k * n)
         k = ir.RankedTensorType(a.type).shape[0 if ta else 1]
         rows = small_task_rows(k * ir.RankedTensorType(c.type).shape[1])
         product.owner.attributes[SMALL_TASKS] = ir.DenseI64ArrayAttr.get([rows])
