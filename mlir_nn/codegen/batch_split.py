@@ -60,7 +60,7 @@ def split_over_batch(a: ir.Value, b: ir.Value, c: ir.Value, rows_min: int,
                                          [1, m, n], [1, 1, 1])
     used = tensor.extract_slice(ir.RankedTensorType.get([_DYNAMIC, m, n], element), forall.results[0], [], [tasks],
                                 [], [0, 0, 0], [_DYNAMIC, m, n], [1, 1, 1])
-    return _added(used, c)
+    return partials_added(used, c)
 
 
 def _rows(x: ir.Value, start: ir.Value, count: ir.Value) -> ir.Value:
@@ -70,7 +70,7 @@ def _rows(x: ir.Value, start: ir.Value, count: ir.Value) -> ir.Value:
     return tensor.extract_slice(kind, x, [start], [count], [], [_DYNAMIC, 0], [_DYNAMIC, width], [1, 1])
 
 
-def _added(partials: ir.Value, c: ir.Value) -> ir.Value:
+def partials_added(partials: ir.Value, c: ir.Value) -> ir.Value:
     """C plus the sum of the (tasks, m, n) ``partials``, the task loop outermost."""
     reduction, parallel = linalg.IteratorType.reduction, linalg.IteratorType.parallel
 

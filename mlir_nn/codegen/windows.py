@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from mlir import ir
 from mlir.dialects import arith, linalg, scf, tensor
 
+from mlir_nn.codegen.batch_split import partials_added
 from mlir_nn.codegen.batched_products import batch_tasks
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.col2im import accumulator_shape, add_columns, cropped_nchw, scatter_columns
@@ -510,13 +511,7 @@ def _weight_grad_in_chunks(b: FunctionBuilder, x: ir.Value, grad: ir.Value, x_sh
         with ir.InsertionPoint(forall.terminator().block):
             tensor.parallel_insert_slice(total, forall.inner_iter_args[0], [task], [], [], [dynamic, 0, 0],
                                          [1, *out], [1, 1, 1])
-    sums = linalg.fill(b.scalar(0.0), outs=[tensor.empty(list(out), b.element)])
-
-    @linalg.generic([forall.results[0]], [sums], [identity_map(3), dims_map(3, [1, 2])], [REDUCTION] + [PARALLEL] * 2)
-    def summed(v: ir.Value, total: ir.Value) -> ir.Value:
-        return arith.addf(total, v)
-
-    return summed
+    return partials_added(forall.results[0], linalg.fill(b.scalar(0.0), outs=[tensor.empty(list(out), b.element)]))
 
 
 def _added(x: ir.Value, y: ir.Value) -> ir.Value:
