@@ -25,6 +25,7 @@ from mlir_nn.codegen.cpu_matmul import (
     PACK,
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
+    PADDED_ROWS,
     SMALL_CARRY_MAX,
     SMALL_CHUNK_TASK_MIN,
     SMALL_K_STEP,
@@ -608,6 +609,34 @@ def test_static_operands_are_read_in_place_in_whole_register_blocks(rows, k, m, 
         assert f"tensor<{k}x{m // tn}x{tn}x{element}>" in text and f"tensor<{rows}x{m // tn}x{tn}x{element}>" in text
     for threads in (True, False):
         _assert_matches_reference(graph, CpuExecutable(graph, compile_kernel(graph, threads=threads)), (rows,), dtype)
+
+
+@pytest.mark.parametrize("k, m, dtype", [
+    (100, 100, "float32"),  # a 100-wide hidden layer
+    (40, 257, "float32"),  # many column panels, k under a vector tile
+    (130, 50, "float64"),
+])
+def test_an_element_wise_producer_writes_a_products_rows_into_whole_row_panels(k, m, dtype):
+    """relu(x) @ w over the dynamic batch, as a hidden layer's input: the relu writes into the
+    first rows of a buffer of whole row panels (its last rows zeroed), which the product reads in
+    place as [ceil(N / tm), tm, k], not packed; the relu's other readers (the output itself,
+    relu(x)^T g as a weight gradient) read the same rows. x itself (an input) is still packed.
+    Everything matches the reference at awkward batches, on threads and on one."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
+    w = make_node("param", [], name="w", shape=(k, m), dtype=dtype)
+    h = make_node("relu", [x])
+    outs = (make_node("matmul", [h, w]), h, make_node("matmul", [h, g], transpose_a=True), make_node("matmul", [x, w]))
+    graph = Graph((x, g), (w,), outs, name="hidden")
+    module = emit_linalg(graph)
+    rewrite_matmuls(module)
+    tm = register_block(np.dtype(dtype).itemsize)[0]
+    element = "f32" if dtype == "float32" else "f64"
+    padded = collect_ops(module, lambda op: op.name == "bufferization.alloc_tensor" and PADDED_ROWS in op.attributes)
+    assert len(padded) == 1 and f"tensor<?x{tm}x{k}x{element}>" in str(module)
+    for threads in (True, False):
+        executable = CpuExecutable(graph, compile_kernel(graph, threads=threads))
+        _assert_matches_reference(graph, executable, BATCHES + (4099,), dtype)
 
 
 def test_balanced_tasks_count_the_register_blocks_of_an_operand_read_in_place():
