@@ -97,6 +97,12 @@ ROW_BLOCK_WORK_MAX = 1 << 17
 # 4 KB apart falls on few L1 sets (1024x1024x1024 weight gradient 23.2 -> 25.2 ms); 2 KB apart
 # still pays (GPT medium's 512x2048x128 weight gradient 2.98 ms packed, 2.54 ms in place).
 IN_PLACE_STRIDE_MAX = 2048
+# Over a dynamic k, an operand read in place in blocks of fewer rows than a register block's when
+# the product has at most this many columns: packing costs about one copy per n multiply-adds, the
+# shorter blocks some FMA density (one process alternating both builds, one core: 100-wide Adam
+# step at batch 5000 -6.6% in blocks of 10 rows, 64-wide layers -4%, 256-wide float64 -3%; 512
+# columns +1 to +2.5% in blocks of 8)
+IN_PLACE_SHORT_COLUMNS_MAX = 256
 PADDED_ROWS = "mlirnn.padded_rows"  # a buffer of whole row panels that a product reads in place: its number
 SCHEDULE = "cpu_matmul.mlir"
 # Tags the schedule matches: the blocked product, its accumulator's zero fill, packings
@@ -882,7 +888,7 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
     tm, tn = register_block(itemsize)[0], block_columns(n, itemsize)
     a, ta = op.operands[0], _transposes(op)[0]
     rows, columns = _image_panels(a, ta, tm)
-    tm = (None if columns is not None else _rows_in_place(a, ta, tm)) or rows  # the register blocks' rows
+    tm = (None if columns is not None else _rows_in_place(a, ta, tm, n)) or rows  # the register blocks' rows
     mc, nc, _ = cache_blocks(itemsize)
     return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn)
 
@@ -932,7 +938,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     tn = block_width or wide
     tm, columns = (tm, None) if swapped else _image_panels(a, ta, tm)
     a_map, b_map = dims_map(5, [1, 4, 2]), dims_map(5, [0, 4, 3])
-    in_place = None if swapped or columns is not None else _rows_in_place(a, ta, tm)
+    in_place = None if swapped or columns is not None else _rows_in_place(a, ta, tm, dim_sizes(b)[0 if tb else 1])
     padded_rows = None if in_place is not None or swapped or columns is not None else _padded_rows(a, ta, tm, number)
     if in_place is not None:  # A (m, k) viewed as [m / tm, tm, k]; A stored (k, m) as [k, m / tm, tm]
         tm, (k, m) = in_place, dim_sizes(a) if ta else reversed(dim_sizes(a))
@@ -1009,17 +1015,20 @@ def _padded_columns(b: ir.Value, tb: bool, tn: int) -> ir.Value | None:
     return None if columns is None else padded_columns(columns, tn)
 
 
-def _rows_in_place(a: ir.Value, ta: bool, tm: int) -> int | None:
-    """Rows per register block when a static op(A) is read in place instead of packed: the
-    largest divisor of its m over ``tm`` / 2 and at most ``tm`` (every block whole, none so
-    short that its FMA chains starve), else None. A (m, k) is read as [m / tm, tm, k], each
-    A[i, k] a broadcast from its row; A stored (k, m) as [k, m / tm, tm], a block's A[:, k]
-    one contiguous run, as in a packed panel, when its rows are at most IN_PLACE_STRIDE_MAX
-    apart."""
-    m = _static_shape(a)[1 if ta else 0]
+def _rows_in_place(a: ir.Value, ta: bool, tm: int, n: int | ir.Value) -> int | None:
+    """Rows per register block when op(A), its m static, is read in place instead of packed:
+    the largest divisor of m over ``tm`` / 2 and at most ``tm`` (every block whole, none so short
+    that its FMA chains starve), else None. A (m, k) is read as [m / tm, tm, k], each A[i, k] a
+    broadcast from its row; A stored (k, m) as [k, m / tm, tm], a block's A[:, k] one contiguous
+    run, as in a packed panel, when its rows are at most IN_PLACE_STRIDE_MAX apart. Over a
+    dynamic k (a weight gradient's batch), blocks shorter than ``tm`` only where the product has
+    at most IN_PLACE_SHORT_COLUMNS_MAX columns ``n`` (see there)."""
+    m, k = reversed(_static_shape(a)) if ta else _static_shape(a)
     if m is None or ta and m * _itemsize(a) > IN_PLACE_STRIDE_MAX:
         return None
-    return next((rows for rows in range(tm, tm // 2, -1) if m % rows == 0), None)
+    rows = next((rows for rows in range(tm, tm // 2, -1) if m % rows == 0), None)
+    short = rows is not None and rows < tm and k is None
+    return None if short and not (isinstance(n, int) and 0 <= n <= IN_PLACE_SHORT_COLUMNS_MAX) else rows
 
 
 def _padded_rows(a: ir.Value, ta: bool, tm: int, number: int) -> ir.Value | None:
@@ -1027,8 +1036,9 @@ def _padded_rows(a: ir.Value, ta: bool, tm: int, number: int) -> ir.Value | None
     product reads in place instead of packing A: when A is the one result of an element-wise
     generic (an epilogue, an activation's gradient) that writes into a fresh tensor in the
     product's block, that generic writes into the first m rows of a (ceil(m / tm) * tm, k)
-    buffer instead, whose last few rows are zeroed. Packing A took 6% of a 100-wide Adam step at
-    batch 5000 on two cores. The buffer carries ``number`` (PADDED_ROWS), so that CSE does not merge
+    buffer instead, whose last few rows are zeroed; rows at most IN_PLACE_STRIDE_MAX bytes apart
+    (a register block's rows 4 KB apart fall on one set of L1). Packing A took 6% of a 100-wide Adam
+    step at batch 5000 on two cores. The buffer carries ``number`` (PADDED_ROWS), so that CSE does not merge
     the buffers of equal shapes into one, which bufferization then copies apart. Else None."""
     producer = a.owner
     if ta or isinstance(producer, ir.Block) or producer.name != "linalg.generic" or len(producer.results) != 1:
@@ -1036,7 +1046,8 @@ def _padded_rows(a: ir.Value, ta: bool, tm: int, number: int) -> ir.Value | None
     m, k = _static_shape(a)
     init = producer.operands[len(producer.operands) - 1]
     fresh = init.owner
-    if (m is not None or k is None or isinstance(fresh, ir.Block) or fresh.name != "tensor.empty"
+    if (m is not None or k is None or k * _itemsize(a) > IN_PLACE_STRIDE_MAX or isinstance(fresh, ir.Block)
+            or fresh.name != "tensor.empty"
             or len(list(init.uses)) != 1 or producer.parent != ir.InsertionPoint.current.block.owner
             or any(str(kind) != "#linalg.iterator_type<parallel>" for kind in producer.attributes["iterator_types"])):
         return None

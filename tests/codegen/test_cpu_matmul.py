@@ -21,6 +21,7 @@ from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.cpu_matmul import (
     FINE_TASK_SHARE,
+    IN_PLACE_SHORT_COLUMNS_MAX,
     IN_PLACE_STRIDE_MAX,
     PACK,
     PACK_ROWS_STEP,
@@ -637,6 +638,26 @@ def test_an_element_wise_producer_writes_a_products_rows_into_whole_row_panels(k
     for threads in (True, False):
         executable = CpuExecutable(graph, compile_kernel(graph, threads=threads))
         _assert_matches_reference(graph, executable, BATCHES + (4099,), dtype)
+
+
+@pytest.mark.parametrize("m, n, in_place", [
+    (100, 100, True),  # blocks of 10 rows, few columns: packing x would cost more
+    (100, 2 * IN_PLACE_SHORT_COLUMNS_MAX, False),  # blocks of 10 rows, many columns: packed into whole blocks
+    (96, 2 * IN_PLACE_SHORT_COLUMNS_MAX, True),  # whole register blocks: in place at any n
+])
+def test_a_weight_gradients_x_is_read_in_place_over_a_dynamic_batch(m, n, in_place):
+    """x^T @ g over the dynamic batch (a weight gradient): x (N, m) is read in place as
+    [N, m / rows, rows] when m splits into whole blocks of rows; blocks shorter than a register
+    block's only when the product has at most IN_PLACE_SHORT_COLUMNS_MAX columns. Matches the
+    reference at awkward batches."""
+    x = make_node("input", [], name="x", shape=("N", m), dtype="float32")
+    g = make_node("input", [], name="g", shape=("N", n), dtype="float32")
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
+    module = emit_linalg(graph)
+    rewrite_matmuls(module)
+    rows = _block_of(m, register_block(4)[0])
+    assert (f"tensor<?x{m // rows}x{rows}xf32>" in str(module)) == in_place
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 13, 257))
 
 
 def test_balanced_tasks_count_the_register_blocks_of_an_operand_read_in_place():
