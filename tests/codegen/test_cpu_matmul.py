@@ -408,14 +408,14 @@ def test_the_serial_build_matches_the_threaded_one():
         np.testing.assert_array_equal(a, b)  # each block is summed in the same order either way
 
 
-def _update_graph(k: int, m: int, also_read: bool) -> Graph:
+def _update_graph(k: int, m: int, also_read: bool, dtype: str = "float32") -> Graph:
     """W <- W - lr * x^T g (a blocked update product) in place; ``also_read``: another output
     reads W's old value after the update's product."""
-    x = make_node("input", [], name="x", shape=("N", k), dtype="float32")
-    g = make_node("input", [], name="g", shape=("N", m), dtype="float32")
-    w = make_node("param", [], name="w", shape=(k, m), dtype="float32")
-    lr = make_node("param", [], name="lr", shape=(), dtype="float32")
-    one = make_node("const", [], value=1.0, dtype="float32")
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
+    w = make_node("param", [], name="w", shape=(k, m), dtype=dtype)
+    lr = make_node("param", [], name="lr", shape=(), dtype=dtype)
+    one = make_node("const", [], value=1.0, dtype=dtype)
     update = make_node("gemm", [x, g, w, lr, one], transpose_a=True, subtract=True)
     outs = (make_node("matmul", [x, w]),) if also_read else ()
     return Graph((x, g), (w, lr), outs, updates=(("w", update),), name="update")
@@ -426,6 +426,32 @@ def _update_graph(k: int, m: int, also_read: bool) -> Graph:
 def test_blocked_updates_write_the_parameter_in_place(k, m, also_read):
     graph = _update_graph(k, m, also_read)
     _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 257), lr_slot=1, updated_slot=0)
+
+
+@pytest.mark.parametrize("k, m, dtype, into", [
+    (65, 1024, "float32", True),  # 5 rows after the whole row panels
+    (96, 1024, "float32", True),  # whole row panels only
+    (100, 512, "float64", True),
+    (25, 2048, "float32", True),  # two whole row panels and one row
+    (96, 256, "float32", False),  # rows 1 KB apart: an accumulator and an update pass
+])
+def test_a_blocked_sgd_update_accumulates_into_the_parameter(k, m, dtype, into):
+    """W <- W - lr * x^T g with whole column panels and W's rows over IN_PLACE_STRIDE_MAX bytes
+    apart: the product's register blocks start from W itself, viewed as [k / tm, tm, m / tn, tn]
+    (the last k % tm rows: one zero-started panel added to them after), with x scaled by -lr; no
+    accumulator, no update pass over W. W is updated in place, as the reference, at awkward
+    batches."""
+    graph = _update_graph(k, m, False, dtype)
+    module = emit_linalg(graph)
+    rewrite_matmuls(module)
+    w = list(module.body.operations[0].regions[0].blocks[0].arguments)[2]
+    views = collect_ops(module, lambda op: op.name == "tensor.expand_shape" and len(op.results[0].type.shape) == 4)
+    sources = [view.operands[0] for view in views]
+    assert any(x == w or (x.owner.name == "tensor.extract_slice" and x.owner.operands[0] == w) for x in sources) == into
+    updates = collect_ops(module, lambda op: op.name == "linalg.generic" and w in list(op.operands)
+                          and ir.RankedTensorType(op.results[0].type).shape == [k, m])
+    assert bool(updates) != into
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 257), dtype, lr_slot=1, updated_slot=0)
 
 
 def test_a_blocked_update_copies_no_parameter():
