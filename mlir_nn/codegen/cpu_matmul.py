@@ -1039,7 +1039,7 @@ def _accumulated_into(into: ir.Value, packed_a: ir.Value, tm: int, tn: int,
     """``into`` (m, n) plus the product, in place: the register blocks of its whole row panels
     start from ``into`` itself, viewed as [m / tm, tm, n / tn, tn] (n a multiple of tn), and the
     few rows after them (m not a multiple of tm) are one zero-started panel, added to ``into``'s
-    last rows. ``packed_a``'s row panels are dim 0 of it where rows are left."""
+    last rows (``packed_a`` is then packed: its row panels are its dim 0)."""
     m, n = _static_shape(into)
     element = ir.RankedTensorType(into.type).element_type
     whole, rest = m // tm, m % tm
@@ -1130,7 +1130,7 @@ def _padded_rows(a: ir.Value, ta: bool, tm: int, number: int) -> ir.Value | None
         buffer.owner.attributes[PADDED_ROWS] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), number)
         producer.operands[len(producer.operands) - 1] = _part(buffer, [0, 0], [rows, k])
     written = producer.results[0]
-    readers = [use for use in written.uses]
+    readers = list(written.uses)
     with ir.InsertionPoint.after(producer), producer.location:
         buffer = _put(written, buffer, [0, 0], [rows, k])
         rest = arith.subi(whole_rows, rows)
