@@ -1,6 +1,8 @@
 """The window ops compiled for the CPU against the NumPy reference, on awkward shapes
 (batch 1, one channel, odd sizes, strides and dilations that do not divide, ceil_mode)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,19 @@ def check(graph, batch, ties=False, seed=0, tol=None):
 ])
 def test_convolutions(dtype, case, batch):
     check(conv_graph(dtype, *case), batch)
+
+
+@pytest.mark.parametrize("case", [
+    (5, (9, 7), 6, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),  # col2im input gradient: both read pixel rows
+    (65, (5, 4), 3, (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 1),  # im2col input gradient: only the weight's do
+])
+def test_weight_and_input_gradients_share_the_output_gradients_pixel_rows(case):
+    """The output gradient is transposed into (N * P * Q, O) pixel rows once, whichever gradients read it."""
+    graph = conv_graph("float32", *case)
+    text = get_backend("cpu").compile(graph).stages["linalg"]
+    assert len(re.findall(r"linalg.generic [^\n]*ins\(%arg1 :", text)) == 1  # %arg1: the output gradient
+    for batch in (1, 3):
+        check(graph, batch, seed=batch)
 
 
 def test_window_passes_on_threads_at_a_batch_of_several_partial_tasks():
