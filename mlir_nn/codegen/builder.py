@@ -38,6 +38,7 @@ class FunctionBuilder:
         self.batch = batch  # index Value holding the run-time batch size, if the graph has one
         self.source_of_transpose: dict[object, ir.Value] = {}  # transpose node -> its input tensor
         self.pieces: dict[object, tuple] = {}  # a sum of placed slices -> its pieces (codegen.joined_slices)
+        self.pixel_rows: dict[ir.Value, ir.Value] = {}  # an image -> its pixel rows (codegen.windows)
 
     # ------------------------------------------------------------------ scalars and sizes
 

@@ -1,12 +1,14 @@
 """The window ops compiled for the CPU against the NumPy reference, on awkward shapes
 (batch 1, one channel, odd sizes, strides and dilations that do not divide, ceil_mode)."""
 
+import re
+
 import numpy as np
 import pytest
 
 from mlir_nn.backends import get_backend
 from mlir_nn.backends.reference import evaluate
-from mlir_nn.codegen.windows import CHUNK_PIXELS, chunk_images
+from mlir_nn.codegen.windows import CHUNK_PIXELS, TAP_SUMS_MAX, chunk_images
 from mlir_nn.ir import Graph, make_node
 
 TOL = {"float32": dict(rtol=2e-4, atol=2e-5), "float64": dict(rtol=1e-9, atol=1e-11)}
@@ -81,6 +83,19 @@ def test_convolutions(dtype, case, batch):
     check(conv_graph(dtype, *case), batch)
 
 
+@pytest.mark.parametrize("case", [
+    (5, (9, 7), 6, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),  # col2im input gradient: both read pixel rows
+    (65, (5, 4), 3, (3, 2), (1, 2), (1, 0, 1, 1), (1, 1), 1),  # im2col input gradient: only the weight's do
+])
+def test_weight_and_input_gradients_share_the_output_gradients_pixel_rows(case):
+    """The output gradient is transposed into (N * P * Q, O) pixel rows once, whichever gradients read it."""
+    graph = conv_graph("float32", *case)
+    text = get_backend("cpu").compile(graph).stages["linalg"]
+    assert len(re.findall(r"linalg.generic [^\n]*ins\(%arg1 :", text)) == 1  # %arg1: the output gradient
+    for batch in (1, 3):
+        check(graph, batch, seed=batch)
+
+
 def test_window_passes_on_threads_at_a_batch_of_several_partial_tasks():
     """At batch 257 the passes over 4-D and 6-D buffers (im2col, transposes, pools, their
     gradients) run on threads in blocks of the batch, the last one partial (parallel_maps)."""
@@ -121,6 +136,31 @@ def test_adaptive_pooling_and_pad(dtype):
 
 
 
+def _tap_sum_loops(all_taps_inside: bool) -> str:
+    """The iterators of a few-tap weight gradient's pass: the kh taps inside the row loop or outside it."""
+    inner = ["reduction"] + ["parallel"] * 3 + ["reduction"] + ["parallel"] * 3
+    outer = ["reduction"] + ["parallel"] * 4 + ["reduction"] + ["parallel"] * 2
+    return ", ".join(f'"{k}"' for k in (inner if all_taps_inside else outer))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("width", [20, 37])
+def test_few_tap_weight_gradients_keep_the_sums_of_a_rows_taps_in_registers(dtype, width):
+    """3 x 3 taps over rows of 20 columns (whole vectors: 32 floats, 2 AVX-512 registers; 3 of
+    float64): the 18 sums of a row's taps fit in registers, and every tap is summed inside the row
+    loop; over 37 columns (48: 3 registers, 27 sums) the kh taps stay outside it."""
+    from mlir_nn.codegen import emit_linalg
+    from mlir_nn.support.cpu_target import vector_bytes
+
+    graph = weight_grad_graph(dtype, 3, 3, (7, width), 5, (3, 3), (1, 1), (1, 1, 1, 1))
+    text = str(emit_linalg(graph, strided_copies=True))
+    lanes = vector_bytes() * 8 // (32 if dtype == "float32" else 64)
+    sums = 9 * -(-width // lanes)
+    assert f"iterator_types = [{_tap_sum_loops(sums <= TAP_SUMS_MAX)}]" in text
+    check(graph, 3)
+    check(weight_grad_graph(dtype, 3, 3, (7, width), 5, (3, 3), (1, 1), (1, 1, 1, 1), update=True), 3, seed=1)
+
+
 @pytest.mark.parametrize("c, kernel, groups, taps", [(1, (5, 5), 1, 25), (3, (3, 3), 1, 27), (4, (3, 3), 4, 9),
                                                       (6, (5, 5), 1, None)])
 def test_convolutions_with_few_taps_sum_them_in_one_pass(c, kernel, groups, taps):
@@ -146,9 +186,9 @@ def test_convolutions_with_few_taps_sum_them_in_one_pass(c, kernel, groups, taps
         loops = '"parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction", "parallel"'
         assert f"iterator_types = [{loops}]" in text
         assert "linalg.matmul" not in wtext
-        # (n | g o c i | p | j q): the kw taps' sums run beside the columns, as independent chains
-        loops = '"reduction", "parallel", "parallel", "parallel", "parallel", "reduction", "parallel", "parallel"'
-        assert f"iterator_types = [{loops}]" in wtext
+        # the kw taps' sums run beside the columns, as independent chains: (n | g o c i | p | j q),
+        # or all taps' sums of a row (n | g o c | p | i j q) when they fit in registers
+        assert f"iterator_types = [{_tap_sum_loops(kernel[0] * kernel[1] <= TAP_SUMS_MAX)}]" in wtext
     assert "tensor.extract_slice" not in str(emit_linalg(forward, strided_copies=False))
     assert "linalg.matmul" in str(emit_linalg(weights, strided_copies=False)) or groups > 1
     check(forward, 5)
