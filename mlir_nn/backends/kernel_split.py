@@ -153,18 +153,18 @@ def _top_level(op: ir.Operation, block: ir.Block) -> ir.Operation | None:
     return None
 
 
-def _shared(ops: list[ir.Operation], block: ir.Block) -> set[ir.Operation]:
+def _shared(ops: list[ir.Operation], block: ir.Block, work: dict[ir.Operation, bool]) -> set[ir.Operation]:
     """Work ops without regions whose results several later work ops read (a read of a zero
     start vector that CSE shared between the bias-gradient sums of every layer): they stay
     in the step, where they are, and the pieces that read them take their results as
     arguments. A piece that held one would reach to its last reader: one kernel of all the
-    work in between (136 ops, 6 s of LLVM)."""
+    work in between (136 ops, 6 s of LLVM). ``work``: ``_is_work`` of each op of ``block``."""
     found = set()
     for op in ops:
-        if op.regions or not op.results or not _is_work(op):
+        if op.regions or not op.results or not work[op]:
             continue
         users = {_top_level(use.owner.operation, block) for result in op.results for use in result.uses}
-        if len({user for user in users if user is not None and _is_work(user)}) >= 2:
+        if len({user for user in users if user is not None and work[user]}) >= 2:
             found.add(op)
     return found
 
@@ -174,10 +174,11 @@ def _pieces(block: ir.Block) -> list[tuple[list[ir.Operation], ir.Operation]]:
     first, each with the op that follows it (a block ends in its terminator)."""
     ops = _ops(block)
     position = {op: i for i, op in enumerate(ops)}
-    shared = _shared(ops, block)
+    work = {op: _is_work(op) for op in ops}  # once each: a product's walk, not again per use of its results
+    shared = _shared(ops, block, work)
     pieces, current, reach = [], [], -1
     for i, op in enumerate(ops):
-        if not _is_work(op) or op in shared:
+        if not work[op] or op in shared:
             if not _stays(op) and op.name not in _CONSTANTS:
                 current, reach = [], -1  # a barrier: an open piece stays where it is
             continue
@@ -185,7 +186,7 @@ def _pieces(block: ir.Block) -> list[tuple[list[ir.Operation], ir.Operation]]:
         for result in op.results:
             for use in result.uses:
                 user = _top_level(use.owner.operation, block)
-                if user is None or not _is_work(user):
+                if user is None or not work[user]:
                     reach = len(ops)  # read outside the block, or by an op that stays: never closes
                 else:
                     reach = max(reach, position[user])

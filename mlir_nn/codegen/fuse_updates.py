@@ -21,6 +21,8 @@ and writes the outputs of both.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from mlir import ir
 from mlir.dialects import linalg
 
@@ -58,13 +60,14 @@ class _Ewise:
         maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
         self.in_maps, self.out_maps = maps[:n_in], maps[n_in:]
 
-    @property
-    def writes(self) -> set[ir.Value]:
-        return {_root(v) for v in self.outs}
+    @cached_property
+    def writes(self) -> frozenset[ir.Value]:
+        """The buffers it writes (worked out once: the scan asks for every op it passes)."""
+        return frozenset(_root(v) for v in self.outs)
 
-    @property
-    def reads(self) -> set[ir.Value]:
-        return {_root(v) for v in self.ins}
+    @cached_property
+    def reads(self) -> frozenset[ir.Value]:
+        return frozenset(_root(v) for v in self.ins)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -213,13 +216,14 @@ def _fuse_in_block(block: ir.Block) -> int:
     while i < len(scanned.ops):
         g = scanned.ewise(i)
         target = None
+        used = g.reads | g.writes if g is not None else frozenset()
         for j in range(i + 1, len(scanned.ops)) if g is not None else ():
             h = scanned.ewise(j)
-            if h is not None and any(_root(v) in g.writes for v in h.ins):
+            if h is not None and not g.writes.isdisjoint(h.reads):
                 target = j if _fusable(g, h) else None
                 break
             reads, writes = scanned.touched(j)
-            if writes & (g.reads | g.writes) or reads & g.writes:
+            if not writes.isdisjoint(used) or not reads.isdisjoint(g.writes):
                 break  # G cannot move past this op
         if target is None:
             i += 1
