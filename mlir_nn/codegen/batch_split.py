@@ -70,11 +70,42 @@ def _rows(x: ir.Value, start: ir.Value, count: ir.Value) -> ir.Value:
     return tensor.extract_slice(kind, x, [start], [count], [], [_DYNAMIC, 0], [_DYNAMIC, width], [1, 1])
 
 
-def partials_added(partials: ir.Value, c: ir.Value) -> ir.Value:
-    """C plus the sum of the (tasks, m, n) ``partials``, the task loop outermost."""
-    reduction, parallel = linalg.IteratorType.reduction, linalg.IteratorType.parallel
+def sum_over_batch(x: ir.Value, c: ir.Value, rows_min: int,
+                   summed: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
+    """C plus a sum over the rows of ``x`` (batch, n), where ``summed(rows, zeros)`` builds the
+    sum over ``rows`` into ``zeros`` (shaped as C): in tasks of at least ``rows_min`` rows (one
+    task for fewer), their partial sums added to C at the end, as ``split_over_batch``."""
+    index = ir.IndexType.get()
+    kind = ir.RankedTensorType(c.type)
+    shape, rank = list(kind.shape), kind.rank
+    batch = tensor.dim(x, arith.constant(index, 0))
+    whole = arith.divui(batch, arith.constant(index, rows_min))
+    tasks = arith.maxui(arith.minui(whole, arith.constant(index, TASKS_MAX)), arith.constant(index, 1))
+    rows = arith.ceildivui(batch, tasks)
+    partials = tensor.empty([TASKS_MAX, *shape], kind.element_type)
+    forall = scf.ForallOp([0], [tasks], [1], [partials])
+    with ir.InsertionPoint(forall.body):
+        task = forall.induction_variables[0]
+        start = arith.muli(task, rows)
+        count = arith.minui(rows, arith.subi(batch, start))
+        slot = tensor.extract_slice(kind, forall.inner_iter_args[0], [task], [], [], [_DYNAMIC] + [0] * rank,
+                                    [1, *shape], [1] * (rank + 1))
+        done = summed(_rows(x, start, count), linalg.fill(arith.constant(kind.element_type, 0.0), outs=[slot]))
+        with ir.InsertionPoint(forall.terminator().block):
+            tensor.parallel_insert_slice(done, forall.inner_iter_args[0], [task], [], [], [_DYNAMIC] + [0] * rank,
+                                         [1, *shape], [1] * (rank + 1))
+    used = tensor.extract_slice(ir.RankedTensorType.get([_DYNAMIC, *shape], kind.element_type), forall.results[0], [],
+                                [tasks], [], [0] * (rank + 1), [_DYNAMIC, *shape], [1] * (rank + 1))
+    return partials_added(used, c)
 
-    @linalg.generic([partials], [c], [dims_map(3, [0, 1, 2]), dims_map(3, [1, 2])], [reduction, parallel, parallel])
+
+def partials_added(partials: ir.Value, c: ir.Value) -> ir.Value:
+    """C plus the sum of the (tasks, *C's shape) ``partials``, the task loop outermost."""
+    rank = ir.RankedTensorType(c.type).rank
+    iterators = [linalg.IteratorType.reduction] + [linalg.IteratorType.parallel] * rank
+    maps = [dims_map(rank + 1, list(range(rank + 1))), dims_map(rank + 1, list(range(1, rank + 1)))]
+
+    @linalg.generic([partials], [c], maps, iterators)
     def added(part: ir.Value, acc: ir.Value) -> ir.Value:
         return arith.addf(acc, part)
 

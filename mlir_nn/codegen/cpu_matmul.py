@@ -1350,7 +1350,7 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
                 _epilogues_into_fresh_tensors(replacement)
             blocked += large
         drop_im2col_tags(module)
-        sums = tag_row_sums(module)
+        sums = tag_row_sums(module, threads)
         if matmuls or sums:
             _apply_schedule(module, itemsize)
             start_accumulators_at_zero(module)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mlir import ir
 
 from mlir_nn.backends.cpu import CpuBackend
 from mlir_nn.codegen import emit_linalg
-from mlir_nn.codegen.row_sums import ROW_SUM_MAX, tag_row_sums
+from mlir_nn.codegen.row_sums import ROW_SUM, ROW_SUM_MAX, SUM_TASK_ELEMENTS, tag_row_sums
+from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
 
 ROWS = (1, 7, 13, 33, 257, 4099)
@@ -42,3 +44,30 @@ def test_row_sums_are_tagged_and_match_the_reference(width, dtype):
             assert got.dtype == dtype and got.size == width
             error = np.abs(got.ravel() - truth).max() / np.abs(truth).max()
             assert error <= TOL[dtype], f"{rows} rows of {width}: {error:.2g} off"
+
+
+@pytest.mark.parametrize("width, dtype", [(48, "float32"), (13, "float64")])
+def test_row_sums_over_a_large_batch_run_in_tasks_of_partial_totals(width, dtype):
+    """With threads, a sum over the batch runs as tasks over row ranges of at least
+    SUM_TASK_ELEMENTS elements, each into a partial total, added at the end (one task, run in
+    place, for a small batch). Every batch, up to eight tasks' worth, matches the float64 totals."""
+    graph = _sums(width, dtype)
+    module = emit_linalg(graph, wide_sums=True)
+    assert tag_row_sums(module, threads=True) == 2
+    foralls = collect_ops(module, lambda op: op.name == "scf.forall")
+    assert len(foralls) == 2 and all(ROW_SUM in op.attributes for f in foralls for op in _generics(f))
+    executable = CpuBackend().compile(graph)
+    rows_min = -(-SUM_TASK_ELEMENTS // width)
+    for rows in (1, 7, rows_min - 1, 2 * rows_min + 5, 9 * rows_min + 3):
+        rng = np.random.default_rng(rows)
+        x = rng.standard_normal((rows, width)).astype(dtype) + 3.0
+        scale = rng.standard_normal(width).astype(dtype)
+        truths = [x.astype(np.float64).sum(0), (x * scale).astype(np.float64).sum(0)]
+        for got, truth in zip(executable.run([x], [scale]), truths):
+            error = np.abs(got.ravel() - truth).max() / np.abs(truth).max()
+            assert error <= TOL[dtype], f"{rows} rows of {width}: {error:.2g} off"
+
+
+def _generics(forall: ir.Operation) -> list[ir.Operation]:
+    """The linalg.generic ops inside ``forall``."""
+    return collect_ops(forall, lambda op: op.name == "linalg.generic")
