@@ -74,7 +74,7 @@ from mlir_nn.codegen.row_blocks import block_rows, row_block_product
 from mlir_nn.codegen.row_sums import tag_row_sums
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
-from mlir_nn.codegen.walk import collect_ops
+from mlir_nn.codegen.walk import collect_ops, in_tasks
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
 from mlir_nn.support.cpu_target import cache_blocks, register_block, vector_bytes
 from mlir_nn.support.pipelines import shipped_dir
@@ -1301,16 +1301,6 @@ def _apply_schedule(module: ir.Module, itemsize: int) -> None:
         raise RuntimeError(f"codegen: the CPU matmul schedule {SCHEDULE} failed: {error}") from None
 
 
-def _in_tasks(op: ir.Operation) -> bool:
-    """Whether ``op`` runs inside a task already (a batch loop's ``scf.forall``: batched_products)."""
-    parent = op.parent
-    while parent.name != "func.func":
-        if parent.name == "scf.forall":
-            return True
-        parent = parent.parent
-    return False
-
-
 def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
     """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts (a product with a
     short k is looped: one element-wise pass, ``short_products``). With ``threads``,
@@ -1320,7 +1310,7 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
     blocked, itemsize = 0, 4
     with module.context:
         for number, op in enumerate(matmuls):
-            plan = product_plan(op, threads and not _in_tasks(op))
+            plan = product_plan(op, threads and not in_tasks(op))
             short, large = plan.kind == "short-k", plan.blocked
             update: Update | None = None
             if large:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from mlir import ir
 
 from mlir_nn.codegen.batch_split import sum_over_batch
-from mlir_nn.codegen.walk import collect_ops
+from mlir_nn.codegen.walk import collect_ops, in_tasks
 
 ROW_SUM = "mlirnn.row_sum"
 ROW_SUM_MAX = 64  # totals per sum (n) up to which they all stay in vector registers
@@ -40,15 +40,6 @@ def _is_row_sum(op: ir.Operation) -> bool:
         out in ([n], [1, n]))
 
 
-def _in_tasks(op: ir.Operation) -> bool:
-    parent = op.parent
-    while parent.name != "func.func":
-        if parent.name == "scf.forall":
-            return True
-        parent = parent.parent
-    return False
-
-
 def tag_row_sums(module: ir.Module, threads: bool = False) -> int:
     """Tag the module's sums over the batch for the schedule; how many. With ``threads``, each
     (not in a task already) runs in tasks of at least SUM_TASK_ELEMENTS elements, their partial
@@ -57,7 +48,7 @@ def tag_row_sums(module: ir.Module, threads: bool = False) -> int:
     with module.context:
         for op in found:
             op.attributes[ROW_SUM] = ir.UnitAttr.get()
-            if threads and not _in_tasks(op):
+            if threads and not in_tasks(op):
                 _in_row_tasks(op)
     return len(found)
 

@@ -19,3 +19,14 @@ def collect_ops(module: ir.Module, keep: Callable[[ir.Operation], bool]) -> list
 
     module.operation.walk(visit)
     return found
+
+
+def in_tasks(op: ir.Operation) -> bool:
+    """Whether ``op`` runs inside a task already (an ``scf.forall``, e.g. a batch loop's:
+    batched_products)."""
+    parent = op.parent
+    while parent.name != "func.func":
+        if parent.name == "scf.forall":
+            return True
+        parent = parent.parent
+    return False
