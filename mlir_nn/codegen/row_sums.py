@@ -42,15 +42,27 @@ def _is_row_sum(op: ir.Operation) -> bool:
 
 def tag_row_sums(module: ir.Module, threads: bool = False) -> int:
     """Tag the module's sums over the batch for the schedule; how many. With ``threads``, each
-    (not in a task already) runs in tasks of at least SUM_TASK_ELEMENTS elements, their partial
-    totals added at the end (``batch_split.sum_over_batch``)."""
+    that adds its rows (``_adds_rows``; a max does not) and is not in a task already runs in
+    tasks of at least SUM_TASK_ELEMENTS elements, their partial totals added at the end
+    (``batch_split.sum_over_batch``)."""
     found = collect_ops(module, _is_row_sum)
     with module.context:
         for op in found:
             op.attributes[ROW_SUM] = ir.UnitAttr.get()
-            if threads and not in_tasks(op):
+            if threads and _adds_rows(op) and not in_tasks(op):
                 _in_row_tasks(op)
     return len(found)
+
+
+def _adds_rows(op: ir.Operation) -> bool:
+    """Whether ``op``'s body adds a value of its row's element to its total (a sum, not a max):
+    its partial totals can then be added."""
+    body = op.regions[0].blocks[0]
+    total = body.operations[len(body.operations) - 1].operands[0].owner
+    if isinstance(total, ir.Block) or total.name != "arith.addf":
+        return False
+    accumulated = body.arguments[1]
+    return sum(operand == accumulated for operand in total.operands) == 1 and len(list(accumulated.uses)) == 1
 
 
 def _in_row_tasks(op: ir.Operation) -> None:

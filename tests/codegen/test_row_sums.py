@@ -68,6 +68,20 @@ def test_row_sums_over_a_large_batch_run_in_tasks_of_partial_totals(width, dtype
             assert error <= TOL[dtype], f"{rows} rows of {width}: {error:.2g} off"
 
 
+def test_a_max_over_the_batch_keeps_one_loop():
+    """A max over the batch has the same shape as a sum, but its partial results could not be
+    added: it stays one loop on threads, and matches the reference (it was -inf at one row)."""
+    x = make_node("input", [], name="x", shape=("N", 16), dtype="float32")
+    graph = Graph((x,), (), (make_node("max", [x], axes=(0,), keepdims=False),), name="row_max")
+    module = emit_linalg(graph, wide_sums=True)
+    assert tag_row_sums(module, threads=True) == 1
+    assert not collect_ops(module, lambda op: op.name == "scf.forall")
+    executable = CpuBackend().compile(graph)
+    for rows in (1, 13, 9 * SUM_TASK_ELEMENTS // 16 + 3):
+        x_value = np.random.default_rng(rows).standard_normal((rows, 16)).astype("float32")
+        np.testing.assert_array_equal(executable.run([x_value], [])[0], x_value.max(0))
+
+
 def _generics(forall: ir.Operation) -> list[ir.Operation]:
     """The linalg.generic ops inside ``forall``."""
     return collect_ops(forall, lambda op: op.name == "linalg.generic")
