@@ -34,33 +34,8 @@ def split_over_batch(a: ir.Value, b: ir.Value, c: ir.Value, rows_min: int,
                      product: Callable[[ir.Value, ir.Value, ir.Value], ir.Value]) -> ir.Value:
     """C + A^T B for A (batch, m), B (batch, n), C (m, n), where ``product(a, b, zeros)`` builds
     the sum over the rows of ``a`` and ``b`` into ``zeros``: in tasks of at least ``rows_min``
-    rows (one task for fewer), their partial sums added to C at the end."""
-    index = ir.IndexType.get()
-    element = ir.RankedTensorType(c.type).element_type
-    m, n = ir.RankedTensorType(c.type).shape
-    batch = tensor.dim(a, arith.constant(index, 0))
-    whole = arith.divui(batch, arith.constant(index, rows_min))  # tasks of rows_min rows or more
-    tasks = arith.maxui(arith.minui(whole, arith.constant(index, TASKS_MAX)), arith.constant(index, 1))
-    rows = arith.ceildivui(batch, tasks)
-    partials = tensor.empty([TASKS_MAX, m, n], element)
-    forall = scf.ForallOp([0], [tasks], [1], [partials])
-    with ir.InsertionPoint(forall.body):
-        task = forall.induction_variables[0]
-        start = arith.muli(task, rows)
-        count = arith.minui(rows, arith.subi(batch, start))
-        a_rows = _rows(a, start, count)
-        b_rows = _rows(b, start, count)
-        mine = ir.RankedTensorType.get([m, n], element)
-        slot = tensor.extract_slice(mine, forall.inner_iter_args[0], [task], [], [], [_DYNAMIC, 0, 0], [1, m, n],
-                                    [1, 1, 1])
-        zeros = linalg.fill(arith.constant(element, 0.0), outs=[slot])
-        done = product(a_rows, b_rows, zeros)
-        with ir.InsertionPoint(forall.terminator().block):
-            tensor.parallel_insert_slice(done, forall.inner_iter_args[0], [task], [], [], [_DYNAMIC, 0, 0],
-                                         [1, m, n], [1, 1, 1])
-    used = tensor.extract_slice(ir.RankedTensorType.get([_DYNAMIC, m, n], element), forall.results[0], [], [tasks],
-                                [], [0, 0, 0], [_DYNAMIC, m, n], [1, 1, 1])
-    return partials_added(used, c)
+    rows (one task for fewer), their partial sums added to C at the end (``sum_over_batch``)."""
+    return sum_over_batch([a, b], c, rows_min, product)
 
 
 def _rows(x: ir.Value, start: ir.Value, count: ir.Value) -> ir.Value:
@@ -70,16 +45,17 @@ def _rows(x: ir.Value, start: ir.Value, count: ir.Value) -> ir.Value:
     return tensor.extract_slice(kind, x, [start], [count], [], [_DYNAMIC, 0], [_DYNAMIC, width], [1, 1])
 
 
-def sum_over_batch(x: ir.Value, c: ir.Value, rows_min: int,
-                   summed: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
-    """C plus a sum over the rows of ``x`` (batch, n), where ``summed(rows, zeros)`` builds the
-    sum over ``rows`` into ``zeros`` (shaped as C): in tasks of at least ``rows_min`` rows (one
-    task for fewer), their partial sums added to C at the end, as ``split_over_batch``."""
+def sum_over_batch(xs: list[ir.Value], c: ir.Value, rows_min: int,
+                   summed: Callable[..., ir.Value]) -> ir.Value:
+    """C plus a sum over the rows of the (batch, ...) operands ``xs``, where ``summed(*rows,
+    zeros)`` builds the sum over their ``rows`` into ``zeros`` (shaped as C): the batch cut at
+    run time into tasks of at least ``rows_min`` rows (one task for fewer), each into a partial
+    sum of its own, added to C at the end."""
     index = ir.IndexType.get()
     kind = ir.RankedTensorType(c.type)
     shape, rank = list(kind.shape), kind.rank
-    batch = tensor.dim(x, arith.constant(index, 0))
-    whole = arith.divui(batch, arith.constant(index, rows_min))
+    batch = tensor.dim(xs[0], arith.constant(index, 0))
+    whole = arith.divui(batch, arith.constant(index, rows_min))  # tasks of rows_min rows or more
     tasks = arith.maxui(arith.minui(whole, arith.constant(index, TASKS_MAX)), arith.constant(index, 1))
     rows = arith.ceildivui(batch, tasks)
     partials = tensor.empty([TASKS_MAX, *shape], kind.element_type)
@@ -90,7 +66,8 @@ def sum_over_batch(x: ir.Value, c: ir.Value, rows_min: int,
         count = arith.minui(rows, arith.subi(batch, start))
         slot = tensor.extract_slice(kind, forall.inner_iter_args[0], [task], [], [], [_DYNAMIC] + [0] * rank,
                                     [1, *shape], [1] * (rank + 1))
-        done = summed(_rows(x, start, count), linalg.fill(arith.constant(kind.element_type, 0.0), outs=[slot]))
+        zeros = linalg.fill(arith.constant(kind.element_type, 0.0), outs=[slot])
+        done = summed(*[_rows(x, start, count) for x in xs], zeros)
         with ir.InsertionPoint(forall.terminator().block):
             tensor.parallel_insert_slice(done, forall.inner_iter_args[0], [task], [], [], [_DYNAMIC] + [0] * rank,
                                          [1, *shape], [1] * (rank + 1))

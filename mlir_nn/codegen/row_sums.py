@@ -76,6 +76,6 @@ def _in_row_tasks(op: ir.Operation) -> None:
         return part.results[0]
 
     with ir.InsertionPoint(op), op.location:
-        total = sum_over_batch(x, c, -(-SUM_TASK_ELEMENTS // n), summed)
+        total = sum_over_batch([x], c, -(-SUM_TASK_ELEMENTS // n), summed)
     op.results[0].replace_all_uses_with(total)
     op.erase()
