@@ -9,7 +9,10 @@ then run round-robin, a slice each per round with a pause before each turn (Open
 spinning threads), and the median of the rounds' medians is reported, so load that comes
 and goes hits them alike. Per point: ours / the best of PyTorch and JAX (the goal: <= 1.0),
 ours / NumPy, GFLOP/s and the fraction of the FMA peak (a measured loop of independent
-vector FMAs on every thread, halved for float64); over the grid: geomean and worst ratio.
+vector FMAs on every thread, halved for float64), and the one-way time of a cache line between
+two cores before and after the point (``core_latency``: on a virtual machine whose host moves
+its cores between core complexes, over 80 ns means no shared L3 and slower threaded steps);
+over the grid: geomean and worst ratio.
 The CPU model (``lscpu``) and the load average before and after go into the JSON.
 
     python benchmarks/grid.py [--quick | --smoke] [--only SUBSTRING] [--json benchmarks/results/grid.json]
@@ -36,6 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.core_latency import one_way_ns  # noqa: E402
 from benchmarks.step_time import flops_per_step, round_robin  # noqa: E402
 
 LR = {"sgd": 0.005, "adam": 1e-3}
@@ -273,7 +277,9 @@ def run_point(point: Point, factories: dict, budget_s: float, rounds: int, peak_
     steps = {label: factory(point) for label, factory in factories.items() if not isinstance(factory, str)}
     losses = check_same_work(point, steps)
     x, y = data(point)
+    latency_before = one_way_ns()
     timed = round_robin({label: (lambda s=step: s(x, y)) for label, step in steps.items()}, budget_s, rounds)
+    latency_after = one_way_ns()
     medians = {label: row["median_s"] for label, row in timed.items()}
     ours = medians["compiled cpu"]
     peers = [medians[p] for p in PEERS if p in medians]
@@ -284,7 +290,7 @@ def run_point(point: Point, factories: dict, budget_s: float, rounds: int, peak_
            "round_medians_s": {k: v["round_medians_s"] for k, v in timed.items()},
            "flops_per_step": flops, "gflops": {k: flops / v / 1e9 for k, v in medians.items()},
            "fraction_of_fma_peak": {k: flops / v / 1e9 / peak for k, v in medians.items()},
-           "ours_over_numpy": ours / medians["numpy"]}
+           "ours_over_numpy": ours / medians["numpy"], "core_one_way_ns": [latency_before, latency_after]}
     if peers:
         row["ours_over_best_peer"] = ours / min(peers)
     return row
@@ -326,7 +332,8 @@ def main() -> None:
     print(f"{results['cpu']}\nFMA peak {peak:.0f} GFLOP/s (float32), load average "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     names = [n for n in ("compiled cpu", *PEERS, "numpy") if n not in skipped]
-    print(f"{'point':44s} " + " ".join(f"{n:>12s}" for n in names) + f" {'ours/best':>9s} {'GFLOP/s':>8s} {'peak':>5s}")
+    print(f"{'point':44s} " + " ".join(f"{n:>12s}" for n in names)
+          + f" {'ours/best':>9s} {'GFLOP/s':>8s} {'peak':>5s} {'core ns':>9s}")
     for point in points:
         start = time.perf_counter()
         row = run_point(point, factories, args.budget, args.rounds, peak)
@@ -335,7 +342,7 @@ def main() -> None:
         ratio = row.get("ours_over_best_peer", float("nan"))
         print(f"{point.label:44s} " + " ".join(f"{_us(row['median_s'][n]):>12s}" for n in names)
               + f" {ratio:9.2f} {row['gflops']['compiled cpu']:8.1f} "
-              f"{row['fraction_of_fma_peak']['compiled cpu']:5.0%}", flush=True)
+              f"{row['fraction_of_fma_peak']['compiled cpu']:5.0%} {_latency(row['core_one_way_ns']):>9s}", flush=True)
     results["load_average_end"] = os.getloadavg()
     results["summary"] = summary(results["points"])
     if results["summary"]:
@@ -346,6 +353,11 @@ def main() -> None:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.json}")
+
+
+def _latency(pair: list[float | None]) -> str:
+    """Core-to-core one-way ns before/after a point ("-" with one core)."""
+    return "/".join("-" if ns is None else f"{ns:.0f}" for ns in pair)
 
 
 def _us(seconds: float) -> str:

@@ -70,10 +70,22 @@ struct Object {
 };
 
 typedef struct Task {
-    struct Task *next;
+    struct Task *next, *prev; /* the queue, oldest first */
     CoroHandle handle;
     CoroResume resume;
+    int owner;                /* the thread that queued it */
 } Task;
+
+/* Threads are numbered as they first queue or look for a task; the queue counts the tasks of
+ * each number (modulo OWNERS) so that a thread with none queued does not search for its own. */
+#define OWNERS 64
+static _Thread_local int self = -1;
+static atomic_int threads_numbered;
+
+static int self_number(void) {
+    if (self < 0) self = atomic_fetch_add(&threads_numbered, 1);
+    return self;
+}
 
 /* The pool: a FIFO of tasks and the threads that run them. */
 static struct {
@@ -81,20 +93,35 @@ static struct {
     pthread_cond_t work;  /* pool threads sleep here: a task was queued */
     pthread_cond_t ready; /* waiting threads sleep here: a task was queued, or an object became ready */
     Task *head, *tail;
+    int owned[OWNERS];    /* tasks in the queue by their owner's number modulo OWNERS */
     atomic_long queued;   /* tasks in the queue */
     atomic_int idle;      /* pool threads waiting on `work` */
     atomic_int waiting;   /* waiting threads asleep on `ready` */
     atomic_int threads;   /* computing threads: the pool's plus the one that waits */
     atomic_int started;   /* pool threads started in this process */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0, 0, 1, 0};
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, {0}, 0, 0, 0, 1, 0};
 
 static atomic_llong live_objects;
 
-static Task *pop_locked(void) {
-    Task *task = pool.head;
+/* The next task for thread `me`: the newest it queued itself, else the oldest in the queue.
+ * A parallel loop's dispatch queues the upper half of its blocks, then the upper half of the
+ * lower half, and so on: a thread that takes back its newest task keeps working next to the
+ * blocks it ran, and one that takes another's oldest task takes the largest range left. So the
+ * caller runs the lower blocks and the pool thread the upper ones, loop after loop, and a pass
+ * over a product's rows finds them in the cache of the core that wrote them. Taking tasks in
+ * queue order instead made that split change with the threads' timing: on two cores a step
+ * whose passes read the other core's rows ran about 25% slower (784-1024-1024-10 at batch 512:
+ * 33 ms against 26.5, in phases of seconds within one process). */
+static Task *pop_locked(int me) {
+    Task *task = NULL;
+    if (pool.owned[me % OWNERS] > 0)
+        for (Task *t = pool.tail; t && !task; t = t->prev)
+            if (t->owner == me) task = t;
+    if (!task) task = pool.head;
     if (task) {
-        pool.head = task->next;
-        if (!pool.head) pool.tail = NULL;
+        if (task->prev) task->prev->next = task->next; else pool.head = task->next;
+        if (task->next) task->next->prev = task->prev; else pool.tail = task->prev;
+        pool.owned[task->owner % OWNERS]--;
         atomic_fetch_sub(&pool.queued, 1);
     }
     return task;
@@ -103,8 +130,9 @@ static Task *pop_locked(void) {
 /* Run one queued task, if there is one; true if it ran one. */
 static bool run_one(void) {
     if (atomic_load(&pool.queued) == 0) return false;
+    int me = self_number();
     pthread_mutex_lock(&pool.mu);
-    Task *task = pop_locked();
+    Task *task = pop_locked(me);
     pthread_mutex_unlock(&pool.mu);
     if (!task) return false;
     CoroHandle handle = task->handle;
@@ -181,6 +209,7 @@ static void reset_in_child(void) {
     pthread_cond_init(&pool.ready, NULL);
     /* tasks and objects of the parent's other threads: nothing in the child can finish them */
     pool.head = pool.tail = NULL;
+    for (int i = 0; i < OWNERS; i++) pool.owned[i] = 0;
     atomic_store(&pool.queued, 0);
     atomic_store(&live_objects, 0);
     atomic_store(&pool.idle, 0);
@@ -323,11 +352,13 @@ API void mlirAsyncRuntimeExecute(CoroHandle handle, CoroResume resume) {
     atomic_fetch_add(&tasks_started, 1);
     Task *task = malloc(sizeof(Task));
     if (!task) abort();
-    *task = (Task){NULL, handle, resume};
+    *task = (Task){NULL, NULL, handle, resume, self_number()};
     pthread_mutex_lock(&pool.mu);
     if (atomic_load(&pool.started) < atomic_load(&pool.threads) - 1) start_locked();
+    task->prev = pool.tail;
     if (pool.tail) pool.tail->next = task; else pool.head = task;
     pool.tail = task;
+    pool.owned[task->owner % OWNERS]++;
     atomic_fetch_add(&pool.queued, 1);
     /* one thread for one task: an idle pool thread, else a waiting one (with no pool thread,
      * the waiting threads run every task) */

@@ -149,3 +149,47 @@ def test_threaded_steps_leave_no_runtime_object_behind():
         check(graph, batch, batch)
     assert compiled(graph).kernel.threaded
     assert settled_live_objects() == before == 0
+
+
+def task_order() -> None:
+    """Run in a new process with one computing thread (no pool thread): this thread queues
+    tasks 1 and 2, another thread queues 3 and 4, and this one then runs them all while it
+    waits. Prints the order they ran in."""
+    import ctypes
+    import threading
+
+    library = task_runtime.load()
+    library.mlirAsyncRuntimeCreateToken.restype = ctypes.c_void_p
+    for name in ("mlirAsyncRuntimeEmplaceToken", "mlirAsyncRuntimeAwaitToken", "mlirAsyncRuntimeDropRef"):
+        getattr(library, name).restype = None
+    resume_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    library.mlirAsyncRuntimeExecute.argtypes = [ctypes.c_void_p, resume_type]
+    token = ctypes.c_void_p(library.mlirAsyncRuntimeCreateToken())
+    ran: list[int] = []
+
+    @resume_type
+    def resume(handle: int) -> None:
+        ran.append(handle)
+        if len(ran) == 4:
+            library.mlirAsyncRuntimeEmplaceToken(token)
+
+    def queue(*handles: int) -> None:
+        for handle in handles:
+            library.mlirAsyncRuntimeExecute(handle, resume)
+
+    queue(1, 2)
+    other = threading.Thread(target=queue, args=(3, 4))
+    other.start()
+    other.join()
+    library.mlirAsyncRuntimeAwaitToken(token)
+    library.mlirAsyncRuntimeDropRef(token, ctypes.c_int64(1))
+    print(" ".join(map(str, ran)))
+
+
+def test_a_thread_runs_its_newest_task_first_and_the_oldest_of_others():
+    """A parallel loop's dispatch queues the upper half of its blocks, then the upper half of
+    what is left: the thread that queued them takes back the nearest range (its newest task),
+    another thread the largest (the oldest), so each keeps to its side of the rows loop after
+    loop. In queue order this thread would run 1 2 3 4."""
+    program = "from tests.backends.test_task_runtime import task_order; task_order()"
+    assert _run(program, 1) == "2 1 3 4"
