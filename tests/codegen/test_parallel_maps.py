@@ -67,9 +67,11 @@ func.func @copy(%a: memref<SHAPE, strided<[150, 1]>>, %c: f32, %b: memref<SHAPE,
 @pytest.mark.parametrize("shape, spread, rows", [
     ("25600x22xf32", 1, 745),  # a product's last column panel: blocks of ceil(PARALLEL_MAP_MIN / 22) rows
     ("700x22xf32", 0, None),  # one task's worth
-    ("?x22xf32", 1, 745),  # short rows of a dynamic count: as many blocks as the batch needs
+    # short rows of a dynamic count: as many blocks as the batch needs, the fill too (an
+    # accumulator zeroed in the row blocks whose product tasks then add into it)
+    ("?x22xf32", 2, 745),
 ])
-def test_large_2d_copies_are_spread_and_fills_are_not(shape, spread, rows):
+def test_large_2d_copies_are_spread_and_fills_only_over_a_dynamic_batch(shape, spread, rows):
     text = _spread(_COPY.replace("SHAPE", shape), spread)
     assert text.count("scf.forall") == spread and (rows is None or f"(d0 * {rows})" in text)
 
