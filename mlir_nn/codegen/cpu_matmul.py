@@ -130,6 +130,9 @@ PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 # over their rows instead, in tasks of PACK_TASK_ROWS (a weight gradient's k: a static batch;
 # vectorized with masks, so a partial last task is fine)
 PACK_PARALLEL_ROWS, PACK_TASK_PANELS, PACK_TASK_ROWS = "mlirnn.pack_parallel_rows", 4, 256
+# A batch's rows copied in groups (``_pack_row_groups``) spread over the groups, in tasks of
+# PACK_TASK_ROWS rows: each thread copies the rows it wrote itself
+PACK_PARALLEL_GROUPS = "mlirnn.pack_parallel_groups"
 # Small products whose inner two loops have static sizes: vector code per outer iteration.
 SMALL_VECTOR = "mlirnn.small_vector"
 SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 4  # those over a dynamic batch: in blocks of rows
@@ -723,7 +726,8 @@ def _pack_copy(split: ir.Value, into: ir.Value, perm: list[int], tag: str | None
     if parallel:
         panels = dim_sizes(into)[0]
         few = isinstance(panels, int) and panels <= PACK_TASK_PANELS and tag in (PACK_ROWS_A, PACK_ROWS_B)
-        pack.owner.attributes[PACK_PARALLEL_ROWS if few else PACK_PARALLEL] = ir.UnitAttr.get()
+        spread = PACK_PARALLEL_GROUPS if tag == PACK_ROW_GROUPS else PACK_PARALLEL_ROWS if few else PACK_PARALLEL
+        pack.owner.attributes[spread] = ir.UnitAttr.get()
     return pack
 
 
@@ -1202,7 +1206,8 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
              "row_panels": mc // tm, "fine_row_panels": max(1, mc // tm // FINE_TASK_SHARE), "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
              "small_rows": SMALL_ROW_BLOCK, "small_k_step": SMALL_K_STEP,
-             "row_block_k_step": ROW_BLOCK_K_STEP, "pack_task_rows": PACK_TASK_ROWS}
+             "row_block_k_step": ROW_BLOCK_K_STEP, "pack_task_rows": PACK_TASK_ROWS,
+             "pack_task_groups": PACK_TASK_ROWS // PACK_ROWS_STEP}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))

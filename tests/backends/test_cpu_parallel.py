@@ -21,6 +21,7 @@ from mlir_nn.backends.reference import evaluate
 from mlir_nn.backends.task_runtime import tasks_started
 from mlir_nn.codegen.batch_split import TASKS_MAX, rows_per_task
 from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, PARALLEL_WORK_MIN, small_task_rows
+from mlir_nn.codegen.parallel_maps import PARALLEL_MAP_MIN, PARALLEL_MAP_ROWS
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.ir import Graph, make_node
 from mlir_nn.support.cpu_target import cache_blocks
@@ -67,11 +68,13 @@ def _one_product(batch_rows: bool, k: int, m: int) -> Graph:
 def test_small_products_queue_tasks_only_for_a_batch_larger_than_one_task(batch_rows):
     """x @ w in tasks of rows (the last one partial), x^T @ g in partial sums of batch ranges
     of at least as many rows each: as many tasks as the batch needs at run time, none queued
-    for a batch of one task (the moons step's)."""
+    for a batch of one task (the moons step's). x @ w's accumulator is zeroed in parallel_maps'
+    row blocks (fewer rows than a product task): its one-task batch is one block's rows."""
     assert 32 > SHORT_K  # not one pass with an epilogue
     graph = _one_product(batch_rows, 24, 48)
     assert PARALLEL_FN in compiled(graph).stages["llvm"]
-    rows = small_task_rows(24 * 48) if batch_rows else rows_per_task(24 * 48)
+    fill_rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // 48))
+    rows = min(small_task_rows(24 * 48), fill_rows) if batch_rows else rows_per_task(24 * 48)
     two_tasks = rows + 1 if batch_rows else 2 * rows  # the fewest rows that make two
     for batch, queued in ((1, False), (rows, False), (two_tasks - 1, False), (two_tasks, True),
                           (7 * rows + 3, True), (TASKS_MAX * rows * 3 + 1, True)):
