@@ -15,6 +15,12 @@ overlap (first fit by decreasing size). Because all sizes of a group scale by th
 where the batch**1 group takes ``group_bytes[1] * batch + linear_fixed`` bytes: its
 buffers sit at offsets ``a * batch + b`` (``first_fit_linear``).
 
+A static-shaped ``memref.alloc`` nested in loops (``scf.for``, ``scf.forall`` with static
+bounds: the buffers of a task, such as a chunked convolution gradient's columns) is planned too
+when no enclosing ``scf.for`` carries it into its next iteration: it gets one slot per
+iteration of its enclosing ``scf.forall`` loops (tasks run at once), live for the top-level op
+that holds it (``_task_slots``).
+
 The caller allocates that (from numpy, so a failed allocation is a ``MemoryError``
 before native code runs) and passes it as the last argument. The first ``HEADER`` bytes
 hold the step's status word (see ``mlir_nn.backends.input_guard``).
@@ -111,8 +117,8 @@ def _bound(value: ir.Value, batch_dims: Collection[tuple[int, int]]) -> tuple[Fr
 def _dim_bound(source: ir.Value, dim: int,
                batch_dims: Collection[tuple[int, int]]) -> tuple[Fraction, Fraction, ir.Value] | None:
     """``_bound`` of dynamic size ``dim`` of a buffer, read through the views that carry it: an
-    allocation's or a workspace view's size operand, or a collapse_shape's group (a conv's
-    (N * P * Q, ...) im2col rows: the packed products' panels are sized from them)."""
+    allocation's, a workspace view's or a subview's size operand, or a collapse_shape's group (a
+    conv's (N * P * Q, ...) im2col rows: the packed products' panels are sized from them)."""
     owner = source.owner
     if not isinstance(owner, ir.Operation | ir.OpView):
         return None
@@ -123,6 +129,12 @@ def _dim_bound(source: ir.Value, dim: int,
         sizes = list(owner.operands)[(2 if owner.name == "memref.view" else 0):]
         position = sum(1 for d in shape[:dim] if ir.ShapedType.is_dynamic_size(d))
         return _bound(sizes[position], batch_dims) if position < len(sizes) else None
+    if owner.name == "memref.subview":  # sizes as written (a rank-reducing one is left alone)
+        static = list(ir.DenseI64ArrayAttr(owner.attributes["static_sizes"]))
+        if len(static) != len(shape) or not ir.ShapedType.is_dynamic_size(static[dim]):
+            return None
+        position = sum(1 for d in static[:dim] if ir.ShapedType.is_dynamic_size(d))
+        return _bound(list(owner.opview.sizes)[position], batch_dims)
     if owner.name != "memref.collapse_shape":
         return None
     reassociation = ir.ArrayAttr(owner.attributes["reassociation"])
@@ -154,6 +166,52 @@ def _last_use(value: ir.Value, top_index: dict[ir.Operation, int]) -> int:
             last = max(last, top_index[owner])
             pending.extend(r for r in owner.results if isinstance(r.type, ir.MemRefType))
     return last
+
+
+Foralls = list[tuple[ir.Operation, list[tuple[int, int, int]]]]  # (loop, (lower, step, trips) per variable)
+
+
+def _task_slots(alloc: ir.Operation) -> tuple[int, Foralls] | None:
+    """(slots, [(forall, [(lower, step, trips) per induction variable]) outermost first]) of a
+    static-shaped allocation nested in loops: one slot per iteration of its ``scf.forall``
+    loops, or None when it must stay on the heap (another enclosing op, dynamic loop bounds,
+    or a view of it yielded by an enclosing ``scf.for``, i.e. live into the next iteration)."""
+    kind = ir.MemRefType(alloc.result.type)
+    if list(alloc.operands) or not kind.has_static_shape:
+        return None
+    loops, foralls, parent = [], [], alloc.parent.operation
+    while parent.name != "func.func":
+        if parent.name == "scf.for":
+            loops.append(parent)
+        elif parent.name == "scf.forall":
+            bounds = [ir.DenseI64ArrayAttr(parent.attributes[f"static{k}"])
+                      for k in ("LowerBound", "UpperBound", "Step")]
+            if any(ir.ShapedType.is_dynamic_size(v) for attr in bounds for v in attr):
+                return None
+            foralls.append((parent, [(lo, st, -(-(hi - lo) // st)) for lo, hi, st in zip(*bounds)]))
+        else:
+            return None
+        parent = parent.parent.operation
+    pending = [alloc.result]
+    while pending:
+        for use in pending.pop().uses:
+            owner = use.owner.operation
+            if owner.name == "scf.yield" and owner.parent.operation in loops:
+                return None
+            pending.extend(r for r in owner.results if isinstance(r.type, ir.MemRefType))
+    return math.prod(trips for _, ivs in foralls for *_, trips in ivs), foralls[::-1]
+
+
+def _slot_index(foralls: Foralls) -> ir.Value | None:
+    """The row-major number of the current iteration of ``foralls`` (outermost first), as index ops."""
+    index = ir.IndexType.get()
+    total = None
+    for forall, ivs in foralls:
+        for iv, (lower, step, trips) in zip(forall.regions[0].blocks[0].arguments, ivs):
+            i = iv if lower == 0 else arith.subi(iv, arith.constant(index, lower))
+            i = i if step == 1 else arith.divui(i, arith.constant(index, step))
+            total = i if total is None else arith.addi(arith.muli(total, arith.constant(index, trips)), i)
+    return total
 
 
 def first_fit(lives: list[tuple[int, int, int]]) -> tuple[list[int], int]:
@@ -190,6 +248,14 @@ def plan_memory(module: ir.Module, batch_dims: Collection[tuple[int, int]]) -> t
     for i, op in enumerate(top_ops):
         op.operation.walk(lambda nested, i=i: top_index.__setitem__(nested, i) or ir.WalkResult.ADVANCE)
     allocs = []
+    tasks: dict[int, tuple[int, Foralls]] = {}  # alloc number -> (slot bytes, foralls) of the nested ones
+    for nested, i in top_index.items():
+        nested_alloc = nested.name == "memref.alloc" and nested.parent.operation.name != "func.func"
+        slots = _task_slots(nested) if nested_alloc else None
+        if slots is not None and (size := _element_bytes(ir.MemRefType(nested.result.type).element_type)):
+            slot = round_up(size * math.prod(ir.MemRefType(nested.result.type).shape))
+            tasks[len(allocs)] = (slot, slots[1])
+            allocs.append((nested, 0, None, i, i, 0, slot * slots[0]))
     for i, op in enumerate(top_ops):
         if op.operation.name != "memref.alloc":
             continue
@@ -226,6 +292,8 @@ def plan_memory(module: ir.Module, batch_dims: Collection[tuple[int, int]]) -> t
         for k, (op, power, batch, *_rest) in enumerate(allocs):
             with ir.InsertionPoint(op), op.location:
                 shift = _byte_offset(group_bytes, linear_fixed, power, offsets[k], batch)
+                if k in tasks and (slot := _slot_index(tasks[k][1])) is not None:
+                    shift = arith.addi(shift, arith.muli(slot, arith.constant(ir.IndexType.get(), tasks[k][0])))
                 view = memref.view(op.result.type, workspace, shift, list(op.operands))
             op.result.replace_all_uses_with(view)
             op.erase()

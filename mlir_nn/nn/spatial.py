@@ -31,7 +31,10 @@ class BatchNorm2d(BatchNorm1d):
 
 
 class Dropout2d(Module):
-    """Zero whole channels with probability ``p`` (scaling the rest by 1/(1 - p)) in training mode."""
+    """Zero whole channels with probability ``p`` (scaling the rest by 1/(1 - p)) in training mode.
+
+    A 3-D input is (N, C, L), as PyTorch reads it (channel-wise 1-D dropout: one draw per
+    (n, c) row), not an unbatched (C, H, W) image."""
 
     def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
@@ -40,10 +43,10 @@ class Dropout2d(Module):
     def forward(self, x: Any) -> Tensor:
         x = x if isinstance(x, Tensor) else Tensor(x)
         if x.ndim not in (3, 4):
-            raise ShapeError(f"Dropout2d: input has shape {fmt_shape(x.shape)}, expected (N, C, H, W) or (C, H, W)")
+            raise ShapeError(f"Dropout2d: input has shape {fmt_shape(x.shape)}, expected (N, C, H, W) or (N, C, L)")
         if not self.training or self.p == 0.0:
             return x
-        per_channel = tuple(x.shape[:-2]) + (1, 1)
+        per_channel = tuple(x.shape[:2]) + (1,) * (x.ndim - 2)
         keep = F.dropout(apply("broadcast_to", 1.0, shape=per_channel).astype(x.dtype), self.p, True)
         return x * keep
 

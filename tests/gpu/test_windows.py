@@ -23,6 +23,29 @@ def test_window_ops_are_simt_clean(name):
     assert result.ok, result.problems
 
 
+def test_max_pooling_gradients_go_to_the_first_of_tied_maxima_on_cuda():
+    """Rounded inputs tie many window maxima: the CUDA kernels' index and gradient equal the
+    reference's (the first maximum in row-major window order, as PyTorch)."""
+    import numpy as np
+
+    from mlir_nn.backends.cuda import compile_graph
+    from mlir_nn.backends.reference import evaluate
+    from mlir_nn.gpu.simt import SimtProgram
+    from mlir_nn.gpu.simt_check import max_rel_err
+
+    for graph, batch in (GRAPHS["pooling"], GRAPHS["pooling_tiles"]):
+        graph = graph()
+        rng = np.random.default_rng(0)
+        inputs = [np.round(rng.standard_normal([batch if d == "N" else d for d in n.shape])).astype(n.dtype)
+                  for n in graph.inputs]
+        want, _ = evaluate(graph, inputs, [], batch)
+        program = compile_graph(graph, (), cubin=False)
+        got, report = SimtProgram(program.gpu_text, program.plan).run(inputs)
+        assert report.clean, (report.races, report.out_of_bounds)
+        for node, g, w in zip(graph.outputs, got, want):  # max pooling exactly, average pooling to rounding
+            assert max_rel_err([g], [w]) <= (0.0 if node.op.startswith("max_pool") else 1e-6), node.op
+
+
 def test_small_cnn_training_step_is_simt_clean():
     """A whole optimized step: Conv2d, BatchNorm2d, ReLU, MaxPool2d, Flatten, Linear, MSE, SGD."""
     import numpy as np

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import mlir_nn
+import mlir_nn.optim
 from mlir_nn import nn
 from mlir_nn.ir import ShapeError
 from mlir_nn.losses import cross_entropy
-from mlir_nn.optim import SGD
 
 
 def test_conv2d_state_dict_keys_shapes_and_init_bounds_match_pytorch():
@@ -18,7 +18,8 @@ def test_conv2d_state_dict_keys_shapes_and_init_bounds_match_pytorch():
     state = ours.state_dict()
     assert {k: v.shape for k, v in state.items()} == {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
     bound = 1 / np.sqrt(2 * 3 * 2)
-    assert np.all(np.abs(state["weight"]) <= bound) and np.abs(state["weight"]).max() > bound / 2
+    for name in ("weight", "bias"):
+        assert np.all(np.abs(state[name]) <= bound) and np.abs(state[name]).max() > bound / 2, name
     assert list(nn.Conv2d(1, 2, 3, bias=False).state_dict()) == ["weight"]
     ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
     x = np.random.default_rng(0).standard_normal((2, 4, 5, 5)).astype(np.float32)
@@ -47,12 +48,14 @@ def small_cnn(lib, dtype=None):
                           lib.Linear(12, 3, **kw))
 
 
-@pytest.mark.parametrize("backend", ["eager", "numpy", "cpu"])
-def test_small_cnn_steps_equal_pytorch_in_float64(backend):
+@pytest.mark.parametrize("backend,optimizer", [("eager", "SGD"), ("numpy", "SGD"), ("cpu", "SGD"), ("cpu", "Adam")])
+def test_small_cnn_steps_equal_pytorch_in_float64(backend, optimizer):
     twin = small_cnn(torch.nn).double()
     model = small_cnn(nn, np.float64)
     model.load_state_dict({k: v.detach().numpy() for k, v in twin.state_dict().items()})  # PyTorch's weights
-    opt, topt = SGD(model.parameters(), lr=0.1, momentum=0.9), torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    kw = dict(lr=0.1, momentum=0.9) if optimizer == "SGD" else dict(lr=0.01, weight_decay=0.01)
+    opt = getattr(mlir_nn.optim, optimizer)(model.parameters(), **kw)
+    topt = getattr(torch.optim, optimizer)(twin.parameters(), **kw)
 
     def step(x, y):
         loss = cross_entropy(model(x), y)
@@ -91,6 +94,36 @@ def test_dropout2d_zeroes_whole_channels_in_training_only():
     assert 0.15 < 1 - kept[:, :, 0].mean() < 0.35
     drop.eval()
     np.testing.assert_array_equal(drop(x).data, x)
+    drop.train()
+    y = drop(x[0]).data  # (C, H, W) is (N, C, L) to PyTorch: one draw per row of L
+    rows = (y != 0).reshape(32, 3, 3)
+    assert np.all(rows.all(axis=2) | ~rows.any(axis=2)) and not np.all(rows.all(axis=(1, 2)) | ~rows.any(axis=(1, 2)))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_compiled_dropout2d_masks_and_gradients_equal_eager_ones(backend):
+    """Inside a compiled step Dropout2d draws the eager masks (same seed), fresh on each call and at
+    any batch; the gradient of a dropped channel is zero, that of a kept one scaled by 1/(1 - p)."""
+    model = nn.Sequential(nn.Conv2d(2, 6, 3, padding=1, dtype=np.float64), nn.Dropout2d(0.4))
+
+    def step(x):
+        y = model(x)
+        model.zero_grad()
+        (y * y).sum().backward()
+        return y
+
+    run = mlir_nn.jit(lambda x: (step(x), model[0].weight.grad)[1], backend=backend, tiered=False)
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((b, 2, 5, 4)) for b in (4, 1, 4)]
+    mlir_nn.manual_seed(7)
+    compiled = [np.array(run(x)) for x in xs]
+    mlir_nn.manual_seed(7)
+    for x, got in zip(xs, compiled):
+        y = step(x).data
+        kept = (y != 0).reshape(y.shape[0], 6, -1).any(axis=2)
+        assert not kept.all() and kept.any()
+        np.testing.assert_allclose(got, model[0].weight.grad, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(compiled[0], compiled[2])  # a fresh mask per call
 
 
 @pytest.mark.parametrize("bias", [True, False])
