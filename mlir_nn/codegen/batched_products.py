@@ -14,6 +14,8 @@ batch loop is an ``scf.forall`` of up to BATCH_TASKS equal runs of matrices, one
 on one thread these products were about 9% of GPT's step, serial at any thread count. Without
 strided views (``FunctionBuilder.strided_copies`` off: the CUDA path, whose kernels see no
 subviews) a bmm is one batched ``linalg.generic`` instead, which the GPU schedules map onto threads.
+The products of causal attention compute each matrix in blocks that skip what the causal softmax
+hides (``causal_products``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from mlir import ir
 from mlir.dialects import arith, scf, tensor
 
+from mlir_nn.codegen import causal_products
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.ir import Node
 from mlir_nn.ir.shapes import BATCH
@@ -178,9 +181,13 @@ def lower_bmm(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     out_shape = tuple(node.shape)
     merged_out = _merged(b, b.empty(out_shape), out_shape)
 
+    blocks = causal_products.plan(node, b.readers, b.results)
+
     def product(i: ir.Value) -> ir.Value:
         a_i, b_i = (_matrix(b, v, i, *s) if view is None else _head_matrix(b, v, view[1], i, heads)
                     for v, s, view in zip(operands, shapes, views))
+        if blocks is not None:
+            return causal_products.blocked_product(b, a_i, b_i, (m, n), flips[0], flips[1], blocks)
         return b.matmul(a_i, b_i, (m, n), flips[0], flips[1])
 
     total = ir.RankedTensorType(merged_out.type).shape[0]

@@ -14,6 +14,7 @@ from mlir.dialects import arith, linalg, tensor
 from mlir_nn.codegen.accumulate import needs_wide_accumulator, wide_reduce
 from mlir_nn.codegen.maps import broadcast_map, identity_map, matmul_maps
 from mlir_nn.codegen.tensor_types import element_type
+from mlir_nn.ir import Node
 from mlir_nn.ir.shapes import BATCH, Shape
 
 Operand = ir.Value | float
@@ -39,6 +40,8 @@ class FunctionBuilder:
         self.source_of_transpose: dict[object, ir.Value] = {}  # transpose node -> its input tensor
         self.pieces: dict[object, tuple] = {}  # a sum of placed slices -> its pieces (codegen.joined_slices)
         self.pixel_rows: dict[ir.Value, ir.Value] = {}  # an image -> its pixel rows (codegen.windows)
+        self.readers: dict[Node, list[Node]] = {}  # node -> the nodes that read it (set by codegen.emit)
+        self.results: set[Node] = set()  # the step's outputs and updates
 
     # ------------------------------------------------------------------ scalars and sizes
 

@@ -57,6 +57,10 @@ def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False, strided_
         values: dict[Node, Operand] = dict(zip(leaves, entry.arguments))
         b = FunctionBuilder(dtype, _batch_size(list(zip(leaves, entry.arguments))), wide_sums, strided_copies,
                             batch_tasks)
+        b.results = set(results)
+        for node in graph.nodes:
+            for i in dict.fromkeys(node.inputs):
+                b.readers.setdefault(i, []).append(node)
         for node in graph.nodes:
             if node in values:
                 continue

@@ -7,6 +7,8 @@ says so) and one element-wise pass that reads them broadcast along the row.
 * softmax: max, then exp(x - max) element-wise (a pass of its own, so it vectorizes),
   their sum, and the division in place;
 * softmax_grad: y * (g - sum(y * g)): one reduction, one pass, no exponentials;
+* causal (both): a select on the element's indices (column > row) hides the entries above the
+  diagonal of the last two axes, whatever they hold, and writes zeros there;
 * layer_norm: mean, then the sum of squared deviations, r = 1 / sqrt(var + eps) per
   row, and (x - mean) * r;
 * layer_norm_grad: the statistics again (from x, not stored by the forward), the sums of
@@ -16,7 +18,7 @@ says so) and one element-wise pass that reads them broadcast along the row.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, math
+from mlir.dialects import arith, linalg, math
 
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.maps import broadcast_map, identity_map, reduction_map
@@ -50,11 +52,24 @@ class Rows:
         return m, s
 
 
+def _above_diagonal(rank: int) -> ir.Value:
+    """In a linalg body over a tensor of ``rank``: its column index > its row index (last two axes)."""
+    return arith.cmpi(arith.CmpIPredicate.ugt, linalg.IndexOp(rank - 1).result, linalg.IndexOp(rank - 2).result)
+
+
 def _softmax(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     rows = Rows(node.shape, int(node.attr("axis")))
     x = b.tensor_of(xs[0], node.shape)
-    m = rows.reduce(b, [x], [rows.whole], lambda v: v, init=float("-inf"), combine=arith.maximumf)
-    e = b.elementwise(node.shape, [x, m], [node.shape, rows.kept], lambda v, mv: math.exp(arith.subf(v, mv)))
+    if node.attr("causal", False):  # -inf above the diagonal: not in the max, exp 0 (maxnumf: LLVM
+        # vectorizes its reduction with the select, not maximumf's; a NaN in a row still makes the row NaN)
+        rank = len(node.shape)
+        m = rows.reduce(b, [x], [rows.whole], lambda v: arith.select(_above_diagonal(rank), b.scalar(float("-inf")), v),
+                        init=float("-inf"), combine=arith.maxnumf)
+        e = b.elementwise(node.shape, [x, m], [node.shape, rows.kept], lambda v, mv: arith.select(
+            _above_diagonal(rank), b.scalar(0.0), math.exp(arith.subf(v, mv))))
+    else:
+        m = rows.reduce(b, [x], [rows.whole], lambda v: v, init=float("-inf"), combine=arith.maximumf)
+        e = b.elementwise(node.shape, [x, m], [node.shape, rows.kept], lambda v, mv: math.exp(arith.subf(v, mv)))
     s = rows.reduce(b, [e], [rows.whole], lambda v: v)
     return b.elementwise(node.shape, [e, s], [node.shape, rows.kept], arith.divf, init=e)
 
@@ -62,9 +77,16 @@ def _softmax(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
 def _softmax_grad(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     rows = Rows(node.shape, int(node.attr("axis")))
     y, g = (b.tensor_of(v, node.shape) for v in xs)
-    total = rows.reduce(b, [y, g], [rows.whole, rows.whole], arith.mulf)
+    if not node.attr("causal", False):
+        total = rows.reduce(b, [y, g], [rows.whole, rows.whole], arith.mulf)
+        return b.elementwise(node.shape, [y, g, total], [node.shape, node.shape, rows.kept],
+                             lambda yv, gv, t: arith.mulf(yv, arith.subf(gv, t)))
+    rank = len(node.shape)  # g read as 0 above the diagonal, zeros there
+    total = rows.reduce(b, [y, g], [rows.whole, rows.whole],
+                        lambda yv, gv: arith.select(_above_diagonal(rank), b.scalar(0.0), arith.mulf(yv, gv)))
     return b.elementwise(node.shape, [y, g, total], [node.shape, node.shape, rows.kept],
-                         lambda yv, gv, t: arith.mulf(yv, arith.subf(gv, t)))
+                         lambda yv, gv, t: arith.select(_above_diagonal(rank), b.scalar(0.0),
+                                                        arith.mulf(yv, arith.subf(gv, t))))
 
 
 def _statistics(b: FunctionBuilder, rows: Rows, x: ir.Value, eps: float) -> tuple[ir.Value, ir.Value]:

@@ -614,8 +614,28 @@ register("log_softmax_grad", 2, _axis_infer("log_softmax_grad", 2), _log_softmax
          "Backward of log_softmax from its output y: g - exp(y) * sum(g, axis). Operands: (y, grad).")
 
 
+def above_diagonal(shape: Shape) -> np.ndarray:
+    """True strictly above the diagonal of the last two axes (column > row), broadcast to ``shape``."""
+    rows, cols = shape[-2], shape[-1]
+    return np.broadcast_to(np.triu(np.ones((rows, cols), bool), 1), shape)
+
+
+def _softmax_infer(op: str, operands: int) -> Infer:
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        result = _axis_infer(op, operands)(types, attrs)
+        if attrs.get("causal", False) and (len(result.shape) < 2 or attrs["axis"] != len(result.shape) - 1
+                                           or BATCH in result.shape[-2:]):
+            raise ShapeError(f"{op}: causal runs along the last axis of static (rows, columns), "
+                             f"got axis {attrs['axis']} of {fmt_shape(result.shape)}")
+        return result
+
+    return infer
+
+
 def _softmax_reference(args, attrs, shape):
     x, axis = args[0], attrs["axis"]
+    if attrs.get("causal", False):
+        x = np.where(above_diagonal(x.shape), -np.inf, x)
     with np.errstate(invalid="ignore"):  # a row of -inf only is NaN, as PyTorch's
         e = np.exp(x - np.max(x, axis=axis, keepdims=True))
     return e / np.sum(e, axis=axis, keepdims=True)
@@ -623,15 +643,25 @@ def _softmax_reference(args, attrs, shape):
 
 def _softmax_grad_reference(args, attrs, shape):
     y, g = args
-    return y * (g - np.sum(y * g, axis=attrs["axis"], keepdims=True))
+    if not attrs.get("causal", False):
+        return y * (g - np.sum(y * g, axis=attrs["axis"], keepdims=True))
+    above = above_diagonal(g.shape)
+    g = np.where(above, 0.0, g).astype(g.dtype)
+    return np.where(above, 0.0, y * (g - np.sum(y * g, axis=attrs["axis"], keepdims=True))).astype(g.dtype)
 
 
-register("softmax", 1, _axis_infer("softmax", 1), _softmax_reference,
-         lambda emit, xs, out, g, at: [emit("softmax_grad", out, g, axis=at["axis"])],
+def _vjp_softmax(emit, xs, out, g, attrs):
+    causal = {"causal": True} if attrs.get("causal", False) else {}
+    return [emit("softmax_grad", out, g, axis=attrs["axis"], **causal)]
+
+
+register("softmax", 1, _softmax_infer("softmax", 1), _softmax_reference, _vjp_softmax,
          "exp(x - max) / sum(exp(x - max)) along axis, one kernel: no log-probabilities in between, and a "
-         "gradient read from the probabilities alone.")
-register("softmax_grad", 2, _axis_infer("softmax_grad", 2), _softmax_grad_reference, None,
-         "Backward of softmax from its output y: y * (g - sum(y * g, axis)). Operands: (y, grad).")
+         "gradient read from the probabilities alone. ``causal``: x is -inf strictly above the diagonal of "
+         "the last two axes (column > row: attention's causal mask, axis the last), so zeros there.")
+register("softmax_grad", 2, _softmax_infer("softmax_grad", 2), _softmax_grad_reference, None,
+         "Backward of softmax from its output y: y * (g - sum(y * g, axis)). Operands: (y, grad). ``causal``: "
+         "g is read as zero strictly above the diagonal (zeros there).")
 
 
 def _last_axis_infer(op: str, operands: int) -> Infer:

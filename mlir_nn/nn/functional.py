@@ -221,20 +221,25 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                                  dropout_p: float = 0.0, is_causal: bool = False,
                                  scale: float | None = None) -> Tensor:
     """softmax(q @ k^T * scale + mask) @ v over the last two axes, as PyTorch's: ``is_causal``
-    hides keys after each query; a boolean ``attn_mask`` keeps where True, a float one is added."""
+    hides keys after each query; a boolean ``attn_mask`` keeps where True, a float one is added.
+    A causal mask over static lengths is the softmax's own (``causal``: no mask tensor, and the
+    compiled products skip what it hides)."""
     length, source = query.shape[-2], key.shape[-2]
     scores = (query @ key.transpose(-2, -1)) * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)
-    if is_causal:
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: pass either attn_mask or is_causal, not both")
+    if is_causal and BATCH not in (length, source):
+        weights = apply("softmax", scores, axis=scores.ndim - 1, causal=True)
+    else:
+        if is_causal:
+            attn_mask = np.tril(np.ones((length, source), bool))
         if attn_mask is not None:
-            raise ValueError("scaled_dot_product_attention: pass either attn_mask or is_causal, not both")
-        attn_mask = np.tril(np.ones((length, source), bool))
-    if attn_mask is not None:
-        mask = attn_mask.data if isinstance(attn_mask, Tensor) and attn_mask._data is not None else attn_mask
-        if isinstance(mask, np.ndarray) and mask.dtype == bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask
-    weights = scores.softmax(-1)
+            mask = attn_mask.data if isinstance(attn_mask, Tensor) and attn_mask._data is not None else attn_mask
+            if isinstance(mask, np.ndarray) and mask.dtype == bool:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            else:
+                scores = scores + mask
+        weights = scores.softmax(-1)
     if dropout_p > 0.0:
         weights = dropout(weights, dropout_p)
     return weights @ value

@@ -48,6 +48,38 @@ def test_softmax_of_masked_rows_is_zero_where_masked_and_keeps_its_gradient_ther
     np.testing.assert_allclose(t.grad, tx.grad.numpy(), rtol=1e-10, atol=1e-14)
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (7, 7), (2, 7, 13), (2, 2, 13, 7), (3, 33, 33)])
+def test_causal_softmax_equals_pytorch_masked_with_its_gradient(shape):
+    x, g = _data(shape, seed=3)
+    mask = np.triu(np.ones(shape[-2:], bool), 1)
+    t = Tensor(x)
+    out = apply("softmax", t, axis=len(shape) - 1, causal=True)
+    (out * Tensor(g)).sum().backward()
+    tx = torch.tensor(x, requires_grad=True)
+    want = torch.softmax(tx.masked_fill(torch.from_numpy(mask), float("-inf")), -1)
+    (want * torch.tensor(g)).sum().backward()
+    assert np.all(out.data[..., mask] == 0.0) and np.all(t.grad[..., mask] == 0.0)
+    np.testing.assert_allclose(out.data, want.detach().numpy(), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(t.grad, tx.grad.numpy(), rtol=1e-10, atol=1e-14)
+    check_grads(lambda v: apply("softmax", v, axis=len(shape) - 1, causal=True), [x])
+
+
+def test_causal_softmax_ignores_what_it_hides_and_its_gradient_is_causal():
+    x = np.array([[0.5, np.inf, np.nan], [1.0, 2.0, np.inf], [0.0, 1.0, 2.0]])
+    out = apply("softmax", Tensor(x), axis=1, causal=True)
+    want = torch.softmax(torch.tensor(np.where(np.triu(np.ones((3, 3), bool), 1), -np.inf, x)), -1)
+    np.testing.assert_allclose(out.data, want.numpy(), rtol=1e-12)
+    above = np.triu(np.ones((3, 3), bool), 1)
+    grad = apply("softmax_grad", out, Tensor(np.where(above, np.inf, 1.0)), axis=1, causal=True)
+    assert np.all(grad.data[above] == 0.0) and np.all(np.isfinite(grad.data))
+
+
+@pytest.mark.parametrize("axis, shape", [(0, (4, 4)), (0, (4,)), (1, (2, 4, 4))])
+def test_causal_softmax_runs_along_the_last_of_two_axes_only(axis, shape):
+    with pytest.raises(ShapeError, match="causal"):
+        apply("softmax", Tensor(np.zeros(shape)), axis=axis, causal=True)
+
+
 def test_softmax_of_large_logits_is_finite():
     x = np.array([[1e4, 0.0, -1e4], [-1e30, -1e30, 0.0]])
     np.testing.assert_allclose(Tensor(x).softmax(-1).data, [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
