@@ -112,12 +112,14 @@ def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[objec
     from mlir import ir
 
     from mlir_nn.backends.kernel_build import lower_tail
+    from mlir_nn.backends.kernel_split import pass_pointers
 
     module, stages, timings, _, split, _ = lower_with_plan(graph, pipeline, threads)
     if split is not None:
         start = time.perf_counter()
         module = ir.Module.parse(split.chunks(1)[0].text, module.context)
         lower_tail(module, tail_pipeline(pipeline))
+        pass_pointers(module, split.step_name)
         timings["passes"] += time.perf_counter() - start
         stages["llvm"] = str(module)
     return module, stages, timings

@@ -19,7 +19,7 @@ from pathlib import Path
 from mlir import ir
 
 from mlir_nn.backends.host_cpu import tune_for_host
-from mlir_nn.backends.kernel_split import NOALIAS, Chunk
+from mlir_nn.backends.kernel_split import NOALIAS, Chunk, pass_pointers
 from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
 from mlir_nn.backends.native import OPT_LEVEL, compile_object
 from mlir_nn.backends.task_aliasing import mark_task_arguments
@@ -117,6 +117,8 @@ def build(job: Job) -> str:
     with ir.Context():
         module = ir.Module.parse(job.chunk.text)
         lower_tail(module, job.tail)
+        if job.chunk.step:
+            pass_pointers(module, job.chunk.step)
         check_lowered_to_llvm(module, job.tail)
         internal = localize(module, job.chunk.public)
         mark_kernels(module, job.chunk.kernels)

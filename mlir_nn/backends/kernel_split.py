@@ -12,6 +12,14 @@ piece is one kernel. The step and its kernels are grouped into chunks that run t
 the pipeline and LLVM on their own, in parallel (``kernel_build``, ``kernel_pool``).
 Buffers that share no memory with another argument of their kernel are marked ``noalias``
 (``NOALIAS``): without it LLVM versions each loop with runtime overlap checks.
+
+A kernel takes each buffer as its aligned pointer and the offset, sizes and strides that its
+type leaves dynamic (``_Layout``: a batch-major buffer is its pointer and the batch size), and
+rebuilds the memref from them with the static ones as constants; the step calls it through
+a declaration that takes the memrefs whole, and once lowered each call passes only those
+fields (``pass_pointers``). A memref passed whole is its allocated and aligned pointers,
+offset, sizes and strides: 16x256 Adam's step made 312 calls of up to 20 arguments, whose
+extraction and passing was a third of its LLVM time.
 """
 
 from __future__ import annotations
@@ -231,6 +239,12 @@ def _inputs(piece: list[ir.Operation]) -> tuple[list[ir.Value], list[tuple[ir.Op
 
 
 _PLACEHOLDER_NAME = "kernel"  # a kernel's name while its text is hashed
+_PREFIX = "mlirnn_"  # of the names of a kernel's pointer arguments and its rebuilt descriptors
+# the step calls kernel k through a declaration k + DESCRIPTORS that takes the memrefs whole;
+# PASSED on it: the positions, among those arguments in LLVM's calling convention, of the
+# ones that k takes (``pass_pointers``)
+DESCRIPTORS = "_d"
+PASSED = "mlir_nn.passed"
 
 _VIEWS = frozenset({"memref.subview", "memref.collapse_shape", "memref.expand_shape", "memref.cast",
                     "memref.reinterpret_cast"})
@@ -244,9 +258,10 @@ def root_buffer(value: ir.Value) -> ir.Value:
 
 
 def aligned_pointer_positions(values: list[ir.Value]) -> list[int | None]:
-    """For each of ``values`` passed to a function: the position, among the function's arguments
-    in LLVM's calling convention, of its aligned pointer if it is a memref (its descriptor is the
-    allocated and aligned pointers, offset, sizes and strides), else None (one argument)."""
+    """For each of ``values`` passed to a function taking memrefs (a parallel task): the
+    position, among the function's arguments in LLVM's calling convention, of its aligned
+    pointer if it is a memref (its descriptor is the allocated and aligned pointers, offset,
+    sizes and strides), else None (one argument)."""
     positions: list[int | None] = []
     position = 0
     for value in values:
@@ -256,15 +271,75 @@ def aligned_pointer_positions(values: list[ir.Value]) -> list[int | None]:
     return positions
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """How a kernel takes a buffer of memref type ``type``: its aligned pointer, then its offset,
+    sizes and strides that the type leaves dynamic (``fields``: (descriptor position, dim) each),
+    as i64; the kernel rebuilds the descriptor with the static ones as constants."""
+
+    type: ir.MemRefType
+    fields: tuple[tuple[int, int], ...]
+    static: tuple[tuple[int, int, int], ...]  # (descriptor position, dim, value)
+
+    @staticmethod
+    def of(memref: ir.MemRefType) -> _Layout:
+        dynamic = ir.ShapedType.get_dynamic_size()
+        strides, offset = memref.get_strides_and_offset()
+        entries = [(2, -1, offset)] + [(3, d, n) for d, n in enumerate(memref.shape)] + \
+            [(4, d, n) for d, n in enumerate(strides)]
+        return _Layout(memref, tuple((k, d) for k, d, n in entries if n == dynamic),
+                       tuple((k, d, n) for k, d, n in entries if n != dynamic))
+
+    def argument_types(self) -> list[ir.Type]:
+        return [ir.Type.parse("!llvm.ptr")] + [ir.IntegerType.get_signless(64)] * len(self.fields)
+
+    def passed(self) -> list[int]:
+        """The positions, among the buffer's descriptor fields in LLVM's calling convention
+        (allocated and aligned pointers, offset, sizes, strides), of those the kernel takes."""
+        rank = self.type.rank
+        return [1] + [2 if k == 2 else 3 + d + (rank if k == 4 else 0) for k, d in self.fields]
+
+    def rebuilt(self, name: str, given: list[str]) -> list[str]:
+        """Lines that define the memref ``name`` again from the names ``given`` of the arguments
+        the kernel takes for it (its pointer, then its dynamic fields)."""
+        rank = self.type.rank
+        arrays = f", array<{rank} x i64>, array<{rank} x i64>" if rank else ""
+        descriptor = f"!llvm.struct<(ptr, ptr, i64{arrays})>"
+        stem = f"%{_PREFIX}d{name[1:]}"
+        lines = [f"{stem}_c{j} = llvm.mlir.constant({n} : i64) : i64" for j, (_, _, n) in enumerate(self.static)]
+        values = [((0, -1), given[0]), ((1, -1), given[0])]
+        values += [((k, d), f"{stem}_c{j}") for j, (k, d, _) in enumerate(self.static)]
+        values += list(zip(self.fields, given[1:]))
+        lines.append(f"{stem}_0 = llvm.mlir.poison : {descriptor}")
+        for i, ((k, d), value) in enumerate(values):
+            where = f"{k}" if d < 0 else f"{k}, {d}"
+            lines.append(f"{stem}_{i + 1} = llvm.insertvalue {value}, {stem}_{i}[{where}] : {descriptor}")
+        lines.append(f"{name} = builtin.unrealized_conversion_cast {stem}_{len(values)} : {descriptor} to {self.type}")
+        return lines
+
+
+def _pointer_positions(arguments: list[ir.Value]) -> list[int | None]:
+    """For each of a kernel's ``arguments``: the position among the arguments it takes
+    (``_Layout``) of the buffer's pointer, or None when it is no buffer."""
+    positions: list[int | None] = []
+    position = 0
+    for value in arguments:
+        buffer = isinstance(value.type, ir.MemRefType)
+        positions.append(position if buffer else None)
+        position += 1 + len(_Layout.of(ir.MemRefType(value.type)).fields) if buffer else 1
+    return positions
+
+
 def _mark_noalias(kernel: func.FuncOp, arguments: list[ir.Value], single_op: bool) -> None:
-    """Mark the buffers that no other argument shares memory with (``NOALIAS``), so that LLVM
-    needs no runtime overlap checks. Distinct step arguments are distinct arrays (the backend
+    """Mark the buffers that no other argument shares memory with (``NOALIAS``: the positions of
+    their pointers among the arguments the kernel takes), so that LLVM needs no runtime overlap
+    checks. Distinct step arguments are distinct arrays (the backend
     checks parameters, copies inputs that overlap one, allocates outputs); workspace views
     used by one op are live together, so the memory plan gave them disjoint bytes (a piece of
     several ops may read a buffer whose bytes a later op of it reuses: those stay unmarked)."""
     roots = [root_buffer(v) if isinstance(v.type, ir.MemRefType) else None for v in arguments]
     marked = []
-    for i, (root, position) in enumerate(zip(roots, aligned_pointer_positions(arguments), strict=True)):
+    for i, (root, position) in enumerate(zip(roots, _pointer_positions(arguments), strict=True)):
         shared = root is None or any(r is not None and r == root for j, r in enumerate(roots) if j != i)
         view = root is not None and isinstance(root.owner, ir.OpView | ir.Operation)
         if not shared and (single_op or not view):
@@ -273,8 +348,25 @@ def _mark_noalias(kernel: func.FuncOp, arguments: list[ir.Value], single_op: boo
         kernel.attributes[NOALIAS] = ir.DenseI64ArrayAttr.get(marked)
 
 
+def kernel_buffers(kernel: ir.Operation) -> dict[ir.Value, int]:
+    """The buffers of a kernel made by ``split_step``: each memref that the kernel rebuilt from
+    its arguments, with the position of its pointer among them."""
+    found = {}
+    for op in _ops(kernel.regions[0].blocks[0]):
+        if op.name != "builtin.unrealized_conversion_cast" or not isinstance(op.results[0].type, ir.MemRefType):
+            continue
+        inserted = op.operands[0].owner
+        while inserted.name == "llvm.insertvalue":
+            if list(ir.DenseI64ArrayAttr(inserted.attributes["position"])) == [1]:
+                found[op.results[0]] = ir.BlockArgument(inserted.operands[1]).arg_number
+                break
+            inserted = inserted.operands[0].owner
+    return found
+
+
 def _outline(piece: list[ir.Operation], scratch: ir.Module) -> tuple[str, str, list[ir.Value]]:
-    """Move ``piece`` into a function of ``scratch``: (name, kernel module text, arguments)."""
+    """Move ``piece`` into a function of ``scratch`` that takes the values it reads as they are:
+    (name, the function's text, its arguments). The name hashes the text, printed once."""
     values, reads = _inputs(piece)
     constants = [v for v in values if isinstance(v.owner, ir.OpView | ir.Operation) and v.owner.name in _CONSTANTS]
     constant_set = set(constants)
@@ -292,9 +384,38 @@ def _outline(piece: list[ir.Operation], scratch: ir.Module) -> tuple[str, str, l
         op.move_before(end)
     for inner, k, value in reads:
         inner.operands[k] = replacement[value]
-    text = str(kernel)  # printed once: the name, which hashes the rest, is put into the text
-    name = KERNEL_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:24]
-    return name, text.replace(f"func.func @{_PLACEHOLDER_NAME}(", f"func.func @{name}(", 1), arguments
+    text = str(kernel)
+    return KERNEL_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:24], text, arguments
+
+
+def _taking_pointers(text: str, arguments: list[ir.Value], layouts: list[_Layout | None]) -> str:
+    """The printed kernel ``text`` (``_outline``: it takes its ``arguments`` as they are) made to
+    take each buffer as its layout says, rebuilt at the start of its body under the name of
+    the argument it was."""
+    header = f"func.func @{_PLACEHOLDER_NAME}(" + ", ".join(f"%arg{i}: {v.type}" for i, v in enumerate(arguments))
+    if not text.startswith(header + ")"):
+        raise ValueError(f"kernel_split: unexpected kernel header {text.splitlines()[0][:200]!r}")
+    taken, prologue = [], []
+    for i, (value, layout) in enumerate(zip(arguments, layouts)):
+        if layout is None:
+            taken.append(f"%arg{i}: {value.type}")
+            continue
+        given = [f"%{_PREFIX}p{i}"] + [f"%{_PREFIX}f{i}_{j}" for j in range(len(layout.fields))]
+        taken += [f"{given[0]}: !llvm.ptr"] + [f"{g}: i64" for g in given[1:]]
+        prologue += layout.rebuilt(f"%arg{i}", given)
+    first, rest = text[len(header):].split("\n", 1)
+    body = "".join(f"  {line}\n" for line in prologue)
+    return f"func.func @{_PLACEHOLDER_NAME}(" + ", ".join(taken) + first + "\n" + body + rest
+
+
+def _passed_positions(layouts: list[_Layout | None]) -> list[int]:
+    """The positions, among a kernel's arguments in LLVM's calling convention (each memref as
+    its descriptor's fields), of those it takes (``layouts``: each argument's, None for no memref)."""
+    positions, start = [], 0
+    for layout in layouts:
+        positions += [start + k for k in layout.passed()] if layout else [start]
+        start += 3 + 2 * layout.type.rank if layout else 1
+    return positions
 
 
 def split_step(module: ir.Module) -> Split:
@@ -306,14 +427,60 @@ def split_step(module: ir.Module) -> Split:
         for block in _blocks(fn):
             for piece, after in _pieces(block):
                 name, text, arguments = _outline(piece, ir.Module.create(piece[0].location))
-                kernels.setdefault(name, text)
                 with ir.InsertionPoint(after), after.location:
-                    func.CallOp([], ir.FlatSymbolRefAttr.get(name), arguments)
-                if name not in declarations:
-                    scratch = ir.Module.create(fn.location)  # printed in a module of its own: fast
-                    with ir.InsertionPoint(scratch.body), fn.location:
-                        declaration = func.FuncOp(name, ([v.type for v in arguments], []), visibility="private")
-                    declarations[name] = str(declaration)
+                    func.CallOp([], ir.FlatSymbolRefAttr.get(name + DESCRIPTORS), arguments)
+                if name in kernels:
+                    continue
+                # the first of its kind takes pointers, is named and printed; the step calls it
+                # through a declaration that takes its arguments as they are (``pass_pointers``)
+                layouts = [_Layout.of(ir.MemRefType(v.type)) if isinstance(v.type, ir.MemRefType) else None
+                           for v in arguments]
+                with ir.InsertionPoint(fn), fn.location:
+                    through = func.FuncOp(name + DESCRIPTORS, ([v.type for v in arguments], []), visibility="private")
+                    through.attributes[PASSED] = ir.DenseI64ArrayAttr.get(_passed_positions(layouts))
+                kernels[name] = _taking_pointers(text, arguments, layouts).replace(
+                    f"func.func @{_PLACEHOLDER_NAME}(", f"func.func @{name}(", 1)
+                types = [t for v, layout in zip(arguments, layouts)
+                         for t in (layout.argument_types() if layout else [v.type])]
+                apart = ir.Module.create(fn.location)  # printed in a module of its own: fast
+                with ir.InsertionPoint(apart.body), fn.location:
+                    declaration = func.FuncOp(name, (types, []), visibility="private")
+                declarations[name] = str(declaration)
         # with its globals (constants); each op printed in its own scope, not the module's
         step = "\n".join(op.get_asm(use_local_scope=True) for op in _ops(module.body))
         return Split(ir.StringAttr(fn.attributes["sym_name"]).value, step, kernels, declarations)
+
+
+def _symbol(op: ir.Operation) -> str:
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def _call_taking(call: ir.Operation, callee: str, positions: list[int]) -> None:
+    """Replace the ``llvm.call`` ``call`` by a call of ``callee`` with its operands at ``positions``."""
+    operands = list(call.operands)
+    kept = [operands[k] for k in positions]
+    attributes = {name: call.attributes[name] for name in call.attributes}
+    attributes["callee"] = ir.FlatSymbolRefAttr.get(callee)
+    attributes["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get([len(kept), 0])
+    ir.Operation.create("llvm.call", [], kept, attributes, loc=call.location, ip=ir.InsertionPoint(call))
+    call.erase()
+
+
+def pass_pointers(module: ir.Module, step: str) -> None:
+    """In the lowered ``module``: the calls of the function ``step`` through the declarations
+    ``<kernel>`` + DESCRIPTORS, which pass every memref as all its descriptor's fields, call
+    the kernel itself with the fields it takes (PASSED) instead; those declarations go."""
+    with module.context:
+        through = {_symbol(op): op for op in _ops(module.body) if op.name == "llvm.func" and PASSED in op.attributes}
+        if not through:
+            return
+        positions = {name: list(ir.DenseI64ArrayAttr(op.attributes[PASSED])) for name, op in through.items()}
+        fn = next(op for op in _ops(module.body) if _symbol(op) == step)
+        for block in fn.regions[0].blocks:
+            for op in _ops(block):
+                direct = op.name == "llvm.call" and "callee" in op.attributes
+                callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value if direct else None
+                if callee in through:
+                    _call_taking(op, callee[:-len(DESCRIPTORS)], positions[callee])
+        for op in through.values():
+            op.erase()

@@ -1,10 +1,10 @@
 """``noalias`` on the buffers of a kernel's parallel tasks, as on the kernel's own.
 
 ``async-parallel-for`` moves the body of a kernel's parallel loop into ``parallel_compute_fn``,
-which takes the loop's buffers as arguments of its own; the ``noalias`` that ``kernel_split``
-found for the kernel's arguments did not reach them, so LLVM kept every store of a task
+which takes the loop's buffers as arguments of its own (memrefs); the ``noalias`` that
+``kernel_split`` found for the kernel's buffers (their pointers) did not reach them, so LLVM kept every store of a task
 (a per-channel partial sum, a packed panel) in memory where a value in a register would do, and
-guarded vector loops with overlap checks. A task's buffer is marked when it views an argument
+guarded vector loops with overlap checks. A task's buffer is marked when it views a buffer
 of its kernel marked ``noalias`` (``kernel_split.NOALIAS``) that no other buffer of the task
 views; this runs on the kernels right after ``async-parallel-for``, while each task is still a
 ``func.func`` that its kernel calls directly with the buffers, and tags the task with NOALIAS
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from mlir_nn.backends.kernel_split import NOALIAS, aligned_pointer_positions, root_buffer
+from mlir_nn.backends.kernel_split import NOALIAS, aligned_pointer_positions, kernel_buffers, root_buffer
 
 TASK_PREFIX = "parallel_compute_fn"  # the functions async-parallel-for outlines
 DISPATCH_PREFIX = "async_dispatch_fn"  # and those that start the tasks, forwarding the buffers
@@ -26,13 +26,12 @@ def _name(op: ir.Operation) -> str:
     return ir.StringAttr(op.attributes["sym_name"]).value
 
 
-def _noalias_arguments(kernel: ir.Operation) -> set[int]:
-    """Indices of ``kernel``'s memref arguments whose aligned pointer NOALIAS lists."""
+def _noalias_buffers(kernel: ir.Operation) -> set[ir.Value]:
+    """The buffers of ``kernel`` (``kernel_split.kernel_buffers``) whose pointer NOALIAS lists."""
     if NOALIAS not in kernel.attributes:
         return set()
     marked = set(ir.DenseI64ArrayAttr(kernel.attributes[NOALIAS]))
-    positions = aligned_pointer_positions(list(kernel.regions[0].blocks[0].arguments))
-    return {i for i, position in enumerate(positions) if position in marked}
+    return {buffer for buffer, position in kernel_buffers(kernel).items() if position in marked}
 
 
 def _task_calls(kernel: ir.Operation) -> list[ir.Operation]:
@@ -47,16 +46,14 @@ def _task_calls(kernel: ir.Operation) -> list[ir.Operation]:
     return calls
 
 
-def _marked_parameters(call: ir.Operation, kernel: ir.Operation, noalias: set[int]) -> list[bool]:
-    """For each operand of ``call``: whether it views a noalias argument of ``kernel`` that no
-    other operand views."""
-    arguments = list(kernel.regions[0].blocks[0].arguments)
+def _marked_parameters(call: ir.Operation, noalias: set[ir.Value]) -> list[bool]:
+    """For each operand of ``call``: whether it views one of the ``noalias`` buffers of its
+    kernel that no other operand views."""
     roots = [root_buffer(v) if isinstance(v.type, ir.MemRefType) else None for v in call.operands]
     marked = []
     for i, root in enumerate(roots):
-        owner = next((k for k, a in enumerate(arguments) if root is not None and a == root), None)
         alone = root is not None and not any(r is not None and r == root for j, r in enumerate(roots) if j != i)
-        marked.append(owner is not None and owner in noalias and alone)
+        marked.append(alone and root in noalias)
     return marked
 
 
@@ -75,7 +72,7 @@ def mark_task_arguments(module: ir.Module) -> int:
         if len(calls) != 1 or task not in functions:
             continue  # (each parallel loop gets a task function of its own, called once from its kernel)
         call, kernel = calls[0]
-        marked = _marked_parameters(call, kernel, _noalias_arguments(kernel))
+        marked = _marked_parameters(call, _noalias_buffers(kernel))
         if any(marked):
             positions = aligned_pointer_positions(list(call.operands))
             functions[task].attributes[NOALIAS] = ir.DenseI64ArrayAttr.get(

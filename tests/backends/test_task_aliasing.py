@@ -12,11 +12,24 @@ _THREADS = "scf-forall-to-parallel,async-parallel-for{async-dispatch=true min-ta
 _TO_LLVM = ("async-to-async-runtime,async-runtime-ref-counting,convert-async-to-llvm,convert-linalg-to-loops,"
             "expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-to-llvm,"
             "reconcile-unrealized-casts")
+# a 64x32 buffer rebuilt from its pointer argument, as kernel_split's kernels take their buffers
+_DESCRIPTOR = "!llvm.struct<(ptr, ptr, i64, array<2 x i64>, array<2 x i64>)>"
+_FIELDS = ((0, "%P"), (1, "%P"), (2, "%c0"), ("3, 0", "%c64"), ("3, 1", "%c32"), ("4, 0", "%c32"), ("4, 1", "%c1"))
+_BUFFER = f"""
+  %N_0 = llvm.mlir.poison : {_DESCRIPTOR}
+""" + "".join(f"  %N_{i + 1} = llvm.insertvalue {value}, %N_{i}[{where}] : {_DESCRIPTOR}\n"
+              for i, (where, value) in enumerate(_FIELDS)) + f"""
+  %N = builtin.unrealized_conversion_cast %N_7 : {_DESCRIPTOR} to memref<64x32xf32>
+"""
 # a kernel that squares rows of (a view of) %a into (a view of) SOURCE on threads; NOALIAS marks
-# the aligned pointers of both arguments (LLVM positions 1 and 8: a 2-D memref is 7 values) or
-# only of %a
+# the pointers of both buffers or only of %a
 _KERNEL = """
-func.func @kscale(%a: memref<64x32xf32>, %b: memref<64x32xf32>) attributes {mlir_nn.noalias = array<i64: MARKED>} {
+func.func @kscale(%pa: !llvm.ptr, %pb: !llvm.ptr) attributes {mlir_nn.noalias = array<i64: MARKED>} {
+  %c0 = llvm.mlir.constant(0 : i64) : i64
+  %c1 = llvm.mlir.constant(1 : i64) : i64
+  %c32 = llvm.mlir.constant(32 : i64) : i64
+  %c64 = llvm.mlir.constant(64 : i64) : i64
+""" + _BUFFER.replace("%N", "%a").replace("%P", "%pa") + _BUFFER.replace("%N", "%b").replace("%P", "%pb") + """
   %in = memref.subview %a[0, 0] [64, 16] [1, 1] : memref<64x32xf32> to memref<64x16xf32, strided<[32, 1]>>
   %out = memref.subview SOURCE[0, 16] [64, 16] [1, 1]
       : memref<64x32xf32> to memref<64x16xf32, strided<[32, 1], offset: 16>>
@@ -58,15 +71,15 @@ def _task_noalias(marked: str, source: str) -> tuple[int, list[int] | None, list
 
 
 def test_a_task_of_a_kernel_with_unshared_buffers_gets_them_noalias():
-    count, tagged, pointers = _task_noalias("1, 8", "%b")
+    count, tagged, pointers = _task_noalias("0, 1", "%b")
     # the task's arguments: its block range (index values) first, then %a and %b
     assert count == 2 and tagged is not None and len(tagged) == 2 and tagged[1] - tagged[0] == 7
     assert pointers == tagged
 
 
 @pytest.mark.parametrize("marked, source", [
-    ("1, 8", "%a"),  # both of the task's buffers view %a (its two halves)
-    ("1", "%b"),  # %b may alias another argument of the kernel
+    ("0, 1", "%a"),  # both of the task's buffers view %a (its two halves)
+    ("0", "%b"),  # %b may alias another argument of the kernel
 ])
 def test_a_task_buffer_that_may_share_memory_is_not_marked(marked, source):
     count, tagged, pointers = _task_noalias(marked, source)
