@@ -87,7 +87,8 @@ static int self_number(void) {
     return self;
 }
 
-/* The pool: a FIFO of tasks and the threads that run them. */
+/* The pool: the queued tasks, oldest first (pop_locked says which one a thread takes), and the
+ * threads that run them. */
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t work;  /* pool threads sleep here: a task was queued */
