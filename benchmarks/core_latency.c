@@ -44,22 +44,16 @@ double mlirnn_one_way_ns(int a, int b, long rounds) {
     Partner p = {b, rounds};
     pthread_t thread;
     if (pthread_create(&thread, NULL, partner, &p) != 0) return -1.0;
-    double result = -1.0;
-    if (pin(a) == 0) {
-        struct timespec start, end;
-        clock_gettime(CLOCK_MONOTONIC, &start);
-        for (long i = 0; i < rounds; i++) {
-            atomic_store_explicit(&line, 2 * i + 1, memory_order_release);
-            while (atomic_load_explicit(&line, memory_order_acquire) != 2 * i + 2) {}
-        }
-        clock_gettime(CLOCK_MONOTONIC, &end);
-        result = ((end.tv_sec - start.tv_sec) * 1e9 + (end.tv_nsec - start.tv_nsec)) / (2.0 * rounds);
-    } else {
-        for (long i = 0; i < rounds; i++) { /* let the partner finish */
-            atomic_store_explicit(&line, 2 * i + 1, memory_order_release);
-            while (atomic_load_explicit(&line, memory_order_acquire) != 2 * i + 2) {}
-        }
+    int pinned = pin(a) == 0; /* unpinned, the partner still needs its rounds to finish */
+    struct timespec start, end;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (long i = 0; i < rounds; i++) {
+        atomic_store_explicit(&line, 2 * i + 1, memory_order_release);
+        while (atomic_load_explicit(&line, memory_order_acquire) != 2 * i + 2) {}
     }
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    double ns = (end.tv_sec - start.tv_sec) * 1e9 + (end.tv_nsec - start.tv_nsec);
+    double result = pinned ? ns / (2.0 * rounds) : -1.0;
     pthread_join(thread, NULL);
     pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
     return result;

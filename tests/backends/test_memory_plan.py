@@ -318,20 +318,13 @@ def test_a_cnn_training_step_allocates_nothing_per_step(dynamic_batch):
     from mlir_nn import nn
     from mlir_nn.losses import cross_entropy
     from mlir_nn.optim import SGD
+    from mlir_nn.trainer import train_step
 
     np.random.seed(0)
     model = nn.Sequential(nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5),
                           nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(400, 10))
     opt = SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-    def step(x, y):
-        loss = cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-
-    run = mlir_nn.jit(step, tiered=False, dynamic_batch=dynamic_batch)
+    run = mlir_nn.jit(train_step(model, opt, cross_entropy), tiered=False, dynamic_batch=dynamic_batch)
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((24, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 24).astype(np.float32)
     compiled = run.lower(x, y)
