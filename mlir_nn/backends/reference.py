@@ -62,12 +62,14 @@ class ReferenceExecutable:
         self._write_updates(params, [own(u, params) for u in updates])
         return outputs
 
-    def _write_updates(self, params: list[np.ndarray], updates: list[np.ndarray]) -> None:
+    def _write_updates(self, params: list[np.ndarray], updates: list[np.ndarray | None]) -> None:
         """Write the new parameter values, computed whole before (none reads a parameter about to
-        be written: ``own``); the writes run whole, a Ctrl-C waits for them."""
+        be written: ``own``; None: written in place already); the writes run whole, a Ctrl-C
+        waits for them."""
         with interrupts_deferred():
             for slot, value in zip(self._update_slots, updates):
-                params[slot][...] = value
+                if value is not None:
+                    params[slot][...] = value
 
 
 class ReferenceBackend:
