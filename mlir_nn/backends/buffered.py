@@ -92,7 +92,8 @@ KERNELS: dict[str, Kernel] = {
     "sum_to": _sum_to, "log": _log,
 }
 FLOATS = ("float32", "float64")
-ELEMENTWISE = ("add", "sub", "mul", "div", "neg", "sqrt", "exp", "log", "tanh", "relu", "pow")  # safe with out= an operand
+# ops whose out= may be one of their operands (element by element)
+ELEMENTWISE = ("add", "sub", "mul", "div", "neg", "sqrt", "exp", "log", "tanh", "relu", "pow")
 
 
 def kernel(node: Node) -> Kernel | None:
