@@ -55,3 +55,28 @@ def test_artifacts_are_optimized_and_gpu_check_reads_them_without_mlir(tmp_path)
     proc = subprocess.run(check, capture_output=True, text=True)
     if proc.returncode != 0:
         assert "CudaUnavailable" in proc.stderr, proc.stderr
+
+
+def test_cnn_steps_are_in_the_payload_and_gpu_check_binds_them_without_mlir(tmp_path):
+    """LeNet-5 and VGG-small training steps: built here, bound by gpu_check.py's dry run at both batch
+    sizes of each case (every parameter updated), their convolution and pooling kernels in the model."""
+    art, res = tmp_path / "artifacts", tmp_path / "results"
+    cnn_cases = ["lenet_step", "vgg_step"]
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_gpu_artifacts.py"), str(art),
+                           "--arch", "sm_80", "--cases", *cnn_cases], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    built = json.loads((art / "cases.json").read_text())["cases"]
+    proc = subprocess.run([sys.executable, "-c", BLOCKED_RUN, str(ROOT / "benchmarks" / "gpu_check.py"), str(res),
+                           "--artifacts", str(art), "--cases", *cnn_cases, "--dry-run"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((res / "gpu_check.json").read_text())["cases"]
+    for name, layers, batches in (("lenet_step", 5, ["64", "5"]), ("vgg_step", 4, ["128", "3"])):
+        case = report[name]
+        assert case["ok"] and sorted(case["check"]) == sorted(batches)
+        for batch in batches:
+            bound = case["check"][batch]
+            assert bound["outputs"] == 1 and bound["updates"] == 2 * layers  # weights and biases
+            assert 0 < bound["launches"] <= built[name]["kernels"]
+        if shutil.which("ptxas"):
+            nodes = {n["node"] for n in case["model"]["nodes"]}
+            assert {"conv2d_bias", "conv2d_input_grad", "conv2d_weight_update", "max_pool2d_grad"} <= nodes
