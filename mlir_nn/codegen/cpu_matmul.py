@@ -133,8 +133,9 @@ PACK_PARALLEL_ROWS, PACK_TASK_PANELS, PACK_TASK_ROWS = "mlirnn.pack_parallel_row
 # A weight gradient summed over a dynamic batch of at least K_RANGES_BATCH_MIN rows whose C has at
 # most K_RANGES_OUTPUT_MAX elements runs as tasks of batch ranges (``_summed_in_k_ranges``), each
 # into a partial C of its own; smaller batches keep the tasks of tiles of C (two processes
-# alternating slices, 2 threads: 200-50-200 at batch 5000 -4% on one core complex, -8% on two;
-# 100-100-100-100-1 Adam at 5000 -7% and -17%; at batches 256-1024 +1% to +7%).
+# alternating slices, 2 threads, steps on one core complex / on two: 16-64x7-1 at batch 4096 -3% /
+# -27%, 100-100-100-100-1 Adam at 5000 -5% / -16%, 200-50-200 at 5000 -5% / -10%; always ranges,
+# batches of 256-1024 took 1-7% longer).
 K_RANGES_OUTPUT_MAX, K_RANGES_BATCH_MIN = 1 << 16, 2048
 _DYNAMIC = ir.ShapedType.get_dynamic_size()
 # A batch's rows copied in groups (``_pack_row_groups``) spread over the groups, in tasks of
@@ -1064,12 +1065,15 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
         return acc
 
     if k_rows is not None:  # (each branch its own accumulator: one made before both came out wrong)
-        operands = (packed_a, _operand_dims(a_map).index(4), packed_b, _operand_dims(b_map).index(4))
         sizes = _static([row_panels, tm, col_panels, tn])
-        product = _by_batch(packed_a, operands[1], ir.RankedTensorType.get(sizes, element),
-                            lambda: _summed_in_k_ranges(*operands, accumulator(), tensor.empty([TASKS_MAX, *sizes],
-                                                                                              element),
-                                                        k_rows, added_into),
+        a_axis, b_axis = _operand_dims(a_map).index(4), _operand_dims(b_map).index(4)
+
+        def in_ranges() -> ir.Value:
+            partials = tensor.empty([TASKS_MAX, *sizes], element)
+            return _summed_in_k_ranges(packed_a, a_axis, packed_b, b_axis, accumulator(), partials, k_rows,
+                                       added_into)
+
+        product = _by_batch(packed_a, a_axis, ir.RankedTensorType.get(sizes, element), in_ranges,
                             lambda: added_into(packed_a, accumulator()))
     else:
         product = added_into(packed_a, accumulator())
