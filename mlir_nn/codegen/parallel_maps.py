@@ -121,6 +121,15 @@ def _two_parallel_loops(op: ir.Operation) -> bool:
     return len(iterators) == 2 and all("parallel" in i for i in iterators)
 
 
+def _row_reduction(op: ir.Operation) -> bool:
+    """Whether ``op`` is a generic reducing each row of a 2-D buffer (a loss's row statistics
+    over the classes: a parallel loop and a reduction) into outputs led by that row alone."""
+    if op.name != "linalg.generic":
+        return False
+    iterators = ["parallel" in str(i) for i in ir.ArrayAttr(op.attributes["iterator_types"])]
+    return iterators == [True, False] and _leading_dim_splits(op)
+
+
 def _work_per_index(op: ir.Operation, per_row: int) -> int:
     """Inner iterations of ``op`` per index of its leading loop: the elements a generic reads
     for one (its reductions' extents times the ``per_row`` outputs it writes), at least those.
@@ -137,7 +146,8 @@ def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
     leading dim), or (``_inner_split``) a count of another loop's indices. 2-D: an
     all-parallel generic or a copy (a product's last column panel) whose outputs have a
     static row length, in blocks of PARALLEL_MAP_ROWS rows (short rows: taller blocks of
-    PARALLEL_MAP_MIN elements).
+    PARALLEL_MAP_MIN elements); a reduction of each row (``_row_reduction``) likewise, its
+    rows counted by the elements read.
     Rank 3 and more: a generic (reductions over inner loops allowed), copy or fill with static
     inner dims, in blocks of at least PARALLEL_MAP_MIN inner iterations (``_work_per_index``),
     at least two of them. Never one tagged by another schedule or already on threads. A 2-D
@@ -151,10 +161,13 @@ def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
     if not outs or not all(isinstance(v.type, ir.MemRefType) for v in outs):
         return None
     shape = ir.MemRefType(outs[0].type).shape
-    if len(shape) < 2 or any(ir.ShapedType.is_dynamic_size(d) for d in shape[1:]) or _inside_threads(op):
+    if (len(shape) < 2 and not _row_reduction(op)) or any(ir.ShapedType.is_dynamic_size(d) for d in shape[1:]) or (
+            _inside_threads(op)):
         return None
     per_row = math.prod(shape[1:])
-    if len(shape) == 2:
+    if _row_reduction(op):
+        rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // _work_per_index(op, per_row)))
+    elif len(shape) == 2:
         if (op.name == "linalg.fill" and not ir.ShapedType.is_dynamic_size(shape[0])) or (
                 op.name == "linalg.generic" and not _two_parallel_loops(op)):
             return None

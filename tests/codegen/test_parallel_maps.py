@@ -223,3 +223,32 @@ def test_row_statistics_on_threads_match_the_reference_at_awkward_sizes(dtype, t
         for i, (got, expected) in enumerate(zip(executable.run(inputs, []), want)):
             scale = max(1.0, float(np.abs(expected).max()))
             np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * scale, err_msg=f"output {i}, {rows} rows")
+
+
+_ROWS_2D = """
+#in = affine_map<(d0, d1) -> (d0, d1)>
+#out = affine_map<(d0, d1) -> (OUTMAP)>
+func.func @stats(%x: memref<ROWSxWIDTHxf32>, %s: memref<OUTSHAPExf32>) {
+  linalg.generic {indexing_maps = [#in, #out], iterator_types = [ITERATORS]}
+      ins(%x : memref<ROWSxWIDTHxf32>) outs(%s : memref<OUTSHAPExf32>) {
+  ^bb0(%v: f32, %t: f32):
+    %a = arith.addf %v, %t : f32
+    linalg.yield %a : f32
+  }
+  return
+}
+"""
+
+
+@pytest.mark.parametrize("rows, width, out, block", [
+    ("2048", "96", "d0, 0", 171),  # a loss's row statistics over 96 classes: tasks of ceil(PARALLEL_MAP_MIN / 96) rows
+    ("2048", "96", "d0", 171), ("?", "96", "d0", 171), ("171", "96", "d0", None),  # one task's worth
+    ("2048", "1000", "d0, 0", PARALLEL_MAP_ROWS),  # long rows: PARALLEL_MAP_ROWS a task, as element-wise passes
+    ("2048", "96", "d1", None),  # a sum over the rows (a bias gradient): not split here
+])
+def test_2d_row_reductions_are_spread_over_rows(rows, width, out, block):
+    shape = {"d0, 0": f"{rows}x1", "d0": rows, "d1": width}[out]
+    iterators = '"reduction", "parallel"' if out == "d1" else '"parallel", "reduction"'
+    source = _ROWS_2D.replace("OUTSHAPE", shape).replace("ROWS", rows).replace("WIDTH", width)
+    text = _spread(source.replace("OUTMAP", out).replace("ITERATORS", iterators), int(block is not None))
+    assert block is None or f"{PARALLEL_MAP} = array<i64: {block}>" in text
