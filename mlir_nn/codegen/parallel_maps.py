@@ -7,11 +7,12 @@ dynamic batch, the blocks are counted at run time: a batch of one block (the moo
 calls its one task directly, and a large one (24-48-48-24 at batch 20000) is spread.
 Passes over tensors of rank 3 and more (layout transposes, bias and activation epilogues,
 reductions over inner loops, copies and fills) are spread over their leading dim in blocks of
-at least PARALLEL_MAP_MIN elements: on a 2-core machine such passes were about half of a CNN
-step's time, all of it on one core. Passes that read windows (an im2col copy, pooling and its
-gradient) are spread too, since compiled functions prefer no gathers and scatters
-(``backends.host_cpu``): before, LLVM vectorized their tiled loops into them and a VGG step
-on one thread took 25% longer, so they stayed serial (a fifth of a VGG-small step on one core).
+at least PARALLEL_MAP_MIN inner iterations (elements read: a row statistic reads its whole
+row): on a 2-core machine such passes were about half of a CNN step's time, all of it on one
+core. Passes that read windows (an im2col copy, pooling and its gradient) are spread too,
+since compiled functions prefer no gathers and scatters (``backends.host_cpu``): before, LLVM
+vectorized their tiled loops into them and a VGG step on one thread took 25% longer, so they
+stayed serial (a fifth of a VGG-small step on one core).
 
 This runs after ``fuse_updates`` and ``hoist_scalars``, on the fused passes. Tiled on
 tensors, before the pipeline's element-wise fusion, each op of an update chain became a loop
@@ -120,28 +121,53 @@ def _two_parallel_loops(op: ir.Operation) -> bool:
     return len(iterators) == 2 and all("parallel" in i for i in iterators)
 
 
+def _row_reduction(op: ir.Operation) -> bool:
+    """Whether ``op`` is a generic reducing each row of a 2-D buffer (a loss's row statistics
+    over the classes: a parallel loop and a reduction) into outputs led by that row alone."""
+    if op.name != "linalg.generic":
+        return False
+    iterators = ["parallel" in str(i) for i in ir.ArrayAttr(op.attributes["iterator_types"])]
+    return iterators == [True, False] and _leading_dim_splits(op)
+
+
+def _work_per_index(op: ir.Operation, per_row: int) -> int:
+    """Inner iterations of ``op`` per index of its leading loop: the elements a generic reads
+    for one (its reductions' extents times the ``per_row`` outputs it writes), at least those.
+    Row statistics (32, 64, 64) -> (32, 64, 1) write 64 elements an index but read 4096: sized by
+    their outputs they looked like one task's worth and ran serial between passes on threads."""
+    ranges = _loop_ranges(op) if op.name == "linalg.generic" else []
+    if not ranges or any(r is None for r in ranges[1:]):
+        return per_row
+    return max(per_row, math.prod(ranges[1:]))
+
+
 def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
     """Tile sizes of a task if ``op`` is a large pass to spread, else None: rows (indices of the
     leading dim), or (``_inner_split``) a count of another loop's indices. 2-D: an
     all-parallel generic or a copy (a product's last column panel) whose outputs have a
     static row length, in blocks of PARALLEL_MAP_ROWS rows (short rows: taller blocks of
-    PARALLEL_MAP_MIN elements).
+    PARALLEL_MAP_MIN elements); a reduction of each row (``_row_reduction``) likewise, its
+    rows counted by the elements read.
     Rank 3 and more: a generic (reductions over inner loops allowed), copy or fill with static
-    inner dims, in blocks of at least PARALLEL_MAP_MIN elements, at least two of them. Never one
-    tagged by another schedule or already on threads. A 2-D fill is spread only over a dynamic
-    batch: zeroing a product's accumulator serially left every row the pool thread then added
-    into in the other core's cache (on a 2-core VM whose cores share no L3: 16-64x7-1 at batch
-    4096, 10.1 -> 8.7 ms; 4.3 -> 3.9 ms where they share one)."""
+    inner dims, in blocks of at least PARALLEL_MAP_MIN inner iterations (``_work_per_index``),
+    at least two of them. Never one tagged by another schedule or already on threads. A 2-D
+    fill is spread only over a dynamic batch: zeroing a product's accumulator serially left
+    every row the pool thread then added into in the other core's cache (on a 2-core VM whose
+    cores share no L3: 16-64x7-1 at batch 4096, 10.1 -> 8.7 ms; 4.3 -> 3.9 ms where they share
+    one)."""
     if op.name not in _SPREAD_OPS or op.results or any(name.startswith("mlirnn.") for name in op.attributes):
         return None
     outs = list(op.operands)[len(op.opview.inputs):]
     if not outs or not all(isinstance(v.type, ir.MemRefType) for v in outs):
         return None
     shape = ir.MemRefType(outs[0].type).shape
-    if len(shape) < 2 or any(ir.ShapedType.is_dynamic_size(d) for d in shape[1:]) or _inside_threads(op):
+    if (len(shape) < 2 and not _row_reduction(op)) or any(ir.ShapedType.is_dynamic_size(d) for d in shape[1:]) or (
+            _inside_threads(op)):
         return None
     per_row = math.prod(shape[1:])
-    if len(shape) == 2:
+    if _row_reduction(op):
+        rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // _work_per_index(op, per_row)))
+    elif len(shape) == 2:
         if (op.name == "linalg.fill" and not ir.ShapedType.is_dynamic_size(shape[0])) or (
                 op.name == "linalg.generic" and not _two_parallel_loops(op)):
             return None
@@ -150,7 +176,7 @@ def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
         # runs its one task on the calling thread, with no task started.
         rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // per_row))
     elif _leading_dim_splits(op):
-        rows = -(-PARALLEL_MAP_MIN // per_row)
+        rows = -(-PARALLEL_MAP_MIN // _work_per_index(op, per_row))
     else:
         return _inner_split(op)
     return (rows,) if ir.ShapedType.is_dynamic_size(shape[0]) or shape[0] > rows else None

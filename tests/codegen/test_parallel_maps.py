@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from mlir import ir
 
 from mlir_nn.backends.cpu import THREAD_PASS, CpuBackend, lower
 from mlir_nn.backends.reference import evaluate
-from mlir_nn.codegen.parallel_maps import PARALLEL_MAP_ROWS, spread_maps
+from mlir_nn.codegen.parallel_maps import PARALLEL_MAP, PARALLEL_MAP_ROWS, spread_maps
 from mlir_nn.egraph.cache import optimize_cached
+from mlir_nn.ir import Graph, make_node
 from mlir_nn.support.pipelines import Pipeline, load_pipeline
 from tests.egraph.util import random_arguments, trace_mlp
 
@@ -94,19 +97,22 @@ func.func @passes(%a: memref<Lx8xROWSx16xf32>, %w: memref<2xf32>, %c: memref<OUT
 """
 
 
-@pytest.mark.parametrize("lead, read, out, out_shape, spread, inner", [
-    ("?", "d2", "d0, d1, d2, d3", "?x8x16x16", 2, None),  # a dynamic batch: a reduction over an inner loop and a copy
-    ("9", "d2", "d0, d1, d2, d3", "9x8x16x16", 2, None),  # 9 rows of 2048 elements: tasks of 8 rows
-    ("8", "d2", "d0, d1, d2, d3", "8x8x16x16", 0, None),  # one task's worth: stays serial
-    ("9", "d2 + d4", "d0, d1, d2, d3", "9x8x16x16", 2, None),  # a window read (pooling)
-    ("9", "3", "d0, d1, d2, d3", "9x8x16x16", 2, None),  # a constant index (a convolution tap's weight) is no window
+@pytest.mark.parametrize("lead, read, out, out_shape, spread, blocks", [
+    # the generic reads 2 elements an output (4096 a leading index): tasks of 4 indices; the
+    # copy writes 2048 an index: tasks of 8
+    ("?", "d2", "d0, d1, d2, d3", "?x8x16x16", 2, ["(d0 * 4)", "(d0 * 8)"]),  # a dynamic batch
+    ("9", "d2", "d0, d1, d2, d3", "9x8x16x16", 2, ["(d0 * 4)", "(d0 * 8)"]),
+    ("8", "d2", "d0, d1, d2, d3", "8x8x16x16", 1, ["(d0 * 4)"]),  # the copy: one task's worth, serial
+    ("4", "d2", "d0, d1, d2, d3", "4x8x16x16", 0, []),  # both one task's worth
+    ("9", "d2 + d4", "d0, d1, d2, d3", "9x8x16x16", 2, ["(d0 * 4)", "(d0 * 8)"]),  # a window read (pooling)
+    ("9", "3", "d0, d1, d2, d3", "9x8x16x16", 2, ["(d0 * 4)", "(d0 * 8)"]),  # a constant index (a tap's weight)
     # the output leads with loop 1: split over it, in tasks of ceil(PARALLEL_MAP_MIN / (9 x 16 x 16 x 2)) = 4 indices
-    ("9", "d2", "d1, d0, d2, d3", "8x9x16x16", 2, "(d0 * 4)"),
+    ("9", "d2", "d1, d0, d2, d3", "8x9x16x16", 2, ["(d0 * 4)", "(d0 * 8)"]),
     # a sum over loop 0 into one row per loop-1 index (a bias gradient per channel)
-    ("9", "d2", "d1, 0, 0, 0", "8x1x1x1", 2, "(d0 * 4)"),
-    ("9", "d2", "0, 0, 0, 0", "1x1x1x1", 1, None),  # a sum over every loop: only the copy
+    ("9", "d2", "d1, 0, 0, 0", "8x1x1x1", 2, ["(d0 * 4)", "(d0 * 8)"]),
+    ("9", "d2", "0, 0, 0, 0", "1x1x1x1", 1, ["(d0 * 8)"]),  # a sum over every loop: only the copy
 ])
-def test_passes_over_rank_4_buffers_are_spread(lead, read, out, out_shape, spread, inner):
+def test_passes_over_rank_4_buffers_are_spread(lead, read, out, out_shape, spread, blocks):
     with ir.Context(), ir.Location.unknown():
         rows = "17" if "+" in read else "16"
         text = _RANK_4.replace("Lx", lead + "x").replace("ROWS", rows).replace("IN", read)
@@ -115,10 +121,34 @@ def test_passes_over_rank_4_buffers_are_spread(lead, read, out, out_shape, sprea
         assert module.operation.verify()
         text = str(module)
     assert text.count("scf.forall") == spread
-    assert ("(d0 * 8)" in text) == bool(spread)  # blocks of ceil(PARALLEL_MAP_MIN / 2048) = 8 leading indices
-    assert inner is None or inner in text
+    assert sorted(set(re.findall(r"\(d0 \* \d+\)", text))) == blocks  # each spread pass's block offset
 
 
+_ROW_STATS = """
+#in = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
+#out = affine_map<(d0, d1, d2) -> (d0, d1, 0)>
+func.func @stats(%x: memref<ROWSx64xWIDTHxf32>, %s: memref<ROWSx64x1xf32>) {
+  linalg.generic {indexing_maps = [#in, #out], iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%x : memref<ROWSx64xWIDTHxf32>) outs(%s : memref<ROWSx64x1xf32>) {
+  ^bb0(%v: f32, %t: f32):
+    %a = arith.addf %v, %t : f32
+    linalg.yield %a : f32
+  }
+  return
+}
+"""
+
+
+@pytest.mark.parametrize("rows, width, block", [
+    ("32", "64", 4),  # a LayerNorm's (32, 64, 64) -> (32, 64, 1): 4096 elements read an index, 64 written
+    ("?", "64", 4), ("5", "64", 4), ("4", "64", None),  # one task's worth: serial
+    ("32", "256", 1), ("2", "256", 1), ("1", "256", None),
+])
+def test_row_statistics_are_sized_by_the_elements_they_read(rows, width, block):
+    """Row statistics write one element a row: sized by their outputs (64 an index), they
+    looked like one task's worth and ran serial between passes on threads."""
+    text = _spread(_ROW_STATS.replace("ROWS", rows).replace("WIDTH", width), int(block is not None))
+    assert block is None or f"{PARALLEL_MAP} = array<i64: {block}>" in text  # rows a task
 def _adam_graph(widths: list[int]):
     graph, _, _ = trace_mlp(widths, 8, "--optimizer", "adam", dtype="float32")
     return optimize_cached(graph, 8)[0]
@@ -158,3 +188,67 @@ def test_large_adam_steps_match_the_reference_at_awkward_sizes():
         for (name, _), expected in zip(graph.updates, updates):
             np.testing.assert_allclose(params[slot[name]], expected, rtol=2e-5, atol=1e-5 * np.abs(expected).max(),
                                        err_msg=f"{name}, batch {batch}")
+
+
+def _row_ops_graph(dtype: str) -> Graph:
+    """LayerNorm, softmax and their gradients along the last axis of (N, 64, 64) and causal
+    attention scores (N, 4, 32, 32): row statistics reading 4096 elements a leading index."""
+    x, g = (make_node("input", [], name=n, shape=("N", 64, 64), dtype=dtype) for n in "xg")
+    a = make_node("input", [], name="a", shape=("N", 4, 32, 32), dtype=dtype)
+    y = make_node("softmax", [x], axis=2)
+    c = make_node("softmax", [a], axis=3, causal=True)
+    outs = (y, make_node("softmax_grad", [y, g], axis=2), make_node("layer_norm", [x], eps=1e-5),
+            make_node("layer_norm_grad", [x, g], eps=1e-5), c, make_node("softmax_grad", [c, a], axis=3, causal=True))
+    return Graph((x, g, a), (), outs, name="row_stats")
+
+
+def test_row_statistics_run_in_tasks_of_four_leading_indices():
+    shipped = load_pipeline("cpu")
+    cut = next(i for i, p in enumerate(shipped.passes) if p.startswith("scf-forall-to-parallel"))
+    threads = next(p for p in shipped.passes if p.startswith(THREAD_PASS))
+    module, _, _ = lower(_row_ops_graph("float32"), Pipeline("until-threads", (*shipped.passes[:cut], threads)))
+    stats = [line for line in str(module).splitlines() if "linalg.generic" in line and "reduction" in line]
+    assert len(stats) >= 12  # (sized by their outputs: tasks of 256 indices, one task at these batches)
+    assert all(f"{PARALLEL_MAP} = array<i64: 4>" in line for line in stats)
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float64", 1e-12)])  # (float32: y (g - sum(y g)) cancels)
+def test_row_statistics_on_threads_match_the_reference_at_awkward_sizes(dtype, tol):
+    graph = _row_ops_graph(dtype)
+    executable = CpuBackend().compile(graph)
+    for rows in (1, 7, 33, 65):
+        rng = np.random.default_rng(rows)
+        inputs = [(rng.standard_normal((rows, *n.shape[1:])) * 3.0 + 1.0).astype(dtype) for n in graph.inputs]
+        want = evaluate(graph, inputs, [], rows)[0]
+        for i, (got, expected) in enumerate(zip(executable.run(inputs, []), want)):
+            scale = max(1.0, float(np.abs(expected).max()))
+            np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * scale, err_msg=f"output {i}, {rows} rows")
+
+
+_ROWS_2D = """
+#in = affine_map<(d0, d1) -> (d0, d1)>
+#out = affine_map<(d0, d1) -> (OUTMAP)>
+func.func @stats(%x: memref<ROWSxWIDTHxf32>, %s: memref<OUTSHAPExf32>) {
+  linalg.generic {indexing_maps = [#in, #out], iterator_types = [ITERATORS]}
+      ins(%x : memref<ROWSxWIDTHxf32>) outs(%s : memref<OUTSHAPExf32>) {
+  ^bb0(%v: f32, %t: f32):
+    %a = arith.addf %v, %t : f32
+    linalg.yield %a : f32
+  }
+  return
+}
+"""
+
+
+@pytest.mark.parametrize("rows, width, out, block", [
+    ("2048", "96", "d0, 0", 171),  # a loss's row statistics over 96 classes: tasks of ceil(PARALLEL_MAP_MIN / 96) rows
+    ("2048", "96", "d0", 171), ("?", "96", "d0", 171), ("171", "96", "d0", None),  # one task's worth
+    ("2048", "1000", "d0, 0", PARALLEL_MAP_ROWS),  # long rows: PARALLEL_MAP_ROWS a task, as element-wise passes
+    ("2048", "96", "d1", None),  # a sum over the rows (a bias gradient): not split here
+])
+def test_2d_row_reductions_are_spread_over_rows(rows, width, out, block):
+    shape = {"d0, 0": f"{rows}x1", "d0": rows, "d1": width}[out]
+    iterators = '"reduction", "parallel"' if out == "d1" else '"parallel", "reduction"'
+    source = _ROWS_2D.replace("OUTSHAPE", shape).replace("ROWS", rows).replace("WIDTH", width)
+    text = _spread(source.replace("OUTMAP", out).replace("ITERATORS", iterators), int(block is not None))
+    assert block is None or f"{PARALLEL_MAP} = array<i64: {block}>" in text
