@@ -44,7 +44,8 @@ class CostModel:
         if op in FREE:
             return 0.0
         if op in conv_forms.CONV_OPS:
-            shape = conv_forms.conv_shape(op, in_shapes, out_shape, attrs, self.batch, itemsize)
+            named = dict(attrs["opaque"]) if "opaque" in attrs else attrs  # (an op the rules do not rewrite)
+            shape = conv_forms.conv_shape(op, in_shapes, out_shape, named, self.batch, itemsize)
             return self.byte * conv_forms.BYTES_PER_NS * conv_forms.conv_cost_ns(op, shape) + self.launch
         out = numel(out_shape, self.batch)
         ins = [numel(s, self.batch) for s in in_shapes if len(s)]  # scalars ride along as arguments
