@@ -55,3 +55,21 @@ def test_artifacts_are_optimized_and_gpu_check_reads_them_without_mlir(tmp_path)
     proc = subprocess.run(check, capture_output=True, text=True)
     if proc.returncode != 0:
         assert "CudaUnavailable" in proc.stderr, proc.stderr
+
+
+def test_cnn_step_artifacts_pass_gpu_checks_dry_run(tmp_path):
+    """A CNN step (LeNet-5, optimized: fused conv biases and weight updates) builds into an artifact
+    that gpu_check.py reads, without MLIR, and checks on its dry run. (vgg_step takes the same path
+    at several times the compile time.)"""
+    art, res, cases = tmp_path / "artifacts", tmp_path / "results", ["lenet_step"]
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_gpu_artifacts.py"), str(art),
+                           "--arch", "sm_80", "--no-trainer", "--cases", *cases], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([sys.executable, "-c", BLOCKED_RUN, str(ROOT / "benchmarks" / "gpu_check.py"), str(res),
+                           "--artifacts", str(art), "--cases", *cases, "--dry-run"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((res / "gpu_check.json").read_text())
+    assert "resident" not in report  # (no Trainer case built)
+    for name in cases:
+        assert report["cases"][name]["ok"] and report["cases"][name]["check"], name
