@@ -46,10 +46,11 @@ def _panel_gathers(graph) -> int:
 
 
 @pytest.fixture
-def gemm_forms(monkeypatch):
+def gemm_forms(monkeypatch, tmp_path):
     """Every convolution in the im2col + GEMM form (the cost picks col2im for some of CASES' input
-    gradients; either form computes the same values, so a cached kernel of the other is still right)."""
+    gradients), its kernels cached apart (the cache keys on the graph, not on the form)."""
     monkeypatch.setenv(conv_forms.FORM_ENV, "gemm")
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
 
 
 @pytest.mark.parametrize("case,batch,gathers", CASES)

@@ -161,18 +161,18 @@ def test_few_tap_weight_gradients_keep_the_sums_of_a_rows_taps_in_registers(dtyp
     check(weight_grad_graph(dtype, 3, 3, (7, width), 5, (3, 3), (1, 1), (1, 1, 1, 1), update=True), 3, seed=1)
 
 
-@pytest.mark.parametrize("c, kernel, groups, taps", [(1, (5, 5), 1, 25), (3, (3, 3), 1, 27), (4, (3, 3), 4, 9),
-                                                      (16, (5, 5), 1, None)])
-def test_convolutions_with_few_taps_sum_them_in_one_pass(c, kernel, groups, taps):
+@pytest.mark.parametrize("c, kernel, groups, width, taps", [(1, (5, 5), 1, 38, 25), (3, (3, 3), 1, 34, 27),
+                                                             (4, (3, 3), 4, 34, 9), (16, (5, 5), 1, 38, None)])
+def test_convolutions_with_few_taps_sum_them_in_one_pass(c, kernel, groups, width, taps):
     """A convolution with few taps per output (the tap sum costs least): the forward pass is one pass
     over NCHW, loops (n g o p | c i j | q) reading the padded input (no views), and the weight
     gradient one pass of partial sums per output column; no im2col product. More taps, or
-    the CUDA target (no subviews), keep the GEMM or the direct loop. (Rows of 27 and 31 outputs
-    nearly fill whole vectors; narrow rows would waste the tap sum's lanes.)"""
+    the CUDA target (no subviews), keep the GEMM or the direct loop. (Rows of 32 outputs fill
+    whole vectors, no columns to crop; narrow rows would waste the tap sum's lanes.)"""
     from mlir_nn.codegen import emit_linalg
 
     at = dict(stride=(2, 1), padding=(1, 1, 2, 0), dilation=(1, 2), groups=groups)
-    x = _leaf("input", "x", ("N", c, 9, 33), "float32")
+    x = _leaf("input", "x", ("N", c, 9, width), "float32")
     w = _leaf("param", "w", (16, c // groups) + kernel, "float32")
     y = make_node("conv2d", [x, w], **at)
     forward = Graph((x,), (w,), (y,), name="conv")
@@ -348,10 +348,15 @@ def weight_grad_graph(dtype, batch, c, hw, o, kernel, stride, padding, update=Fa
     ((16, 5, (22, 32), 7, (3, 3), (1, 1), (0, 0, 0, 0)), 16),  # 16 chunks: 8 tasks of 2
     ((12, 9, (13, 15), 33, (5, 3), (1, 1), (2, 2, 1, 1)), 3),  # 4 images a chunk; 135 columns, 33 rows
 ])
-def test_weight_gradients_over_a_static_batch_sum_chunks_of_images(dtype, case, chunks):
+def test_weight_gradients_over_a_static_batch_sum_chunks_of_images(dtype, case, chunks, monkeypatch, tmp_path):
     """A weight gradient over more than 2 * CHUNK_PIXELS output pixels of a static batch sums its
     product over chunks of images (their columns gathered per chunk, in cache), in tasks: the
-    chunks as ``chunk_images`` counts them, the result as the reference's."""
+    chunks as ``chunk_images`` counts them, the result as the reference's. (The GEMM form is forced,
+    its kernels cached apart: the cost picks the tap sum for most of these few-output products.)"""
+    from mlir_nn.ir import conv_forms
+
+    monkeypatch.setenv(conv_forms.FORM_ENV, "gemm")
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
     batch, _, hw, _, kernel, stride, padding = case
     out = [(size + lo + hi - k) // s + 1 for size, k, s, lo, hi in zip(hw, kernel, stride, padding[::2], padding[1::2])]
     assert batch // chunk_images(batch, out[0] * out[1]) == chunks
