@@ -6,12 +6,12 @@ loops that no operand indexes directly get their extent from an unused ``(kh, kw
 window operand, as linalg's own pooling ops do. Gradients that scatter (a transposed
 convolution, the pooling gradients) gather instead: the output gradient is spread out by
 the stride and padded by the window span, so that every input position reads a plain
-window of it. On the CPU, the input gradient of a convolution with up to 64 input channels
-(COL2IM_CHANNELS_MAX) is a GEMM whose columns are added back tap by tap (``codegen.col2im``) instead, and a
-convolution with few taps per output (TAPS_MAX) sums its taps in one pass over the padded
-input, forward and weight gradient, with no im2col at all. Over a static batch with many
-output pixels, the CPU weight and col2im input gradients run per chunk of images
-(CHUNK_PIXELS), as tasks, so that each chunk's columns stay in cache. The fused ops
+window of it. On the CPU each convolution takes the form the shape-aware cost of
+``mlir_nn.ir.conv_forms`` finds cheapest (``conv_form``): im2col + GEMM, an input gradient as a
+GEMM whose columns are added back tap by tap (col2im, ``codegen.col2im``), or, forward and weight
+gradient, the direct sum of its taps in one pass over the padded input, with no im2col at all.
+Over a static batch with many output pixels, the CPU weight and col2im input gradients run per
+chunk of images (CHUNK_PIXELS), as tasks, so that each chunk's columns stay in cache. The fused ops
 the optimizer's conv rules make (``conv2d_bias``, ``conv2d_weight_update``) are the same
 products with element-wise epilogues.
 """
@@ -32,7 +32,7 @@ from mlir_nn.codegen.col2im import accumulator_shape, add_columns, cropped_nchw,
 from mlir_nn.codegen.im2col_panels import IM2COL
 from mlir_nn.codegen.maps import dims_map, identity_map, matmul_maps
 from mlir_nn.codegen.tensor_types import tensor_type
-from mlir_nn.ir import Node
+from mlir_nn.ir import Node, conv_forms
 from mlir_nn.ir.shapes import BATCH, Dim, Shape
 from mlir_nn.ir.windows import Axis, axes_of
 from mlir_nn.support.cpu_target import vector_bytes
@@ -160,6 +160,17 @@ def _conv_parts(node: Node, in_hw: tuple[int, int], kernel: tuple[int, int]) -> 
     return ys, xs, int(node.attr("groups"))
 
 
+def conv_form(b: FunctionBuilder, node: Node) -> str:
+    """The form a convolution node takes (``mlir_nn.ir.conv_forms``): on the CPU the cheapest by the
+    shape-aware cost, the batch counted as ``conv_forms.BATCH_ESTIMATE`` when dynamic; elsewhere the GEMM
+    forms, or the grouped loop nest for a grouped convolution."""
+    if not b.strided_copies:
+        return "gemm" if int(node.attr("groups")) == 1 else "grouped"
+    shape = conv_forms.conv_shape(node.op, [i.shape for i in node.inputs], node.shape, node.attr_dict,
+                                  conv_forms.BATCH_ESTIMATE, ir.FloatType(b.element).width // 8)
+    return conv_forms.conv_form(node.op, shape)
+
+
 def _grouped(b: FunctionBuilder, x: ir.Value, shape: Shape, groups: int) -> ir.Value:
     """(N, C, ...) as (N, G, C/G, ...)."""
     grouped = (shape[0], groups, int(shape[1]) // groups) + tuple(shape[2:])
@@ -250,9 +261,6 @@ def _conv2d_weight_grad_direct(b: FunctionBuilder, node: Node, xs_: list[Operand
     out = b.reduce(out_shape, [gy, x], maps, _map(8, [_d(q) for q in range(5)]),
                    [PARALLEL] * 5 + [REDUCTION] * 3, arith.mulf)
     return reshape(b, out, out_shape, node.shape, _SPLIT_0)
-
-
-TAPS_MAX = 32  # a convolution with at most this many taps per output (C/G * KH * KW) sums them in one pass
 
 
 def _contract() -> ir.Attribute:
@@ -434,9 +442,10 @@ def _transposed_rows(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
 
 
 def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
-    if b.strided_copies and math.prod(int(d) for d in node.inputs[1].shape[1:]) <= TAPS_MAX:
+    form = conv_form(b, node)
+    if form == "taps":
         return _conv2d_taps(b, node, xs_)
-    if int(node.attr("groups")) != 1:
+    if form == "grouped":
         return _conv2d_direct(b, node, xs_)
     x_node, w_node = node.inputs[:2]
     o, c, kh, kw = (int(d) for d in w_node.shape)
@@ -464,9 +473,10 @@ def _conv2d_bias(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value
 
 
 def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
-    if b.strided_copies and math.prod(int(d) for d in node.shape[1:]) <= TAPS_MAX:
+    form = conv_form(b, node)
+    if form == "taps":
         return _conv2d_weight_grad_taps(b, node, xs_)
-    if int(node.attr("groups")) != 1:
+    if form == "grouped":
         return _conv2d_weight_grad_direct(b, node, xs_)
     x_node, g_node = node.inputs[:2]
     o, c, kh, kw = (int(d) for d in node.shape)
@@ -560,12 +570,12 @@ def _conv2d_weight_update(b: FunctionBuilder, node: Node, xs_: list[Operand]) ->
 
 def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     """A stride-1 convolution of the spread gradient with the flipped, transposed weight."""
-    if int(node.attr("groups")) != 1:
+    form = conv_form(b, node)
+    if form == "grouped":
         return _conv2d_input_grad_direct(b, node, xs_)
-    channels = int(node.shape[1])
-    if b.strided_copies and channels <= COL2IM_CHANNELS_MAX:
+    if form == "col2im":
         return _conv2d_input_grad_col2im(b, node, xs_)
-    if not b.strided_copies and channels < FEW_CHANNELS and str(b.element) != "f32":
+    if not b.strided_copies and int(node.shape[1]) < FEW_CHANNELS and str(b.element) != "f32":
         return _conv2d_input_grad_gathered(b, node, xs_)  # (CUDA float32 products read the columns in place)
     g_node, w_node = node.inputs
     o, c, kh, kw = (int(d) for d in w_node.shape)
@@ -584,11 +594,6 @@ def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir
 # (_conv2d_input_grad_gathered); CUDA's float32 products read the spread gradient's columns through the
 # window indexing, mlir_nn.gpu.gathers, where that form would add two buffers and two passes
 FEW_CHANNELS = 16
-# On the CPU, input gradients with at most this many input channels take the col2im form: the product
-# (N * P * Q, O) @ (O, KH * KW * C) reads the gradient's pixel rows in place where the im2col form first
-# gathers the spread, padded gradient's (N * P * Q, O * KH * KW) panels. VGG-small's 32- and 64-channel
-# input gradients at batch 128, one core: 2-3% less CPU time per step (124 -> 121 ms).
-COL2IM_CHANNELS_MAX = 64
 
 
 def _conv2d_input_grad_col2im(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:

@@ -13,7 +13,7 @@ from mlir_nn.codegen.im2col_panels import IM2COL, panel_rows
 from mlir_nn.codegen.shaped import indexing_maps
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.codegen.windows import chunk_images
-from mlir_nn.ir import Graph, make_node
+from mlir_nn.ir import Graph, conv_forms, make_node
 from mlir_nn.support.cpu_target import register_block
 from tests.codegen.test_windows import _leaf, check, conv_graph
 
@@ -25,7 +25,7 @@ def test_panel_rows_divide_the_output_row_and_fill_half_a_block_at_least(q, tm, 
 
 
 # (in channels, image, out channels, kernel, stride, padding (top, bottom, left, right), dilation, groups): 72
-# channels in (more than windows.COL2IM_CHANNELS_MAX: the input gradient takes the im2col form) and 32 or 33
+# channels in (the input gradient is made to take the im2col form: ``gemm_forms``) and 32 or 33
 # out, so that the forward and the input gradient are blocked products that are not swapped
 CASES = [
     ((72, (3, 16), 32, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1), 1, 2),  # rows of 16 pixels: panels of 8, batch 1
@@ -45,14 +45,22 @@ def _panel_gathers(graph) -> int:
     return sum(1 for op in generics if len(op.operands) == 2 and indexing_maps(op)[0].n_dims == 7)
 
 
+@pytest.fixture
+def gemm_forms(monkeypatch, tmp_path):
+    """Every convolution in the im2col + GEMM form (the cost picks col2im for some of CASES' input
+    gradients), its kernels cached apart (the cache keys on the graph, not on the form)."""
+    monkeypatch.setenv(conv_forms.FORM_ENV, "gemm")
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+
+
 @pytest.mark.parametrize("case,batch,gathers", CASES)
-def test_products_gather_their_panels_where_output_rows_split_into_them(case, batch, gathers):
+def test_products_gather_their_panels_where_output_rows_split_into_them(case, batch, gathers, gemm_forms):
     assert _panel_gathers(conv_graph("float32", *case)) == gathers
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("case,batch,gathers", CASES)
-def test_convolutions_with_gathered_panels_match_the_reference(dtype, case, batch, gathers):
+def test_convolutions_with_gathered_panels_match_the_reference(dtype, case, batch, gathers, gemm_forms):
     check(conv_graph(dtype, *case), batch)
 
 

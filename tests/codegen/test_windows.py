@@ -161,18 +161,19 @@ def test_few_tap_weight_gradients_keep_the_sums_of_a_rows_taps_in_registers(dtyp
     check(weight_grad_graph(dtype, 3, 3, (7, width), 5, (3, 3), (1, 1), (1, 1, 1, 1), update=True), 3, seed=1)
 
 
-@pytest.mark.parametrize("c, kernel, groups, taps", [(1, (5, 5), 1, 25), (3, (3, 3), 1, 27), (4, (3, 3), 4, 9),
-                                                      (6, (5, 5), 1, None)])
-def test_convolutions_with_few_taps_sum_them_in_one_pass(c, kernel, groups, taps):
-    """A convolution with at most TAPS_MAX taps per output: the forward pass is one pass
+@pytest.mark.parametrize("c, kernel, groups, width, taps", [(1, (5, 5), 1, 38, 25), (3, (3, 3), 1, 34, 27),
+                                                             (4, (3, 3), 4, 34, 9), (16, (5, 5), 1, 38, None)])
+def test_convolutions_with_few_taps_sum_them_in_one_pass(c, kernel, groups, width, taps):
+    """A convolution with few taps per output (the tap sum costs least): the forward pass is one pass
     over NCHW, loops (n g o p | c i j | q) reading the padded input (no views), and the weight
     gradient one pass of partial sums per output column; no im2col product. More taps, or
-    the CUDA target (no subviews), keep the GEMM or the direct loop."""
+    the CUDA target (no subviews), keep the GEMM or the direct loop. (Rows of 32 outputs fill
+    whole vectors, no columns to crop; narrow rows would waste the tap sum's lanes.)"""
     from mlir_nn.codegen import emit_linalg
 
     at = dict(stride=(2, 1), padding=(1, 1, 2, 0), dilation=(1, 2), groups=groups)
-    x = _leaf("input", "x", ("N", c, 9, 8), "float32")
-    w = _leaf("param", "w", (8, c // groups) + kernel, "float32")
+    x = _leaf("input", "x", ("N", c, 9, width), "float32")
+    w = _leaf("param", "w", (16, c // groups) + kernel, "float32")
     y = make_node("conv2d", [x, w], **at)
     forward = Graph((x,), (w,), (y,), name="conv")
     g = _leaf("input", "g", y.shape, "float32")
@@ -209,7 +210,7 @@ def test_pads_and_spreads_are_slice_copies_only_when_asked():
 @pytest.mark.parametrize("stride,padding,dilation", [((1, 1), (0, 0, 0, 0), (1, 1)), ((2, 3), (2, 1, 0, 2), (2, 1)),
                                                      ((3, 2), (1, 1, 2, 2), (1, 3))])
 def test_few_channel_input_gradient_equals_pytorch_in_float64(stride, padding, dilation):
-    """The col2im input gradient (at most COL2IM_CHANNELS_MAX input channels) against PyTorch's
+    """The col2im input gradient (3 input channels for 5 output channels) against PyTorch's
     conv2d backward, at dynamic batch sizes that differ between calls."""
     torch = pytest.importorskip("torch")
     hw, kernel = (13, 11), (3, 4)
@@ -229,19 +230,20 @@ def test_few_channel_input_gradient_equals_pytorch_in_float64(stride, padding, d
         np.testing.assert_allclose(dx, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("channels,col2im", [(16, True), (64, True), (65, False)])
-def test_cpu_input_gradients_up_to_col2im_channels_max_take_the_col2im_form(channels, col2im):
-    """On the CPU an input gradient with at most COL2IM_CHANNELS_MAX input channels is the product
-    of the gradient's pixel rows with the weight, its columns added back (no im2col gather of the
-    spread gradient); with more, the im2col form. Both match the reference at a static batch of 3
-    (odd image, stride 2, uneven padding)."""
+@pytest.mark.parametrize("channels,out,stride,col2im", [(16, 24, 2, True), (64, 24, 2, True), (72, 8, 1, False)])
+def test_cpu_input_gradients_take_the_form_the_cost_picks(channels, out, stride, col2im):
+    """On the CPU an input gradient with few input channels for its output channels, or a stride,
+    is the product of the gradient's pixel rows with the weight, its columns added back (no im2col
+    gather of the spread gradient); with many input channels for few output channels at stride 1,
+    the im2col form (its columns hold O * KH * KW, not KH * KW * C, values per pixel). Both match
+    the reference at a static batch of 3 (odd image, uneven padding)."""
     from mlir_nn.codegen import emit_linalg
     from mlir_nn.codegen.im2col_panels import IM2COL
 
-    hw, attrs = (9, 7), dict(stride=(2, 2), padding=(1, 0, 1, 1), dilation=(1, 1), groups=1)
-    w = _leaf("param", "w", (24, channels, 3, 3), "float32")
-    out = make_node("conv2d", [_leaf("input", "x", (3, channels) + hw, "float32"), w], **attrs).shape
-    g = _leaf("input", "g", out, "float32")
+    hw, attrs = (9, 7), dict(stride=(stride, stride), padding=(1, 0, 1, 1), dilation=(1, 1), groups=1)
+    w = _leaf("param", "w", (out, channels, 3, 3), "float32")
+    y = make_node("conv2d", [_leaf("input", "x", (3, channels) + hw, "float32"), w], **attrs).shape
+    g = _leaf("input", "g", y, "float32")
     graph = Graph((g,), (w,), (make_node("conv2d_input_grad", [g, w], input_hw=hw, **attrs),), name="dx")
     assert (IM2COL not in str(emit_linalg(graph, strided_copies=True))) == col2im
     check(graph, 3)
@@ -346,10 +348,15 @@ def weight_grad_graph(dtype, batch, c, hw, o, kernel, stride, padding, update=Fa
     ((16, 5, (22, 32), 7, (3, 3), (1, 1), (0, 0, 0, 0)), 16),  # 16 chunks: 8 tasks of 2
     ((12, 9, (13, 15), 33, (5, 3), (1, 1), (2, 2, 1, 1)), 3),  # 4 images a chunk; 135 columns, 33 rows
 ])
-def test_weight_gradients_over_a_static_batch_sum_chunks_of_images(dtype, case, chunks):
+def test_weight_gradients_over_a_static_batch_sum_chunks_of_images(dtype, case, chunks, monkeypatch, tmp_path):
     """A weight gradient over more than 2 * CHUNK_PIXELS output pixels of a static batch sums its
     product over chunks of images (their columns gathered per chunk, in cache), in tasks: the
-    chunks as ``chunk_images`` counts them, the result as the reference's."""
+    chunks as ``chunk_images`` counts them, the result as the reference's. (The GEMM form is forced,
+    its kernels cached apart: the cost picks the tap sum for most of these few-output products.)"""
+    from mlir_nn.ir import conv_forms
+
+    monkeypatch.setenv(conv_forms.FORM_ENV, "gemm")
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
     batch, _, hw, _, kernel, stride, padding = case
     out = [(size + lo + hi - k) // s + 1 for size, k, s, lo, hi in zip(hw, kernel, stride, padding[::2], padding[1::2])]
     assert batch // chunk_images(batch, out[0] * out[1]) == chunks

@@ -45,3 +45,20 @@ def test_transpose_flags_are_free_but_a_transpose_is_not():
     flagged = graph_of([], [a, b], [op("matmul", a, b, transpose_a=True)])
     assert model.graph_cost(flagged) < model.graph_cost(explicit)
     assert model.graph_cost(explicit) - model.graph_cost(flagged) == model.launch + 2 * 16 * 8 * 8
+
+
+def test_a_convolution_the_rules_leave_opaque_is_priced():
+    """conv2d_input_grad reaches the cost model as an opaque e-node (its attributes wrapped): the
+    optimizer prices it without failing, and fuses the bias."""
+    from mlir_nn.egraph.driver import optimize
+
+    attrs = dict(stride=(2, 1), padding=(1, 0, 1, 1), dilation=(1, 1), groups=1)
+    x, w, b = inp("x", ("N", 3, 9, 8)), par("w", (5, 3, 3, 3)), par("b", (5,))
+    conv = op("conv2d", x, w, **attrs)
+    gy = inp("gy", conv.shape)
+    graph = graph_of([x, gy], [w, b], [op("add", conv, op("reshape", b, shape=(5, 1, 1))),
+                                       op("conv2d_input_grad", gy, w, input_hw=(9, 8), **attrs)])
+    optimized, report = optimize(graph, batch_estimate=16)
+    assert report.error is None
+    assert optimized.op_counts().get("conv2d_bias") == 1 and report.cost_after < report.cost_before
+    assert_same(graph, optimized, batch=3)
