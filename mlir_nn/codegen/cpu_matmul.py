@@ -55,10 +55,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mlir import ir
-from mlir.dialects import arith, bufferization, linalg, scf, tensor
+from mlir.dialects import arith, bufferization, linalg, tensor
 from mlir.dialects.transform import interpreter
 
-from mlir_nn.codegen.batch_split import TASKS_MAX, partials_added, rows_per_task, split_over_batch
+from mlir_nn.codegen.batch_split import rows_per_task, split_over_batch
 from mlir_nn.codegen.im2col_panels import (
     drop_im2col_tags,
     im2col_panels,
@@ -130,14 +130,6 @@ PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 # over their rows instead, in tasks of PACK_TASK_ROWS (a weight gradient's k: a static batch;
 # vectorized with masks, so a partial last task is fine)
 PACK_PARALLEL_ROWS, PACK_TASK_PANELS, PACK_TASK_ROWS = "mlirnn.pack_parallel_rows", 4, 256
-# A weight gradient summed over a dynamic batch of at least K_RANGES_BATCH_MIN rows whose C has at
-# most K_RANGES_OUTPUT_MAX elements runs as tasks of batch ranges (``_summed_in_k_ranges``), each
-# into a partial C of its own; smaller batches keep the tasks of tiles of C (two processes
-# alternating slices, 2 threads, steps on one core complex / on two: 16-64x7-1 at batch 4096 -3% /
-# -27%, 100-100-100-100-1 Adam at 5000 -5% / -16%, 200-50-200 at 5000 -5% / -10%; always ranges,
-# batches of 256-1024 took 1-7% longer).
-K_RANGES_OUTPUT_MAX, K_RANGES_BATCH_MIN = 1 << 16, 2048
-_DYNAMIC = ir.ShapedType.get_dynamic_size()
 # A batch's rows copied in groups (``_pack_row_groups``) spread over the groups, in tasks of
 # PACK_TASK_ROWS rows: each thread copies the rows it wrote itself
 PACK_PARALLEL_GROUPS = "mlirnn.pack_parallel_groups"
@@ -382,7 +374,6 @@ class ProductPlan:
     tasks: tuple[int, int] | None = None  # (column, row) panels per task when not the default
     rows: int | None = None  # rows per register block of a "row-blocks" product
     columns: int | None = None  # columns per register block of a "blocked" product (``block_columns``)
-    k_rows: int | None = None  # a "blocked" product's k (the batch) in tasks of at least this many rows
 
     @property
     def blocked(self) -> bool:
@@ -408,18 +399,14 @@ def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
         work = f"work {'>=' if parallel else '<'} {PARALLEL_WORK_MIN} multiply-adds per task"
         if _swaps(op):
             return ProductPlan("blocked-swapped", parallel, f"n={n} fills few block columns; {work}")
-        k_rows = _k_range_rows(op) if parallel else None
         tasks = _tasks(op) if parallel else None
         if tasks is not None:
             work += f", balanced tasks of {tasks[0]} x {tasks[1]} column x row panels"
-        if k_rows is not None:
-            work += (f"; from a batch of {K_RANGES_BATCH_MIN}: tasks of at least {k_rows} batch rows "
-                     "into partial sums")
         columns = block_columns(n, _itemsize(op.result))
         if columns < register_block(_itemsize(op.result))[1]:
             work += f"; register blocks {columns} columns wide: n={n} leaves {n % columns} in the last"
         return ProductPlan("blocked", parallel, f"static work >= {TILED_WORK_MIN}; {work}", tasks=tasks,
-                           columns=columns, k_rows=k_rows)
+                           columns=columns)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
            f"n={n} would be swapped, static work <= {SWAPPED_LOOP_MAX}" if small_swapped else
            f"batch rows, op(B) of at most {SMALL_VECTOR_MAX} elements" if in_vectors else
@@ -911,21 +898,6 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
     return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn)
 
 
-def _k_range_rows(op: ir.Operation) -> int | None:
-    """Batch rows per task (at least) of a weight gradient summed over a dynamic batch, op(A)^T B
-    with a static C of at most K_RANGES_OUTPUT_MAX elements and no convolution columns, whose tasks
-    then take ranges of the batch rather than tiles of C (``_summed_in_k_ranges``); None otherwise.
-    Tiles of C each read every row of both packed operands, half of them packed on the other core."""
-    m, n, k = _sizes(op)
-    ta, tb = _transposes(op)
-    if not (ta and not tb and ir.ShapedType.is_dynamic_size(k) and _static_sizes(m, n)
-            and m * n <= K_RANGES_OUTPUT_MAX):
-        return None
-    if _image_panels(op.operands[0], ta, register_block(_itemsize(op.result))[0])[1] is not None:
-        return None
-    return max(rows_per_task(m * n), TASKS_MAX)  # (at least TASKS_MAX rows: no task starts past the batch)
-
-
 def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update | None = None) -> ir.Value:
     """The blocked product of a large ``linalg.matmul`` (``_blocked``), as C^T transposed
     back when its columns are few (``_swaps``); with ``update``, the updated parameter, its
@@ -941,7 +913,7 @@ def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update
         rows_only = (n // (plan.columns or register_block(_itemsize(op.result))[1]), 1)
         return _blocked(a, b, ta, tb, parallel, False, rows_only, plan.columns, number, update.parameter)
     if plan.kind == "blocked":
-        return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number, k_rows=plan.k_rows)
+        return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number)
     return transposed(_blocked(b, a, not tb, not ta, parallel, True))
 
 
@@ -985,7 +957,7 @@ def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: in
 
 def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapped: bool,
              tasks: tuple[int, int] | None = None, block_width: int | None = None, number: int = 0,
-             into: ir.Value | None = None, k_rows: int | None = None) -> ir.Value:
+             into: ir.Value | None = None) -> ir.Value:
     """op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
     panels [nb, k, tn] (static operands that allow it read in place instead: ``_rows_in_place``,
     ``_columns_in_place``), a generic over (column panel, row panel, row, column, k) into a
@@ -996,8 +968,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     row) panels per task instead of the default (``balanced_tasks``). ``block_width``: the
     register blocks' columns when not the default (``block_columns``). ``number``: the product's own
     number (``_padded_rows``). ``into``: a parameter (m, n) that the product is added to in place,
-    ``_accumulated_into``. ``k_rows``: tasks of ranges of k (the batch) of at least this many rows
-    instead, each into a partial sum (``_summed_in_k_ranges``)."""
+    ``_accumulated_into``."""
     element = ir.RankedTensorType(a.type).element_type
     tm, wide = register_block(_itemsize(a))
     tn = block_width or wide
@@ -1036,17 +1007,15 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     maps = [a_map, b_map, dims_map(5, [1, 2, 0, 3])]
     fastmath = ir.Attribute.parse("#arith.fastmath<contract>")
 
-    def added_into(a_panels: ir.Value, acc: ir.Value, b_panels: ir.Value | None = None) -> ir.Value:
-        """acc + the product of ``a_panels`` (A's row panels) and B (``b_panels`` of it, one task's:
-        no threads), tagged for the schedule."""
+    def added_into(a_panels: ir.Value, acc: ir.Value) -> ir.Value:
+        """acc + the product of ``a_panels`` (A's row panels) and B, tagged for the schedule."""
 
-        @linalg.generic([a_panels, packed_b if b_panels is None else b_panels], [acc], maps,
-                        [PARALLEL] * 4 + [REDUCTION])
+        @linalg.generic([a_panels, packed_b], [acc], maps, [PARALLEL] * 4 + [REDUCTION])
         def product(x: ir.Value, y: ir.Value, total: ir.Value) -> ir.Value:
             return arith.addf(total, arith.mulf(x, y, fastmath=fastmath), fastmath=fastmath)
 
         product.owner.attributes[PACKED] = ir.UnitAttr.get()
-        if parallel and b_panels is None:
+        if parallel:
             _, nc, _ = cache_blocks(_itemsize(a))
             one_column_task = isinstance(col_panels, int) and col_panels <= nc // tn
             tag = PARALLEL_COLUMNS if swapped else PARALLEL_FINE if one_column_task else PARALLEL_ROWS
@@ -1058,89 +1027,15 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
 
     if into is not None:
         return _accumulated_into(into, packed_a, tm, tn, added_into)
-
-    def accumulator() -> ir.Value:
-        acc = _zeros([row_panels, tm, col_panels, tn], element)
-        acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
-        return acc
-
-    if k_rows is not None:  # (each branch its own accumulator: one made before both came out wrong)
-        sizes = _static([row_panels, tm, col_panels, tn])
-        a_axis, b_axis = _operand_dims(a_map).index(4), _operand_dims(b_map).index(4)
-
-        def in_ranges() -> ir.Value:
-            partials = tensor.empty([TASKS_MAX, *sizes], element)
-            return _summed_in_k_ranges(packed_a, a_axis, packed_b, b_axis, accumulator(), partials, k_rows,
-                                       added_into)
-
-        product = _by_batch(packed_a, a_axis, ir.RankedTensorType.get(sizes, element), in_ranges,
-                            lambda: added_into(packed_a, accumulator()))
-    else:
-        product = added_into(packed_a, accumulator())
+    acc = _zeros([row_panels, tm, col_panels, tn], element)
+    acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
+    product = added_into(packed_a, acc)
     padded = [_times(row_panels, tm), _times(col_panels, tn)]
     kind = ir.RankedTensorType.get(_static(padded), element)
     flat = tensor.collapse_shape(kind, product, [[0, 1], [2, 3]])
     if all(isinstance(d, int) for d in (m, n)) and (m, n) == tuple(padded):
         return flat
     return _slice(flat, [m, n])
-
-
-def _by_batch(packed_a: ir.Value, axis: int, kind: ir.Type, large: Callable[[], ir.Value],
-              small: Callable[[], ir.Value]) -> ir.Value:
-    """``large()`` when k (the batch, dim ``axis`` of ``packed_a``) has at least K_RANGES_BATCH_MIN
-    rows, else ``small()`` (both of type ``kind``): an ``scf.if`` at run time, both built here."""
-    index = ir.IndexType.get()
-    k = tensor.dim(packed_a, arith.constant(index, axis))
-    many = arith.cmpi(arith.CmpIPredicate.uge, k, arith.constant(index, K_RANGES_BATCH_MIN))
-    choice = scf.IfOp(many, [kind], has_else=True)
-    with ir.InsertionPoint(choice.then_block):
-        scf.YieldOp([large()])
-    with ir.InsertionPoint(choice.else_block):
-        scf.YieldOp([small()])
-    return choice.results[0]
-
-
-def _k_range(x: ir.Value, axis: int, start: ir.Value, count: ir.Value) -> ir.Value:
-    """``x`` sliced to [start, start + count) along its dim ``axis``."""
-    offsets: list[int | ir.Value] = [0] * len(dim_sizes(x))
-    offsets[axis] = start
-    sizes = dim_sizes(x)
-    sizes[axis] = count
-    return _part(x, offsets, sizes)
-
-
-def _summed_in_k_ranges(packed_a: ir.Value, a_axis: int, packed_b: ir.Value, b_axis: int, acc: ir.Value,
-                        partials: ir.Value, rows_min: int, added_into: Callable[..., ir.Value]) -> ir.Value:
-    """``acc`` (zeros) plus the product of the packed operands (k, the batch, along their dims
-    ``a_axis`` and ``b_axis``) as an ``scf.forall`` of tasks of equal ranges of k of at least
-    ``rows_min`` rows (1 to TASKS_MAX), each summed into a partial accumulator of its own (of
-    ``partials``, [TASKS_MAX, *acc's shape]), added up at the end (``partials_added``). The async
-    lowering runs the first half of the tasks on the calling thread, so each thread sums the rows
-    it packed: tasks of tiles of C read every row."""
-    index = ir.IndexType.get()
-    kind = ir.RankedTensorType(acc.type)
-    shape, rank = list(kind.shape), kind.rank
-    k = tensor.dim(packed_a, arith.constant(index, a_axis))
-    whole = arith.divui(k, arith.constant(index, rows_min))
-    tasks = arith.maxui(arith.minui(whole, arith.constant(index, TASKS_MAX)), arith.constant(index, 1))
-    rows = arith.ceildivui(k, tasks)
-    forall = scf.ForallOp([0], [tasks], [1], [partials])
-    unit = [_DYNAMIC] + [0] * rank
-    with ir.InsertionPoint(forall.body):
-        task = forall.induction_variables[0]
-        start = arith.muli(task, rows)
-        count = arith.minui(rows, arith.subi(k, start))
-        slot = tensor.extract_slice(kind, forall.inner_iter_args[0], [task], [], [], unit, [1, *shape],
-                                    [1] * (rank + 1))
-        zeros = linalg.fill(arith.constant(kind.element_type, 0.0), outs=[slot])
-        zeros.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
-        done = added_into(_k_range(packed_a, a_axis, start, count), zeros, _k_range(packed_b, b_axis, start, count))
-        with ir.InsertionPoint(forall.terminator().block):
-            tensor.parallel_insert_slice(done, forall.inner_iter_args[0], [task], [], [], unit, [1, *shape],
-                                         [1] * (rank + 1))
-    used = tensor.extract_slice(ir.RankedTensorType.get([_DYNAMIC, *shape], kind.element_type), forall.results[0], [],
-                                [tasks], [], [0] * (rank + 1), [_DYNAMIC, *shape], [1] * (rank + 1))
-    return partials_added(used, acc)
 
 
 def _accumulated_into(into: ir.Value, packed_a: ir.Value, tm: int, tn: int,
