@@ -268,7 +268,29 @@ def _writable(inputs: list[np.ndarray], params: list[np.ndarray], step: Plan) ->
     if step.first_write == len(step.instructions) or any(v in ("raise", "call") for v in np.geterr().values()):
         return False
     slots = {ins.parameter for ins in step.instructions[step.first_write:] if ins.parameter is not None}
-    arguments = [*params, *inputs]
-    return all(params[slot].flags.writeable and not any(np.may_share_memory(params[slot], other)
-                                                         for n, other in enumerate(arguments) if n != slot)
-               for slot in slots)
+    if not all(params[slot].flags.writeable for slot in slots):
+        return False
+    shared = _overlapping([*params, *inputs])
+    return not any(slot in shared for slot in slots)
+
+
+def _overlapping(arrays: list[np.ndarray]) -> set[int]:
+    """Positions of the non-empty ``arrays`` whose memory bounds overlap another's (as
+    ``np.may_share_memory``), by one sort of the bounds instead of a test of every pair."""
+    bounds = sorted((*_byte_bounds(a), n) for n, a in enumerate(arrays) if a.size)
+    found: set[int] = set()
+    reach, holder = -1, -1  # the furthest end among the arrays sorted so far, and whose it is
+    for start, end, n in bounds:
+        if start < reach:
+            found.update((n, holder))
+        if end > reach:
+            reach, holder = end, n
+    return found
+
+
+def _byte_bounds(array: np.ndarray) -> tuple[int, int]:
+    """The first byte of non-empty ``array`` and one past its last (its strides may be negative)."""
+    start = end = array.ctypes.data
+    for size, stride in zip(array.shape, array.strides):
+        start, end = start + min(0, (size - 1) * stride), end + max(0, (size - 1) * stride)
+    return start, end + array.itemsize

@@ -161,11 +161,12 @@ def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
     if not outs or not all(isinstance(v.type, ir.MemRefType) for v in outs):
         return None
     shape = ir.MemRefType(outs[0].type).shape
-    if (len(shape) < 2 and not _row_reduction(op)) or any(ir.ShapedType.is_dynamic_size(d) for d in shape[1:]) or (
+    row_reduction = _row_reduction(op)
+    if (len(shape) < 2 and not row_reduction) or any(ir.ShapedType.is_dynamic_size(d) for d in shape[1:]) or (
             _inside_threads(op)):
         return None
     per_row = math.prod(shape[1:])
-    if _row_reduction(op):
+    if row_reduction:
         rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // _work_per_index(op, per_row)))
     elif len(shape) == 2:
         if (op.name == "linalg.fill" and not ir.ShapedType.is_dynamic_size(shape[0])) or (

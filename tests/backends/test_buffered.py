@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mlir_nn import jit
-from mlir_nn.backends.buffered import BufferedExecutable, kernel, plan
+from mlir_nn.backends.buffered import BufferedExecutable, _overlapping, kernel, plan
 from mlir_nn.backends.reference import ReferenceExecutable
 from mlir_nn.ir import Graph, make_node
 from mlir_nn.losses import mse_loss
@@ -227,3 +227,21 @@ def test_sum_to_writes_what_its_reference_returns(source, target):
     expected, got = ReferenceExecutable(graph).run([data], []), BufferedExecutable(graph).run([data], [])
     for e, g in zip(expected, got):
         np.testing.assert_array_equal(g, e)
+
+
+def test_overlapping_arguments_are_those_numpy_says_may_share_memory():
+    """The sorted-bounds sweep that decides in-place writes agrees with ``np.may_share_memory``
+    on every pair of random views of two buffers (nested, adjacent, strided, empty, transposed)."""
+    rng = np.random.default_rng(7)
+    bases = [np.zeros(64), np.zeros((8, 8))]
+    for _ in range(300):
+        arrays = []
+        for _ in range(rng.integers(1, 7)):
+            base = bases[rng.integers(2)].reshape(-1)
+            start, stop = sorted(rng.integers(0, 65, size=2))
+            view = base[start:stop:rng.integers(1, 4)][:: rng.choice([1, -1])]
+            arrays.append(view if rng.random() < 0.8 else np.zeros(3))
+        arrays.append(bases[1].T)
+        expected = {n for n, a in enumerate(arrays)
+                    if any(np.may_share_memory(a, b) for m, b in enumerate(arrays) if m != n)}
+        assert _overlapping(arrays) == expected
