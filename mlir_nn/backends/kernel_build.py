@@ -25,6 +25,7 @@ from mlir_nn.backends.native import OPT_LEVEL, compile_object
 from mlir_nn.backends.task_aliasing import mark_task_arguments
 from mlir_nn.codegen.copies import strided_copies_as_loops
 from mlir_nn.codegen.lane_loads import scalarize_lane_loads
+from mlir_nn.codegen.walk import symbol
 from mlir_nn.support.pipelines import Pipeline
 
 _DEFINITIONS = ("llvm.func", "llvm.mlir.global")
@@ -52,10 +53,6 @@ def _mark_tasks(module: ir.Module) -> None:
     mark_task_arguments(module)  # (a hook: its pass runs after it)
 
 
-def _name(op: ir.Operation) -> str:
-    return ir.StringAttr(op.attributes["sym_name"]).value
-
-
 def _is_definition(op: ir.Operation) -> bool:
     if op.name == "llvm.func":
         return bool(op.regions[0].blocks)
@@ -67,8 +64,8 @@ def localize(module: ir.Module, public: tuple[str, ...]) -> list[str]:
     internal = ir.Attribute.parse("#llvm.linkage<internal>")
     names = []
     for op in [op.operation for op in module.body.operations]:
-        if op.name in _DEFINITIONS and _is_definition(op) and _name(op) not in public:
-            names.append(_name(op))
+        if op.name in _DEFINITIONS and _is_definition(op) and symbol(op) not in public:
+            names.append(symbol(op))
             op.attributes["linkage"] = internal
     return names
 
@@ -91,7 +88,7 @@ def mark_kernels(module: ir.Module, kernels: tuple[str, ...]) -> None:
     for op in [op.operation for op in module.body.operations]:
         if op.name != "llvm.func" or not op.regions[0].blocks:
             continue
-        if _name(op) in kernels:
+        if symbol(op) in kernels:
             op.attributes["no_inline"] = ir.UnitAttr.get()
         if NOALIAS not in op.attributes:
             continue
@@ -108,7 +105,7 @@ def inline_step(module: ir.Module, step: str) -> None:
     for a 16-layer MLP with Adam, whose instruction selection was most of LLVM's time (the
     C interface alone took 0.86 of the module's 2.2 s)."""
     for op in [op.operation for op in module.body.operations]:
-        if op.name == "llvm.func" and _name(op) == step:
+        if op.name == "llvm.func" and symbol(op) == step:
             op.attributes["always_inline"] = ir.UnitAttr.get()
 
 

@@ -32,6 +32,7 @@ from mlir import ir
 from mlir.dialects import func
 
 from mlir_nn.backends.memory_plan import entry_function
+from mlir_nn.codegen.walk import symbol
 
 SPLIT_PASS = "scf-forall-to-parallel"  # the first pass that kernels run on their own
 KERNEL_PREFIX = "k"
@@ -451,10 +452,6 @@ def split_step(module: ir.Module) -> Split:
         return Split(ir.StringAttr(fn.attributes["sym_name"]).value, step, kernels, declarations)
 
 
-def _symbol(op: ir.Operation) -> str:
-    return ir.StringAttr(op.attributes["sym_name"]).value
-
-
 def _call_taking(call: ir.Operation, callee: str, positions: list[int]) -> None:
     """Replace the ``llvm.call`` ``call`` by a call of ``callee`` with its operands at ``positions``."""
     operands = list(call.operands)
@@ -471,11 +468,11 @@ def pass_pointers(module: ir.Module, step: str) -> None:
     ``<kernel>`` + DESCRIPTORS, which pass every memref as all its descriptor's fields, call
     the kernel itself with the fields it takes (PASSED) instead; those declarations go."""
     with module.context:
-        through = {_symbol(op): op for op in _ops(module.body) if op.name == "llvm.func" and PASSED in op.attributes}
+        through = {symbol(op): op for op in _ops(module.body) if op.name == "llvm.func" and PASSED in op.attributes}
         if not through:
             return
         positions = {name: list(ir.DenseI64ArrayAttr(op.attributes[PASSED])) for name, op in through.items()}
-        fn = next(op for op in _ops(module.body) if _symbol(op) == step)
+        fn = next(op for op in _ops(module.body) if symbol(op) == step)
         for block in fn.regions[0].blocks:
             for op in _ops(block):
                 direct = op.name == "llvm.call" and "callee" in op.attributes

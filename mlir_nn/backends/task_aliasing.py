@@ -17,13 +17,10 @@ from __future__ import annotations
 from mlir import ir
 
 from mlir_nn.backends.kernel_split import NOALIAS, aligned_pointer_positions, kernel_buffers, root_buffer
+from mlir_nn.codegen.walk import symbol
 
 TASK_PREFIX = "parallel_compute_fn"  # the functions async-parallel-for outlines
 DISPATCH_PREFIX = "async_dispatch_fn"  # and those that start the tasks, forwarding the buffers
-
-
-def _name(op: ir.Operation) -> str:
-    return ir.StringAttr(op.attributes["sym_name"]).value
 
 
 def _noalias_buffers(kernel: ir.Operation) -> set[ir.Value]:
@@ -60,10 +57,10 @@ def _marked_parameters(call: ir.Operation, noalias: set[ir.Value]) -> list[bool]
 def mark_task_arguments(module: ir.Module) -> int:
     """Mark the buffers of each task that its kernel calls once with them (see the module's
     docstring); returns how many buffers were marked."""
-    functions = {_name(op): op for op in [op.operation for op in module.body.operations] if op.name == "func.func"}
+    functions = {symbol(op): op for op in [op.operation for op in module.body.operations] if op.name == "func.func"}
     calls_by_task: dict[str, list[tuple[ir.Operation, ir.Operation]]] = {}
     for kernel in functions.values():
-        if not _name(kernel).startswith((TASK_PREFIX, DISPATCH_PREFIX)):
+        if not symbol(kernel).startswith((TASK_PREFIX, DISPATCH_PREFIX)):
             for call in _task_calls(kernel):
                 callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
                 calls_by_task.setdefault(callee, []).append((call, kernel))

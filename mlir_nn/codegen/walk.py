@@ -30,3 +30,8 @@ def in_tasks(op: ir.Operation) -> bool:
             return True
         parent = parent.parent
     return False
+
+
+def symbol(op: ir.Operation) -> str:
+    """The symbol name of ``op`` (a function, a gpu.module)."""
+    return ir.StringAttr(op.attributes["sym_name"]).value

@@ -13,6 +13,7 @@ import re
 
 from mlir.ir import Attribute, InsertionPoint, Module, Operation, StringAttr, SymbolRefAttr
 
+from mlir_nn.codegen.walk import symbol
 from mlir_nn.gpu.fixups import top_level, walk
 
 CONTRACTIBLE = ("arith.mulf", "arith.addf", "arith.subf")
@@ -23,18 +24,14 @@ def kernel_name(func: str, index: int, op: str) -> str:
     return f"{func}_k{index:02d}_{re.sub(r'[^A-Za-z0-9_]', '_', op)}"
 
 
-def _symbol(op: Operation) -> str:
-    return StringAttr(op.attributes["sym_name"]).value
-
-
 def merge_kernel_modules(module: Module, host: Operation, names: list[str]) -> str:
     """Move the kernel of launch ``i`` of ``host`` into one gpu.module as ``kernel_name(..., names[i])``.
 
     Returns the new module's name. Each outlined module must hold exactly one gpu.func
     and be launched exactly once (what ``gpu-kernel-outlining`` leaves).
     """
-    func = _symbol(host)
-    outlined = {_symbol(op): op for op in (o.operation for o in module.body.operations) if op.name == "gpu.module"}
+    func = symbol(host)
+    outlined = {symbol(op): op for op in (o.operation for o in module.body.operations) if op.name == "gpu.module"}
     launches = [op for op in top_level(host) if op.name == "gpu.launch_func"]
     if len(launches) != len(names):
         raise RuntimeError(f"cuda: {len(launches)} kernel launches but {len(names)} kernel names")
