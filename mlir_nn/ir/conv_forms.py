@@ -174,10 +174,14 @@ def form_costs(op: str, s: ConvShape) -> dict[str, float]:
     return weight_grad_costs(s)
 
 
+def forced_form() -> str:
+    """The form ``$MLIR_NN_CONV_FORM`` names ("" when unset): part of the compiled step's cache key."""
+    return os.environ.get(FORM_ENV, "")
+
+
 def conv_form(op: str, s: ConvShape) -> str:
     """The cheapest CPU form of ``op`` over shape ``s``, or the one ``$MLIR_NN_CONV_FORM`` names where
-    that form is available (for calibration: the kernel cache keys on the graph, not on this variable,
-    so each forced form needs a cache folder of its own)."""
+    that form is available (for calibration)."""
     costs = form_costs(op, s)
-    forced = os.environ.get(FORM_ENV)
+    forced = forced_form()
     return forced if forced in costs else min(costs, key=costs.__getitem__)
