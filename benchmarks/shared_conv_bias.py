@@ -8,7 +8,9 @@ that prices a convolution like an element-wise op (as the e-graph did before). B
 for the CPU and timed on one thread (process CPU time per call), alternating in rounds; the table
 gives each one's median and its convolution count.
 
-    MLIR_NN_NUM_THREADS=1 python benchmarks/shared_conv_bias.py [--rounds 7] [--reps 20]
+    MLIR_NN_NUM_THREADS=1 python benchmarks/shared_conv_bias.py [--rounds 7] [--reps 20] [--smoke]
+
+``--smoke`` times one tiny convolution once (the test suite's check that the script works).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from mlir_nn.ir import Graph, conv_forms, make_node  # noqa: E402
 # (label, batch, channels, image side, out channels, kernel, padding): LeNet-5's and VGG-small's convolutions
 POINTS = [("lenet conv1 b64", 64, 1, 28, 6, 5, 2), ("lenet conv2 b64", 64, 6, 14, 16, 5, 0),
           ("vgg conv2 b128", 128, 32, 16, 64, 3, 1), ("vgg conv3 b128", 128, 64, 8, 128, 3, 1)]
+SMOKE = [("tiny b2", 2, 2, 6, 3, 3, 1)]
 
 
 @dataclass(frozen=True)
@@ -59,11 +62,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--smoke", action="store_true", help="one tiny convolution, timed once")
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds = args.reps = 1
     if os.environ.get("MLIR_NN_NUM_THREADS") != "1":
         raise SystemExit("run with MLIR_NN_NUM_THREADS=1 (one thread's CPU time)")
     rng = np.random.default_rng(0)
-    for label, batch, *dims in POINTS:
+    for label, batch, *dims in SMOKE if args.smoke else POINTS:
         graph = shared_conv_graph(batch, *dims)
         arrays = [[rng.standard_normal(n.shape).astype(np.float32) for n in graph.inputs],
                   [rng.standard_normal(n.shape).astype(np.float32) for n in graph.params]]
