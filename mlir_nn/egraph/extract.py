@@ -2,7 +2,8 @@
 
 A shared sub-term is paid for once, however many users it has. Extraction starts from
 the best tree (each e-class's cheapest e-node, children included), then improves it by
-local search on the true DAG cost: switch one e-class's choice at a time and keep the
+local search on the true DAG cost: switch one e-class's choice at a time (re-choosing the
+e-classes the switch brings into the program where that pays, one level deep) and keep the
 switch when the program reachable from the roots gets cheaper and stays acyclic.
 
 Both phases grow about linearly with the e-graph, so deep chains (hundreds of layers)

@@ -234,7 +234,7 @@ def test_a_shared_convolution_is_computed_once_and_not_again_to_fuse_its_bias():
     """A convolution with several uses keeps its bias, ReLU and batch norm as element-wise ops:
     fusing them (conv2d_bias) would compute the convolution again for that use. Measured by
     ``benchmarks/shared_conv_bias.py`` (one thread, CPU time, interleaved): relu(conv + b) and
-    conv + 1.5 over LeNet-5's and VGG-small's convolutions take 1.2x to 1.9x as long with the
+    conv + 1.5 over LeNet-5's and VGG-small's convolutions take 1.2x to 2.0x as long with the
     convolution computed twice as with one convolution and a separate bias + ReLU pass. The e-graph
     prices a convolution by its form (``mlir_nn.ir.conv_forms``), so it agrees; extraction reaches
     that program from the best tree (which fuses every bias) by unfusing a ReLU and its bias at once."""
