@@ -4,7 +4,7 @@ on one thread (process CPU time, median of interleaved rounds), beside the cost 
 prediction for it and the form the model picks.
 
 Run with ``MLIR_NN_NUM_THREADS=1``. A form is forced by ``$MLIR_NN_CONV_FORM`` while the one-op
-graph compiles, the form in the graph's name (the kernel caches key on the graph, not the variable).
+graph compiles (the compiled-step cache keys on it), the form also in the graph's name.
 Fit the rates in ``conv_forms`` so that the predicted ratios between forms follow the measured ones.
 """
 

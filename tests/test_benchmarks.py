@@ -97,6 +97,12 @@ def test_cnn_step(tmp_path):
     assert "of peak" in out
 
 
+def test_shared_conv_bias(monkeypatch):
+    monkeypatch.setenv("MLIR_NN_NUM_THREADS", "1")
+    out = run("shared_conv_bias.py", "--smoke")
+    assert "form cost" in out and "element-wise cost" in out
+
+
 def test_grid(tmp_path):
     out = run("grid.py", "--smoke", "--json", str(tmp_path / "grid.json"))
     results = json.loads((tmp_path / "grid.json").read_text())

@@ -44,7 +44,7 @@ from mlir_nn.backends.memref_args import ArgumentBlock
 from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, link_objects, load_shared_object
 from mlir_nn.backends.thread_pool import num_threads
 from mlir_nn.backends.workspace import MemoryPlan, Workspaces
-from mlir_nn.ir import BATCH, Graph
+from mlir_nn.ir import BATCH, Graph, conv_forms
 from mlir_nn.ir.arguments import check_arguments, input_error, label_inputs
 from mlir_nn.support.cpu_target import register_block
 from mlir_nn.support.disk_cache import writable
@@ -232,6 +232,8 @@ def batch_dims(graph: Graph) -> set[tuple[int, int]]:
 
 def _key(graph: Graph, pipeline: Pipeline, threads: bool, opt_level: int) -> str:
     target = TARGET if threads else f"{TARGET}-serial"
+    if forced := conv_forms.forced_form():  # the convolutions' code depends on it, not on the graph
+        target += f"-conv-form={forced}"
     return cache_key(graph.fingerprint(), pipeline.text, target, f"{__version__}+{codegen_digest()}", opt_level)
 
 

@@ -5,7 +5,10 @@ pays ``launch``, reads its tensor operands and writes its result once (scalar co
 are free: they travel as kernel arguments). A fused op therefore costs less than the ops
 it replaces exactly by the launches and the intermediate tensors it no longer writes
 and reads back: fusion pays off only where it saves memory traffic. The batch dimension
-is counted as ``batch`` rows, the traced batch size by default.
+is counted as ``batch`` rows, the traced batch size by default. A convolution costs what the
+form the code generator will lower it to costs (``mlir_nn.ir.conv_forms``: multiply-adds at that
+form's rate, the bytes its im2col or col2im columns, padded copies and transposes move, its
+launches), converted to FLOP-equivalents at one per byte streamed.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mlir_nn.ir import Graph
+from mlir_nn.ir import Graph, conv_forms
 from mlir_nn.ir.shapes import Shape, numel
 
 FREE = ("leaf", "input", "param", "const", "reshape")  # no kernel: data already there, or a view
@@ -40,6 +43,10 @@ class CostModel:
         """Cost of one node from its op, attributes and operand/result shapes."""
         if op in FREE:
             return 0.0
+        if op in conv_forms.CONV_OPS:
+            named = dict(attrs["opaque"]) if "opaque" in attrs else attrs  # (an op the rules do not rewrite)
+            shape = conv_forms.conv_shape(op, in_shapes, out_shape, named, self.batch, itemsize)
+            return self.byte * conv_forms.BYTES_PER_NS * conv_forms.conv_cost_ns(op, shape) + self.launch
         out = numel(out_shape, self.batch)
         ins = [numel(s, self.batch) for s in in_shapes if len(s)]  # scalars ride along as arguments
         moved = (sum(ins) + out) * itemsize

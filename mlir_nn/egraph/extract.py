@@ -2,7 +2,8 @@
 
 A shared sub-term is paid for once, however many users it has. Extraction starts from
 the best tree (each e-class's cheapest e-node, children included), then improves it by
-local search on the true DAG cost: switch one e-class's choice at a time and keep the
+local search on the true DAG cost: switch one e-class's choice at a time (re-choosing the
+e-classes the switch brings into the program where that pays, one level deep) and keep the
 switch when the program reachable from the roots gets cheaper and stays acyclic.
 
 Both phases grow about linearly with the e-graph, so deep chains (hundreds of layers)
@@ -180,6 +181,26 @@ class Program:
         return delta
 
 
+def _improve_children(eclasses: EClasses, cost: dict[ENode, float], program: Program, levels: Levels,
+                      fresh: list[ClassId]) -> list[tuple[ClassId, ENode, ENode]]:
+    """After a switch, re-choose each e-class it brought into the program where that is cheaper now
+    (a look-ahead of one level: unfusing ``relu(conv2d_bias(x, W, b))`` pays only once the
+    convolution it brings in is the shared ``conv2d(x, W)``); the switches made, as (e-class, old, new)."""
+    made = []
+    for child in fresh:
+        for enode in eclasses.nodes[child]:
+            old = program.choice[child]
+            if (enode == old or enode not in cost or not program.reachable(child)
+                    or not all(c in program.choice for c in enode.children) or levels.would_cycle(child, enode)):
+                continue
+            if program.switch(child, enode) < 0:
+                levels.switch(child, old, enode)
+                made.append((child, old, enode))
+            else:
+                program.switch(child, old)
+    return made
+
+
 def extract(eclasses: EClasses, node_cost: Callable[[ClassId, ENode], float | None],
             max_sweeps: int = 4) -> tuple[Choice, float]:
     """Cheapest program for ``eclasses.roots``; ``node_cost`` is None for e-nodes to avoid."""
@@ -204,13 +225,19 @@ def extract(eclasses: EClasses, node_cost: Callable[[ClassId, ENode], float | No
                         or not all(c in choice for c in enode.children) or levels.would_cycle(cid, enode)):
                     continue
                 before = program.total
-                delta = program.switch(cid, enode)
-                if delta < -1e-12 * before:
-                    levels.switch(cid, old, enode)
+                fresh = [c for c in enode.children if not program.reachable(c)]
+                program.switch(cid, enode)
+                levels.switch(cid, old, enode)
+                children = _improve_children(eclasses, cost, program, levels, fresh)
+                if program.total < before - 1e-12 * before:
                     improved = True
-                else:
-                    program.switch(cid, old)
-                    program.total = before
+                    continue
+                for child, child_old, child_new in reversed(children):
+                    program.switch(child, child_old)
+                    levels.switch(child, child_new, child_old)
+                program.switch(cid, old)
+                levels.switch(cid, enode, old)
+                program.total = before
         if not improved:
             break
     total, reachable = dag_cost(eclasses.roots, choice, cost)

@@ -447,8 +447,16 @@ def rewrite(p: Product, name: str) -> None:
 
 
 def register_tile(func: Operation, names: list[str]) -> int:
-    """Rewrite every product of ``func`` (``names``: their Graph ops, in order, when known)."""
-    products = find_products(func)
-    for i, p in enumerate(products):
-        rewrite(p, names[i] if len(names) == len(products) else "matmul")
-    return len(products)
+    """Rewrite every product of ``func`` (``names``: their Graph ops, in order, when known).
+
+    The products are found again before each rewrite, on the block as the previous rewrites left
+    it: a gather may read through another product's scatter (an unfused weight gradient gathers a
+    ReLU gradient that reads the forward convolution's NCHW copy of its C), and that product's
+    rewrite erases the copy and C; found afresh, the gather stops at the buffer the kernel wrote."""
+    count = len(find_products(func))
+    for i in range(count):
+        products = find_products(func)
+        if len(products) != count - i:
+            raise RuntimeError(f"register tiling: {count - i} products left to rewrite, found {len(products)}")
+        rewrite(products[0], names[i] if len(names) == count else "matmul")
+    return count

@@ -13,9 +13,8 @@ A convolution, its input gradient and its weight gradient each have several form
 Each form's cost is its multiply-adds at the rate that form reaches, plus the bytes it moves
 (the padded copy, im2col columns packed, col2im columns written and added back, the transposes
 to and from pixel rows) at a streaming rate, plus its kernel launches. ``conv_form`` returns the
-cheapest available form, which the code generator lowers. (The e-graph's cost model does not
-use these costs yet: priced this way, a convolution shared by several uses is no longer worth
-recomputing to fuse a bias, and the conv rules' tests expect that fusion.) The rates are
+cheapest available form; the code generator lowers that form and the e-graph's cost model
+prices the node with the same cost, so extraction and lowering agree. The rates are
 calibrated on one core by ``benchmarks/conv_forms.py``.
 """
 
@@ -174,10 +173,25 @@ def form_costs(op: str, s: ConvShape) -> dict[str, float]:
     return weight_grad_costs(s)
 
 
+def forced_form() -> str:
+    """The form ``$MLIR_NN_CONV_FORM`` names ("" when unset): part of the compiled step's cache key."""
+    return os.environ.get(FORM_ENV, "")
+
+
 def conv_form(op: str, s: ConvShape) -> str:
     """The cheapest CPU form of ``op`` over shape ``s``, or the one ``$MLIR_NN_CONV_FORM`` names where
-    that form is available (for calibration: the kernel cache keys on the graph, not on this variable,
-    so each forced form needs a cache folder of its own)."""
+    that form is available (for calibration)."""
     costs = form_costs(op, s)
-    forced = os.environ.get(FORM_ENV)
+    forced = forced_form()
     return forced if forced in costs else min(costs, key=costs.__getitem__)
+
+
+def conv_cost_ns(op: str, s: ConvShape) -> float:
+    """Nanoseconds of ``op`` in the form ``conv_form`` picks, with its fused epilogue (bias and
+    activation: a pass over the output; the weight update: one over the weight)."""
+    cost = min(form_costs(op, s).values())
+    if op == "conv2d_bias":
+        cost += 2 * s.out * s.itemsize / BYTES_PER_NS
+    elif op == "conv2d_weight_update":
+        cost += 3 * s.o * s.taps * s.itemsize / BYTES_PER_NS
+    return cost

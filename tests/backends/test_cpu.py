@@ -467,3 +467,24 @@ def test_fast_path_takes_static_shaped_inputs():
     with pytest.raises(ValueError, match="input g contains 6 NaN or infinite"):
         executable.run_plain(with_nan, [weights])
     np.testing.assert_array_equal(weights, before)
+
+
+def test_a_forced_convolution_form_is_part_of_the_cache_key(monkeypatch, tmp_path):
+    """``$MLIR_NN_CONV_FORM`` changes a convolution's code, not the graph: a step compiled under one
+    form is not reused under another (neither from memory nor from disk), and each is right."""
+    from mlir_nn.ir import conv_forms
+    from tests.codegen.test_windows import check, conv_graph
+
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+    graph = conv_graph("float32", 3, (7, 5), 4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    texts = {}
+    for form in ("gemm", "taps", "gemm"):
+        monkeypatch.setenv(conv_forms.FORM_ENV, form)
+        kernel = compile_kernel(graph)
+        assert kernel.source == ("compiled" if form not in texts else "memory"), (form, kernel.source)
+        texts.setdefault(form, kernel.stages["linalg"])
+        check(graph, 7)
+    assert texts["gemm"] != texts["taps"]
+    clear_memory_cache()
+    monkeypatch.setenv(conv_forms.FORM_ENV, "taps")
+    assert compile_kernel(graph).source == "disk"

@@ -47,9 +47,9 @@ def test_transpose_flags_are_free_but_a_transpose_is_not():
     assert model.graph_cost(explicit) - model.graph_cost(flagged) == model.launch + 2 * 16 * 8 * 8
 
 
-def test_a_convolution_the_rules_leave_opaque_is_priced():
+def test_a_convolution_the_rules_leave_opaque_is_priced_by_its_form():
     """conv2d_input_grad reaches the cost model as an opaque e-node (its attributes wrapped): the
-    optimizer prices it without failing, and fuses the bias."""
+    optimizer prices it like the traced graph's node instead of failing, and fuses the bias."""
     from mlir_nn.egraph.driver import optimize
 
     attrs = dict(stride=(2, 1), padding=(1, 0, 1, 1), dilation=(1, 1), groups=1)

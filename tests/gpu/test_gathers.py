@@ -131,3 +131,27 @@ def test_static_batch_convolution_with_bias_and_gradients_is_three_kernels():
                        "static_k02_conv2d_weight_grad_tile64"], kernels
     result = check_graph(graph, 3, program=program)
     assert result.ok, result.problems
+
+
+def test_a_weight_gradient_gathering_through_the_forward_convolutions_copy():
+    """Unoptimized conv + ReLU step: the weight gradient's pixel rows gather the ReLU gradient,
+    which reads the forward convolution's NCHW copy of its product; the forward product's rewrite
+    erases that copy, so the weight gradient's gather is found on the rewritten block (it used to
+    evaluate the erased copy: a crash in the compiler)."""
+    import numpy as np
+
+    from mlir_nn import nn
+    from mlir_nn.jit import trace_step
+    from mlir_nn.optim import SGD
+    from mlir_nn.trainer import train_step
+
+    np.random.seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 5 * 7, 2))
+    step = train_step(model, SGD(model.parameters(), lr=0.1))
+    x, y = np.zeros((3, 2, 5, 7), np.float32), np.zeros((3, 2), np.float32)
+    graph, _, _ = trace_step(step, [x, y], ["x", "y"])
+    program = compile_graph(graph, (), cubin=False)
+    kernels = [r["kernel"] for r in program.plan["program"] if r["op"] == "gpu.launch_func"]
+    assert any("conv2d_weight_grad_tile" in k for k in kernels), kernels
+    result = check_graph(graph, 3, program=program)
+    assert result.ok, result.problems

@@ -1,8 +1,10 @@
 """The convolution form chooser: each form where it is clearly cheaper (these would fail with the
-choice inverted), and the forced form of the calibration benchmark."""
+choice inverted), the forced form of the calibration benchmark, and the e-graph's cost of a
+convolution node being the cost of the form the code generator lowers it to."""
 
 import pytest
 
+from mlir_nn.egraph.cost import CostModel
 from mlir_nn.ir import conv_forms
 from mlir_nn.ir.windows import axes_of
 
@@ -56,3 +58,26 @@ def test_a_forced_form_is_taken_where_available(monkeypatch):
     assert conv_forms.conv_form("conv2d", s) == "taps"
     monkeypatch.setenv(conv_forms.FORM_ENV, "col2im")  # no forward form: the cheapest
     assert conv_forms.conv_form("conv2d", s) == "gemm"
+
+
+@pytest.mark.parametrize("op", conv_forms.CONV_OPS)
+def test_the_egraph_prices_a_convolution_as_its_form(op):
+    """The node's cost is its chosen form's (plus the launch and any fused epilogue), so a cheaper
+    form or a larger batch shows in extraction; fused epilogues cost less than separate kernels."""
+    model = CostModel(batch=64)
+    s, ins, out, attrs = _shape(op, 64, 32, 16, 64, 3, 1, 1)
+    cost = model.node_cost(op, attrs, ins, out, 4)
+    form_ns = min(conv_forms.form_costs(op, s).values())
+    assert cost >= conv_forms.BYTES_PER_NS * form_ns + model.launch
+    assert cost < 1.1 * conv_forms.BYTES_PER_NS * form_ns + model.launch
+    bigger = _shape(op, 128, 32, 16, 64, 3, 1, 1)
+    assert model.node_cost(op, attrs, bigger[1], bigger[2], 4) > 1.5 * cost
+
+
+def test_the_fused_bias_costs_less_than_the_convolution_and_its_epilogue_apart():
+    model = CostModel(batch=64)
+    s, ins, out, attrs = _shape("conv2d_bias", 64, 32, 16, 64, 3, 1, 1)
+    fused = model.node_cost("conv2d_bias", {**attrs, "activation": "relu"}, ins, out, 4)
+    apart = (model.node_cost("conv2d", attrs, ins[:2], out, 4) + model.node_cost("add", {}, [out, (64, 1, 1)], out, 4)
+             + model.node_cost("relu", {}, [out], out, 4))
+    assert fused < apart
