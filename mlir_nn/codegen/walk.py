@@ -22,9 +22,9 @@ def collect_ops(module: ir.Module, keep: Callable[[ir.Operation], bool]) -> list
 
 
 def collect_linalg_ops(module: ir.Module, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
-    """``collect_ops`` for a predicate that only keeps linalg ops: the walk does not enter their
-    bodies (scalar ops, most of a module's ops), and finds the same ops in the same order (a
-    linalg op holds no other)."""
+    """``collect_ops`` for a predicate that only keeps linalg's structured ops (generic, fill,
+    matmul, ...): the walk does not enter their bodies (scalar ops and ``linalg.yield``, most of
+    a module's ops), and finds the same ops in the same order (they hold no other)."""
     found: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
