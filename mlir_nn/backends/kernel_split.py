@@ -215,28 +215,36 @@ def _blocks(fn: ir.Operation) -> list[ir.Block]:
     return blocks
 
 
-def _inputs(piece: list[ir.Operation]) -> tuple[list[ir.Value], list[tuple[ir.Operation, int, ir.Value]]]:
-    """Values the piece reads that are defined outside it, in first-use order, and where it
-    reads them: (op, operand position, value). One walk finds both (the outlining rewrites
-    those operands only: the ops of a blocked product have thousands of others)."""
-    nested = [inner for op in piece for inner in _nested(op)]
-    inside = set(nested)
-    outside: dict[ir.Value, None] = {}
-    defined_inside: set[ir.Value] = set()
-    reads = []
-    for inner in nested:
-        for k, value in enumerate(inner.operands):
-            if value in defined_inside:
-                continue
-            if value not in outside:
-                owner = value.owner
-                defined = owner.operation if isinstance(owner, ir.OpView | ir.Operation) else owner.owner.operation
-                if defined in inside:
-                    defined_inside.add(value)
-                    continue
-                outside[value] = None
-            reads.append((inner, k, value))
-    return list(outside), reads
+Read = tuple[ir.Operation, int, ir.Value]  # an op of a piece, an operand position, the value it reads there
+
+
+def _outside_reads(fn: ir.Operation, block: ir.Block, pieces: list[list[ir.Operation]]) -> list[list[Read]]:
+    """For each of the ``pieces`` of ``block``: where it reads values defined outside it (op,
+    operand position, value), in the walk order of its ops (post-order) and operand order.
+    Found from the uses of the values that a piece can read (the arguments and top-level
+    results of ``block`` and of the entry block, but for the pieces' own), not by reading
+    every operand of every op of the pieces (56k operands of 12k ops at 16x256 Adam, 5k of
+    them outside reads: 0.16 s)."""
+    owner = {op: k for k, piece in enumerate(pieces) for op in piece}
+    entry = fn.regions[0].blocks[0]
+    values: list[ir.Value] = []
+    for scope in [block] if block == entry else [block, entry]:
+        values.extend(scope.arguments)
+        for op in _ops(scope):
+            if op not in owner:
+                values.extend(op.results)
+    reads: list[list[Read]] = [[] for _ in pieces]
+    for value in values:
+        for use in value.uses:
+            user = use.owner.operation
+            top = _top_level(user, block)
+            if top is not None and top in owner:
+                reads[owner[top]].append((user, use.operand_number, value))
+    for k, piece in enumerate(pieces):
+        if len(reads[k]) > 1:
+            order = {op: i for i, op in enumerate(inner for op in piece for inner in _nested(op))}
+            reads[k].sort(key=lambda read: (order[read[0]], read[1]))
+    return reads
 
 
 _PLACEHOLDER_NAME = "kernel"  # a kernel's name while its text is hashed
@@ -365,10 +373,11 @@ def kernel_buffers(kernel: ir.Operation) -> dict[ir.Value, int]:
     return found
 
 
-def _outline(piece: list[ir.Operation], scratch: ir.Module) -> tuple[str, str, list[ir.Value]]:
-    """Move ``piece`` into a function of ``scratch`` that takes the values it reads as they are:
-    (name, the function's text, its arguments). The name hashes the text, printed once."""
-    values, reads = _inputs(piece)
+def _outline(piece: list[ir.Operation], reads: list[Read], scratch: ir.Module) -> tuple[str, str, list[ir.Value]]:
+    """Move ``piece`` into a function of ``scratch`` that takes the values it reads (``reads``:
+    ``_outside_reads``) as they are, in first-use order: (name, the function's text, its
+    arguments). The name hashes the text, printed once."""
+    values = list(dict.fromkeys(value for _, _, value in reads))
     constants = [v for v in values if isinstance(v.owner, ir.OpView | ir.Operation) and v.owner.name in _CONSTANTS]
     constant_set = set(constants)
     arguments = [v for v in values if v not in constant_set]
@@ -426,8 +435,10 @@ def split_step(module: ir.Module) -> Split:
     with module.context:
         fn = entry_function(module)
         for block in _blocks(fn):
-            for piece, after in _pieces(block):
-                name, text, arguments = _outline(piece, ir.Module.create(piece[0].location))
+            pieces = _pieces(block)
+            reads = _outside_reads(fn, block, [piece for piece, _ in pieces])
+            for (piece, after), read in zip(pieces, reads, strict=True):
+                name, text, arguments = _outline(piece, read, ir.Module.create(piece[0].location))
                 with ir.InsertionPoint(after), after.location:
                     func.CallOp([], ir.FlatSymbolRefAttr.get(name + DESCRIPTORS), arguments)
                 if name in kernels:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from mlir_nn.codegen.walk import collect_ops
+from mlir_nn.codegen.walk import collect_linalg_ops
 
 _CHEAP = frozenset({"arith.mulf", "arith.addf", "arith.subf", "arith.negf"})
 
@@ -39,7 +39,7 @@ def recompute_cheap_maps(module: ir.Module) -> int:
     """Give generic users of every cheap map with several users copies of their own (all of
     them when another user needs it stored, else all but one); how many copies."""
     copies = 0
-    for op in collect_ops(module, _cheap_map):
+    for op in collect_linalg_ops(module, _cheap_map):
         uses = [(use.owner, use.operand_number) for use in op.results[0].uses]
         fusing = [(user, i) for user, i in uses if user.name == "linalg.generic" and user.parent == op.parent]
         for user, position in fusing[1:] if len(fusing) == len(uses) else fusing:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from mlir import ir
 
 from mlir_nn.codegen.batch_split import sum_over_batch
-from mlir_nn.codegen.walk import collect_ops, in_tasks
+from mlir_nn.codegen.walk import collect_linalg_ops, in_tasks
 
 ROW_SUM = "mlirnn.row_sum"
 ROW_SUM_MAX = 64  # totals per sum (n) up to which they all stay in vector registers
@@ -45,7 +45,7 @@ def tag_row_sums(module: ir.Module, threads: bool = False) -> int:
     that adds its rows (``_adds_rows``; a max does not) and is not in a task already runs in
     tasks of at least SUM_TASK_ELEMENTS elements, their partial totals added at the end
     (``batch_split.sum_over_batch``)."""
-    found = collect_ops(module, _is_row_sum)
+    found = collect_linalg_ops(module, _is_row_sum)
     with module.context:
         for op in found:
             op.attributes[ROW_SUM] = ir.UnitAttr.get()

@@ -21,6 +21,23 @@ def collect_ops(module: ir.Module, keep: Callable[[ir.Operation], bool]) -> list
     return found
 
 
+def collect_linalg_ops(module: ir.Module, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
+    """``collect_ops`` for a predicate that only keeps linalg's structured ops (generic, fill,
+    matmul, ...): the walk does not enter their bodies (scalar ops and ``linalg.yield``, most of
+    a module's ops), and finds the same ops in the same order (they hold no other)."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if not op.name.startswith("linalg."):
+            return ir.WalkResult.ADVANCE
+        if keep(op):
+            found.append(op)
+        return ir.WalkResult.SKIP
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
 def in_tasks(op: ir.Operation) -> bool:
     """Whether ``op`` runs inside a task already (an ``scf.forall``, e.g. a batch loop's:
     batched_products)."""

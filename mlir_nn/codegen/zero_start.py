@@ -16,7 +16,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith
 
-from mlir_nn.codegen.walk import collect_ops
+from mlir_nn.codegen.walk import collect_linalg_ops
 
 ACC_INIT, KC_LOOP = "mlirnn.acc_init", "mlirnn.kc_loop"
 FOR_INITS = 3  # scf.for operands: lower bound, upper bound, step, then the iter_args' inits
@@ -88,7 +88,7 @@ def _first_slice(loop: ir.Operation | None, firsts: dict[ir.Operation, ir.Value]
 def start_accumulators_at_zero(module: ir.Module) -> int:
     """Drop the zero fill of each blocked product's accumulator (see the module docstring);
     how many fills were dropped."""
-    fills = collect_ops(module, lambda op: op.name == "linalg.fill" and ACC_INIT in op.attributes)
+    fills = collect_linalg_ops(module, lambda op: op.name == "linalg.fill" and ACC_INIT in op.attributes)
     firsts: dict[ir.Operation, ir.Value] = {}  # per kc loop: "this is its first slice"
     dropped = 0
     with module.context:

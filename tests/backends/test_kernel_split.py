@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mlir import ir
 
-from mlir_nn.backends import kernel_pool
+from mlir_nn.backends import kernel_pool, kernel_split
 from mlir_nn.backends.cpu import CpuExecutable, clear_memory_cache, compile_kernel, lower_with_plan, tail_pipeline
 from mlir_nn.backends.kernel_build import Job, build, merge_texts
 from mlir_nn.backends.kernel_split import NOALIAS, split_step
@@ -266,3 +266,92 @@ def test_kernels_take_pointers_and_dynamic_fields_and_pieces_of_other_offsets_st
     np.testing.assert_array_equal(y, x.T)
     np.testing.assert_array_equal(q, 2 * p)
     np.testing.assert_array_equal(r, x[-1])
+
+
+def _every_operand_read(piece: list[ir.Operation]) -> list[tuple[ir.Operation, int, ir.Value]]:
+    """Where ``piece`` reads values defined outside it, by reading every operand of every op
+    (walk order, operand order): what ``_outside_reads`` must find from the values' uses."""
+    nested: list[ir.Operation] = []
+    for op in piece:
+        op.walk(lambda inner: nested.append(inner) or ir.WalkResult.ADVANCE)
+    inside = set(nested)
+    reads = []
+    for inner in nested:
+        for k, value in enumerate(inner.operands):
+            owner = value.owner
+            defined = owner.operation if isinstance(owner, ir.OpView | ir.Operation) else owner.owner.operation
+            if defined not in inside:
+                reads.append((inner, k, value))
+    return reads
+
+
+def _mlp_step(sizes: list[int], batch: int):
+    from mlir_nn.jit import trace_step
+    from mlir_nn.losses import mse_loss
+    from mlir_nn.nn import MLP
+    from mlir_nn.optim import Adam
+    from mlir_nn.trainer import train_step
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    y = rng.standard_normal((batch, sizes[-1])).astype(np.float32)
+    model = MLP(sizes[0], sizes[1:])
+    graph, _, _ = trace_step(train_step(model, Adam(model.parameters(), lr=1e-3), mse_loss), [x, y], ["x", "y"])
+    return graph
+
+
+@pytest.mark.parametrize("batch", [1, 7, 13])
+def test_outside_reads_from_uses_are_the_reads_of_every_operand(monkeypatch, batch):
+    found = kernel_split._outside_reads
+    compared = []
+
+    def checked(fn, block, pieces):
+        reads = found(fn, block, pieces)
+        for piece, got in zip(pieces, reads, strict=True):
+            assert got == _every_operand_read(piece)
+        compared.append(len(pieces))
+        return reads
+
+    monkeypatch.setattr(kernel_split, "_outside_reads", checked)
+    lower_with_plan(_mlp_step([33, 13, 13, 7], batch), load_pipeline("cpu"))
+    assert len(compared) == 2 and all(compared)  # the step's entry block and its input guard's body
+    for text in (STEP, SHARED_READ):
+        with ir.Context():
+            split_step(ir.Module.parse(text))
+
+
+def test_repeated_layers_are_one_kernel_each_and_compute_the_reference(monkeypatch):
+    graph = _mlp_step([32] * 7 + [5], 13)
+    split = lower_with_plan(graph, load_pipeline("cpu"))[4]
+    assert split.step.count("call @k") >= 3 * len(split.kernels)  # 6 identical hidden layers
+    import mlir_nn
+    from mlir_nn.losses import mse_loss
+    from mlir_nn.nn import MLP
+    from mlir_nn.optim import Adam
+    from mlir_nn.trainer import train_step
+
+    monkeypatch.setenv("MLIR_NN_TIERED", "0")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((13, 32)).astype(np.float32)
+    y = rng.standard_normal((13, 5)).astype(np.float32)
+    results = []
+    for backend in ("cpu", "numpy"):
+        mlir_nn.manual_seed(0)
+        model = MLP(32, [32] * 6 + [5])
+        step = mlir_nn.jit(train_step(model, Adam(model.parameters(), lr=1e-2), mse_loss), backend=backend)
+        losses = [float(np.asarray(step(x, y))) for _ in range(3)]
+        results.append((losses, [p.data.copy() for p in model.parameters()]))
+    (got, got_params), (want, want_params) = results
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    for g, w in zip(got_params, want_params, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_pieces_differing_only_in_a_shape_are_distinct_kernels():
+    head, start, tail = STEP.rpartition("%b = ")
+    wider = head + start + tail.replace("4x8xf32", "4x9xf32")  # the second fill one column wider
+    with ir.Context():
+        split = split_step(ir.Module.parse(wider))
+    fills = _kernels_with(split, "linalg.fill")
+    assert len(fills) == 2 and len(split.kernels) == 4 and split.step.count("call @k") == 4
+    assert {"4x8xf32" in f for f in fills} == {True, False}
