@@ -1,0 +1,111 @@
+"""Measures the product schedules' table of rates on the host (``mlir-nn calibrate``).
+
+Each rate comes from one small float32 product compiled through the cpu backend with a table
+that forces the schedule measured (``FORCED``) and timed on this machine: the least of its
+calls' wall times (other processes only add to them), less the call overhead (a 2 x 2 x 2
+product's time). On one thread:
+
+* ``blocked``: 384 x 384 x 384 blocked; ``swapped``: 384 x 384 x 12 swapped (12 columns fill
+  whole register blocks as rows); ``loops``: 32 x 32 x 32 as a loop nest; ``blocked_setup_ns``:
+  32 x 32 x 32 blocked, less its work at the blocked rate;
+* ``small_rows``: 4096 batch rows times (k, n) with k * n = 4096 and rows of 1, 4 and 8 vector
+  registers, as vector code per block of rows;
+
+and ``task_ns``: the 384 x 384 x 384 blocked product on the pool's threads, less its
+one-thread time divided by the threads. The whole takes a few seconds (mostly compiling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from mlir_nn.backends.cpu import CpuExecutable, compile_kernel
+from mlir_nn.backends.thread_pool import num_threads
+from mlir_nn.codegen import emit_linalg
+from mlir_nn.codegen.schedule_report import product_schedules
+from mlir_nn.ir import Graph, make_node
+from mlir_nn.support.cpu_target import vector_bytes
+from mlir_nn.support.schedule_rates import DEFAULT, ScheduleRates, use_rates
+
+FAST, SLOW = 1e9, 1e-9  # rates that make a schedule win or lose every choice
+FORCED = {
+    "blocked": dataclasses.replace(DEFAULT, loops=SLOW, swapped=SLOW, small_rows=(SLOW,) * 3, task_ns=0.0),
+    "blocked-swapped": dataclasses.replace(DEFAULT, loops=SLOW, swapped=FAST, small_rows=(SLOW,) * 3, task_ns=0.0),
+    "loops": dataclasses.replace(DEFAULT, blocked=SLOW, swapped=SLOW, small_rows=(FAST,) * 3),
+    "small-rows": dataclasses.replace(DEFAULT, loops=SLOW, small_rows=(FAST,) * 3),
+}
+BATCH_ROWS = 4096
+LARGE, SWAPPED_COLUMNS, SMALL = 384, 12, 32
+
+
+def _product(m: int | str, k: int, n: int) -> Graph:
+    """A @ B, A (m, k) an input (m "N": the batch), B (k, n) a parameter, float32."""
+    a = make_node("input", [], name="a", shape=(m, k), dtype="float32")
+    b = make_node("param", [], name="b", shape=(k, n), dtype="float32")
+    return Graph((a,), (b,), (make_node("matmul", [a, b]),), name=f"calibrate_{m}x{k}x{n}")
+
+
+def _compiled(graph: Graph, schedule: str, threads: bool) -> CpuExecutable:
+    """``graph`` compiled with its product forced to ``schedule``; RuntimeError if it is not."""
+    with use_rates(FORCED[schedule]):
+        got = [s.schedule for s in product_schedules(emit_linalg(graph), threads)]
+        if got != [schedule] and not (schedule == "loops" and got == ["small-vector"]):
+            raise RuntimeError(f"calibration: {graph.name} was planned as {got}, not as {schedule}")
+        return CpuExecutable(graph, compile_kernel(graph, threads=threads))
+
+
+def _seconds(call: Callable[[], object], budget_s: float) -> float:
+    """The least wall seconds of ``call`` over about ``budget_s`` (after one warm-up call)."""
+    call()
+    times: list[float] = []
+    end = time.perf_counter() + budget_s
+    while len(times) < 5 or (time.perf_counter() < end and len(times) < 1000):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _timed(graph: Graph, schedule: str, budget_s: float, threads: bool = False) -> float:
+    """Nanoseconds per call of ``graph`` with its product as ``schedule``."""
+    executable = _compiled(graph, schedule, threads)
+    rng = np.random.default_rng(0)
+    rows = BATCH_ROWS if graph.inputs[0].shape[0] == "N" else graph.inputs[0].shape[0]
+    a = rng.standard_normal((rows, graph.inputs[0].shape[1])).astype(np.float32)
+    b = rng.standard_normal(graph.params[0].shape).astype(np.float32)
+    return _seconds(lambda: executable.run([a], [b]), budget_s) * 1e9
+
+
+def _work(graph: Graph) -> int:
+    (rows, k), n = graph.inputs[0].shape, graph.params[0].shape[1]
+    return (BATCH_ROWS if rows == "N" else rows) * k * n
+
+
+def measure(budget_s: float = 0.3, report: Callable[[str], None] = lambda line: None) -> ScheduleRates:
+    """The host's table of rates, measured (``budget_s``: timing seconds per probe)."""
+    def rate(graph: Graph, schedule: str) -> float:
+        ns = max(_timed(graph, schedule, budget_s) - overhead, 1.0)
+        report(f"{graph.name} {schedule}: {ns / 1e3:.1f} us, {_work(graph) / ns:.2f} multiply-adds/ns")
+        return _work(graph) / ns
+
+    overhead = _timed(_product(2, 2, 2), "loops", budget_s)
+    report(f"call overhead: {overhead:.0f} ns")
+    large = _product(LARGE, LARGE, LARGE)
+    blocked = rate(large, "blocked")
+    swapped = rate(_product(LARGE, LARGE, SWAPPED_COLUMNS), "blocked-swapped")
+    small = _product(SMALL, SMALL, SMALL)
+    loops = rate(small, "loops")
+    setup = max(_timed(small, "blocked", budget_s) - overhead - _work(small) / blocked, 0.0)
+    report(f"blocked setup: {setup:.0f} ns")
+    lanes = vector_bytes() // 4
+    small_rows = tuple(rate(_product("N", 4096 // (r * lanes), r * lanes), "small-rows") for r in (1, 4, 8))
+    threads = num_threads()
+    alone = _work(large) / blocked
+    task = (_timed(large, "blocked", budget_s, threads=True) - overhead - alone / threads if threads > 1
+            else alone)  # one thread: the pool never pays
+    report(f"task on {threads} threads: {task:.0f} ns")
+    return ScheduleRates(blocked, swapped, loops, small_rows, setup, max(task, 0.0), threads, source="measured")
