@@ -78,7 +78,9 @@ class ScheduleRates:
         return rates
 
 
-_BLOCKED, _LOOPS = 40.0, 8.0  # 68-86 GFLOP/s blocked (a 100-wide layer's products); loops: see DEFAULT
+# blocked: 68-86 GFLOP/s (a 100-wide layer's products, one core). The loop rate was not measured on
+# its own: with it, the blocked setup is what makes TILED_WORK_MIN the break-even.
+_BLOCKED, _LOOPS = 40.0, 8.0
 DEFAULT = ScheduleRates(
     blocked=_BLOCKED,
     swapped=_BLOCKED / SWAP_GAIN,
