@@ -7,7 +7,8 @@ product's time). On one thread:
 
 * ``blocked``: 384 x 384 x 384 blocked; ``swapped``: 384 x 384 x 12 swapped (12 columns fill
   whole register blocks as rows); ``loops``: 32 x 32 x 32 as a loop nest; ``blocked_setup_ns``:
-  32 x 32 x 32 blocked, less its work at the blocked rate;
+  32 x 32 x 32 blocked, less its work at the blocked rate; ``plain_loops``: 64 x 100 x 100 as a
+  loop nest without vector code;
 * ``small_rows``: 4096 batch rows times (k, n) with k * n = 4096 and rows of 1, 4 and 8 vector
   registers, as vector code per block of rows;
 
@@ -33,14 +34,16 @@ from mlir_nn.support.cpu_target import vector_bytes
 from mlir_nn.support.schedule_rates import DEFAULT, ScheduleRates, use_rates
 
 FAST, SLOW = 1e9, 1e-9  # rates that make a schedule win or lose every choice
+_NOT_LOOPS = dict(loops=SLOW, plain_loops=SLOW, small_rows=(SLOW,) * 3, task_ns=0.0)
 FORCED = {
-    "blocked": dataclasses.replace(DEFAULT, loops=SLOW, swapped=SLOW, small_rows=(SLOW,) * 3, task_ns=0.0),
-    "blocked-swapped": dataclasses.replace(DEFAULT, loops=SLOW, swapped=FAST, small_rows=(SLOW,) * 3, task_ns=0.0),
+    "blocked": dataclasses.replace(DEFAULT, swapped=SLOW, **_NOT_LOOPS),
+    "blocked-swapped": dataclasses.replace(DEFAULT, swapped=FAST, **_NOT_LOOPS),
     "loops": dataclasses.replace(DEFAULT, blocked=SLOW, swapped=SLOW, small_rows=(FAST,) * 3),
     "small-rows": dataclasses.replace(DEFAULT, loops=SLOW, small_rows=(FAST,) * 3),
 }
 BATCH_ROWS = 4096
 LARGE, SWAPPED_COLUMNS, SMALL = 384, 12, 32
+PLAIN_ROWS, PLAIN = 64, 100  # a loop nest whose inner loops (k * n) are too long for vector code
 ROUNDS = 5  # the threaded product is timed in rounds (the least counts): other processes take cores for a while
 
 
@@ -101,6 +104,7 @@ def measure(budget_s: float = 0.3, report: Callable[[str], None] = lambda line: 
     swapped = rate(_product(LARGE, LARGE, SWAPPED_COLUMNS), "blocked-swapped")
     small = _product(SMALL, SMALL, SMALL)
     loops = rate(small, "loops")
+    plain_loops = rate(_product(PLAIN_ROWS, PLAIN, PLAIN), "loops")
     setup = max(_timed(small, "blocked", budget_s) - overhead - _work(small) / blocked, 0.0)
     report(f"blocked setup: {setup:.0f} ns")
     lanes = vector_bytes() // 4
@@ -110,4 +114,5 @@ def measure(budget_s: float = 0.3, report: Callable[[str], None] = lambda line: 
     together = min(_timed(large, "blocked", budget_s / ROUNDS, threads=True) for _ in range(ROUNDS))
     task = together - overhead - alone / threads if threads > 1 else alone  # one thread: the pool never pays
     report(f"task on {threads} threads: {task:.0f} ns")
-    return ScheduleRates(blocked, swapped, loops, small_rows, setup, max(task, 0.0), threads, source="measured")
+    return ScheduleRates(blocked, swapped, loops, plain_loops, small_rows, setup, max(task, 0.0), threads,
+                         source="measured")

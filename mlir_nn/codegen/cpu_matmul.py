@@ -224,11 +224,12 @@ def _threading(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...]:
 def _blocking(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
     """Blocked against loops for a product that may be blocked (static columns, a zero-filled
     accumulator, and k not 1: an outer product's k loop would fold away), priced at its static
-    work (dynamic dims counted as 1); None when it may not."""
+    work (dynamic dims counted as 1), the loops as the vector code or plain nest of its
+    ``loop_plan``; None when it may not."""
     _, n, k = _sizes(op)
     if ir.ShapedType.is_dynamic_size(n) or k == 1 or not _is_zero_fill(op.operands[2]):
         return None
-    return blocked_or_loops(_static_work(op), rates)
+    return blocked_or_loops(_static_work(op), bool(loop_plan(op, False).tags), rates)
 
 
 def _batch_rows_in_vectors(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...] | None:

@@ -44,10 +44,11 @@ def compared(estimates: tuple[Estimate, ...]) -> str:
     return f"{estimates[0]} < {', '.join(map(str, estimates[1:]))}"
 
 
-def blocked_or_loops(work: int, rates: ScheduleRates) -> tuple[Estimate, ...]:
-    """A product of ``work`` multiply-adds blocked (fixed setup, the blocked rate) or as a loop nest."""
+def blocked_or_loops(work: int, vector: bool, rates: ScheduleRates) -> tuple[Estimate, ...]:
+    """A product of ``work`` multiply-adds blocked (fixed setup, the blocked rate) or as a loop
+    nest, as vector code when ``vector`` says its loop plan has some."""
     return ranked(Estimate("blocked", rates.blocked_setup_ns + work / rates.blocked),
-                  Estimate("loops", work / rates.loops))
+                  Estimate("loops", work / (rates.loops if vector else rates.plain_loops)))
 
 
 def on_threads(task_work: int, rates: ScheduleRates) -> tuple[Estimate, ...]:

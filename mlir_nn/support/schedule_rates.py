@@ -30,7 +30,7 @@ from mlir_nn.support.cpu_target import cpu_identity
 from mlir_nn.support.disk_cache import TMP_PREFIX, cache_dir
 
 FOLDER = "schedule-rates"
-FORMAT = 1
+FORMAT = 2
 # Thresholds measured on the machine type before the cost model; the default table's break-evens.
 TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims as 1) from which packing pays
 PARALLEL_WORK_MIN = 1 << 18  # multiply-adds of one task from which a blocked product's tasks go on threads
@@ -46,7 +46,8 @@ class ScheduleRates:
 
     blocked: float  # packed register blocks, all their lanes used
     swapped: float  # the same as C^T = op(B)^T op(A)^T, transposed back
-    loops: float  # a small product's loop nest
+    loops: float  # a small product's loop nest as vector code (``mlirnn.small_vector``, ``small_rows``)
+    plain_loops: float  # a loop nest without vector code (inner loops dynamic or too long)
     small_rows: tuple[float, float, float]
     blocked_setup_ns: float  # a blocked product's fixed cost (packing buffers, its loop nests)
     task_ns: float  # handing a product's tasks to the thread pool and waiting for the last
@@ -72,7 +73,7 @@ class ScheduleRates:
             rates = cls(**fields)
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as error:
             raise ValueError(f"not a schedule rates table: {error}") from None
-        numbers = [rates.blocked, rates.swapped, rates.loops, *rates.small_rows]
+        numbers = [rates.blocked, rates.swapped, rates.loops, rates.plain_loops, *rates.small_rows]
         if not all(r > 0 for r in numbers) or rates.blocked_setup_ns < 0 or rates.task_ns < 0 or rates.threads < 1:
             raise ValueError(f"schedule rates must be positive: {rates}")
         return rates
@@ -85,6 +86,7 @@ DEFAULT = ScheduleRates(
     blocked=_BLOCKED,
     swapped=_BLOCKED / SWAP_GAIN,
     loops=_LOOPS,
+    plain_loops=_LOOPS,  # the threshold did not tell them apart
     # x @ w over 4096 rows with w of 4096 elements, one core: 256 x 16 929 us, 64 x 64 337 us, 32 x 128 992 us
     small_rows=(18.0, 50.0, 17.0),
     blocked_setup_ns=TILED_WORK_MIN * (1 / _LOOPS - 1 / _BLOCKED),

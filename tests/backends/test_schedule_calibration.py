@@ -18,7 +18,7 @@ def test_calibrate_measures_every_rate_and_a_dry_run_stores_nothing(capsys):
     table = ScheduleRates.from_json(out[out.index("{"):])
     assert table.source == "measured" and table.threads >= 1
     assert "small-rows" in out and "blocked-swapped" in out
-    assert json.loads(out[out.index("{"):])["format"] == 1
+    assert json.loads(out[out.index("{"):])["format"] == 2
     assert stored() is None
 
 

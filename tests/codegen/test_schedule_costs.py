@@ -26,8 +26,8 @@ from tests.codegen.zoo import matmul_zoo
 
 HUGE, TINY = 1e9, 1e-9
 # tables that make one side of every choice win: blocked (unswapped) on threads, or loops on one thread
-ALL_BLOCKED = dataclasses.replace(DEFAULT, loops=TINY, swapped=TINY, small_rows=(TINY,) * 3, blocked_setup_ns=0.0,
-                                  task_ns=0.0)
+ALL_BLOCKED = dataclasses.replace(DEFAULT, loops=TINY, plain_loops=TINY, swapped=TINY, small_rows=(TINY,) * 3,
+                                  blocked_setup_ns=0.0, task_ns=0.0)
 ALL_LOOPS = dataclasses.replace(DEFAULT, blocked=TINY, swapped=TINY, small_rows=(HUGE,) * 3, task_ns=HUGE)
 ALL_SWAPPED = dataclasses.replace(DEFAULT, swapped=HUGE, task_ns=HUGE)
 
@@ -47,7 +47,8 @@ def _product(m: int | str, k: int, n: int, dtype: str = "float32") -> Graph:
 
 def test_the_default_table_breaks_even_at_the_thresholds_measured_before():
     """The default table's break-evens are the fixed thresholds it replaces, ties to the first named."""
-    assert [blocked_or_loops(w, DEFAULT)[0].name for w in (TILED_WORK_MIN - 1, TILED_WORK_MIN)] == ["loops", "blocked"]
+    works = (TILED_WORK_MIN - 1, TILED_WORK_MIN)
+    assert [blocked_or_loops(w, True, DEFAULT)[0].name for w in works] == ["loops", "blocked"]
     names = [on_threads(w, DEFAULT)[0].name for w in (PARALLEL_WORK_MIN - 1, PARALLEL_WORK_MIN)]
     assert names == ["one thread", "2 threads"]
     assert swapped_or_not(1000, 0.5, 0.5 * SWAP_GAIN * 1.01, DEFAULT)[0].name == "blocked-swapped"
@@ -91,6 +92,9 @@ def test_cheap_threads_put_a_small_blocked_product_on_threads():
 
 def test_the_loop_and_blocked_rates_move_the_packing_choice():
     assert _plans(_product(64, 48, 40), dataclasses.replace(DEFAULT, loops=HUGE))[0].kind != "blocked"
+    # 64 x 100 x 100: its loop nest has no vector code (k * n over SMALL_VECTOR_MAX): the plain rate prices it
+    assert _plans(_product(64, 100, 100), dataclasses.replace(DEFAULT, loops=HUGE))[0].kind == "blocked"
+    assert _plans(_product(64, 100, 100), dataclasses.replace(DEFAULT, plain_loops=HUGE))[0].kind == "loops"
     assert _plans(_product(13, 17, 7))[0].kind != "blocked"
     assert _plans(_product(13, 17, 7), ALL_BLOCKED)[0].kind == "blocked"
 
