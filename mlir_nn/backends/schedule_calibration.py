@@ -7,8 +7,9 @@ product's time). On one thread:
 
 * ``blocked``: 384 x 384 x 384 blocked; ``swapped``: 384 x 384 x 12 swapped (12 columns fill
   whole register blocks as rows); ``loops``: 32 x 32 x 32 as a loop nest; ``blocked_setup_ns``:
-  32 x 32 x 32 blocked, less its work at the blocked rate; ``plain_loops``: 64 x 100 x 100 as a
-  loop nest without vector code;
+  32 x 32 x 32 blocked, less its work at the blocked rate; ``plain_loops``: 4096 batch rows times 100 x 100
+  as a loop nest without vector code, the slower of B (k, n) and B stored (n, k) (a dot product
+  per element: in a 100-wide Adam step, as slow as 1.5 multiply-adds/ns);
 * ``small_rows``: 4096 batch rows times (k, n) with k * n = 4096 and rows of 1, 4 and 8 vector
   registers, as vector code per block of rows;
 
@@ -43,15 +44,17 @@ FORCED = {
 }
 BATCH_ROWS = 4096
 LARGE, SWAPPED_COLUMNS, SMALL = 384, 12, 32
-PLAIN_ROWS, PLAIN = 64, 100  # a loop nest whose inner loops (k * n) are too long for vector code
+PLAIN = 100  # N x 100 x 100: a loop nest whose inner loops (k * n) are too long for vector code
 ROUNDS = 5  # the threaded product is timed in rounds (the least counts): other processes take cores for a while
 
 
-def _product(m: int | str, k: int, n: int) -> Graph:
-    """A @ B, A (m, k) an input (m "N": the batch), B (k, n) a parameter, float32."""
+def _product(m: int | str, k: int, n: int, transpose_b: bool = False) -> Graph:
+    """A @ B, A (m, k) an input (m "N": the batch), B (k, n) a parameter (stored (n, k) when
+    ``transpose_b``), float32."""
     a = make_node("input", [], name="a", shape=(m, k), dtype="float32")
-    b = make_node("param", [], name="b", shape=(k, n), dtype="float32")
-    return Graph((a,), (b,), (make_node("matmul", [a, b]),), name=f"calibrate_{m}x{k}x{n}")
+    b = make_node("param", [], name="b", shape=(n, k) if transpose_b else (k, n), dtype="float32")
+    name = f"calibrate_{m}x{k}x{n}{'_bt' if transpose_b else ''}"
+    return Graph((a,), (b,), (make_node("matmul", [a, b], transpose_b=transpose_b),), name=name)
 
 
 def _compiled(graph: Graph, schedule: str, threads: bool) -> CpuExecutable:
@@ -86,8 +89,8 @@ def _timed(graph: Graph, schedule: str, budget_s: float, threads: bool = False) 
 
 
 def _work(graph: Graph) -> int:
-    (rows, k), n = graph.inputs[0].shape, graph.params[0].shape[1]
-    return (BATCH_ROWS if rows == "N" else rows) * k * n
+    rows, (p, q) = graph.inputs[0].shape[0], graph.params[0].shape
+    return (BATCH_ROWS if rows == "N" else rows) * p * q
 
 
 def measure(budget_s: float = 0.3, report: Callable[[str], None] = lambda line: None) -> ScheduleRates:
@@ -104,7 +107,7 @@ def measure(budget_s: float = 0.3, report: Callable[[str], None] = lambda line: 
     swapped = rate(_product(LARGE, LARGE, SWAPPED_COLUMNS), "blocked-swapped")
     small = _product(SMALL, SMALL, SMALL)
     loops = rate(small, "loops")
-    plain_loops = rate(_product(PLAIN_ROWS, PLAIN, PLAIN), "loops")
+    plain_loops = min(rate(_product("N", PLAIN, PLAIN, t), "loops") for t in (False, True))
     setup = max(_timed(small, "blocked", budget_s) - overhead - _work(small) / blocked, 0.0)
     report(f"blocked setup: {setup:.0f} ns")
     lanes = vector_bytes() // 4
