@@ -102,12 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-egraph", action="store_true", help="skip the e-graph optimizer")
     c.add_argument("--seed", type=seed_value, default=0, help="random seed for the weights (default 0)")
     cal = sub.add_parser("calibrate", help="measure the CPU product schedules' rates on this machine",
-                         description="Time a few small products compiled in each CPU schedule and store the "
-                                     "rates that product schedules are chosen by, for this CPU, in the cache folder "
-                                     "(compiled steps are then planned with them; their cache keys change).")
+                         description="Time a few small products compiled in each CPU schedule and print the "
+                                     "rates that product schedules are chosen by; with --store, keep them for this "
+                                     "CPU in the cache folder (compiled steps are then planned with them; their "
+                                     "cache keys change).")
     cal.add_argument("--budget", type=non_negative_float, default=0.3,
                      help="seconds of timing per measured product (default 0.3)")
-    cal.add_argument("--dry-run", action="store_true", help="print the measured table without storing it")
+    cal.add_argument("--store", action="store_true",
+                     help="make the measured table this CPU's (default: print it only; on the machine type the "
+                          "defaults were measured on, a measured table still picks slower schedules for some "
+                          "products: its loop nests are priced at one rate)")
     return parser
 
 
@@ -337,7 +341,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     rates = measure(args.budget, report=print)
     print(rates.to_json())
-    if not args.dry_run:
+    if args.store:
         print(f"stored in {schedule_rates.store(rates)}")
     return 0
 
