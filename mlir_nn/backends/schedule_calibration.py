@@ -9,11 +9,14 @@ product's time). On one thread:
   whole register blocks as rows); ``loops``: 32 x 32 x 32 as a loop nest; ``blocked_setup_ns``:
   32 x 32 x 32 blocked, less its work at the blocked rate; ``plain_loops``: 4096 batch rows times 100 x 100
   as a loop nest without vector code, the slower of B (k, n) and B stored (n, k) (a dot product
-  per element: in a 100-wide Adam step, as slow as 1.5 multiply-adds/ns);
+  per element);
+* ``batch_sums``: a 64 x 64 weight gradient over 4096 batch rows as vector code (a loop over
+  chunks of its rows);
 * ``small_rows``: 4096 batch rows times (k, n) with k * n = 4096 and rows of 1, 4 and 8 vector
   registers, as vector code per block of rows;
 
-and ``task_ns``: the 384 x 384 x 384 blocked product on the pool's threads, less its
+``chunk_tasks``: a 100 x 100 weight gradient over 4096 batch rows as vector code in chunks, on the
+pool's threads; and ``task_ns``: the 384 x 384 x 384 blocked product on the pool's threads, less its
 one-thread time divided by the threads. Other processes on the cores make threads look
 expensive: calibrate on a quiet machine. The whole takes a few seconds (mostly compiling).
 """
@@ -45,6 +48,7 @@ FORCED = {
 BATCH_ROWS = 4096
 LARGE, SWAPPED_COLUMNS, SMALL = 384, 12, 32
 PLAIN = 100  # N x 100 x 100: a loop nest whose inner loops (k * n) are too long for vector code
+BATCH_SUM = 64  # a 64 x 64 weight gradient: its sum over the batch in a loop over chunks of rows
 ROUNDS = 5  # the threaded product is timed in rounds (the least counts): other processes take cores for a while
 
 
@@ -57,11 +61,18 @@ def _product(m: int | str, k: int, n: int, transpose_b: bool = False) -> Graph:
     return Graph((a,), (b,), (make_node("matmul", [a, b], transpose_b=transpose_b),), name=name)
 
 
+def _batch_sum(m: int, n: int) -> Graph:
+    """X^T G summed over the batch, X (N, m), G (N, n) inputs, float32: a weight gradient."""
+    x = make_node("input", [], name="x", shape=("N", m), dtype="float32")
+    g = make_node("input", [], name="g", shape=("N", n), dtype="float32")
+    return Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name=f"calibrate_sum_{m}x{n}")
+
+
 def _compiled(graph: Graph, schedule: str, threads: bool) -> CpuExecutable:
     """``graph`` compiled with its product forced to ``schedule``; RuntimeError if it is not."""
     with use_rates(FORCED[schedule]):
         got = [s.schedule for s in product_schedules(emit_linalg(graph), threads)]
-        if got != [schedule] and not (schedule == "loops" and got == ["small-vector"]):
+        if got != [schedule] and not (schedule == "loops" and got in (["small-vector"], ["small-rows"])):
             raise RuntimeError(f"calibration: {graph.name} was planned as {got}, not as {schedule}")
         return CpuExecutable(graph, compile_kernel(graph, threads=threads))
 
@@ -82,21 +93,26 @@ def _timed(graph: Graph, schedule: str, budget_s: float, threads: bool = False) 
     """Nanoseconds per call of ``graph`` with its product as ``schedule``."""
     executable = _compiled(graph, schedule, threads)
     rng = np.random.default_rng(0)
-    rows = BATCH_ROWS if graph.inputs[0].shape[0] == "N" else graph.inputs[0].shape[0]
-    a = rng.standard_normal((rows, graph.inputs[0].shape[1])).astype(np.float32)
-    b = rng.standard_normal(graph.params[0].shape).astype(np.float32)
-    return _seconds(lambda: executable.run([a], [b]), budget_s) * 1e9
+
+    def array(shape: tuple) -> np.ndarray:
+        return rng.standard_normal([BATCH_ROWS if d == "N" else d for d in shape]).astype(np.float32)
+
+    inputs, params = [array(x.shape) for x in graph.inputs], [array(p.shape) for p in graph.params]
+    return _seconds(lambda: executable.run(inputs, params), budget_s) * 1e9
 
 
 def _work(graph: Graph) -> int:
-    rows, (p, q) = graph.inputs[0].shape[0], graph.params[0].shape
-    return (BATCH_ROWS if rows == "N" else rows) * p * q
+    """Multiply-adds of the one product of ``graph`` (at BATCH_ROWS rows of the batch)."""
+    (out,) = graph.outputs
+    a = out.inputs[0]
+    k = a.shape[0] if out.attr("transpose_a", False) else a.shape[1]
+    return int(np.prod([BATCH_ROWS if d == "N" else d for d in (*out.shape, k)]))
 
 
 def measure(budget_s: float = 0.3, report: Callable[[str], None] = lambda line: None) -> ScheduleRates:
     """The host's table of rates, measured (``budget_s``: timing seconds per probe)."""
-    def rate(graph: Graph, schedule: str) -> float:
-        ns = max(_timed(graph, schedule, budget_s) - overhead, 1.0)
+    def rate(graph: Graph, schedule: str, threads: bool = False) -> float:
+        ns = max(_timed(graph, schedule, budget_s, threads) - overhead, 1.0)
         report(f"{graph.name} {schedule}: {ns / 1e3:.1f} us, {_work(graph) / ns:.2f} multiply-adds/ns")
         return _work(graph) / ns
 
@@ -108,6 +124,8 @@ def measure(budget_s: float = 0.3, report: Callable[[str], None] = lambda line: 
     small = _product(SMALL, SMALL, SMALL)
     loops = rate(small, "loops")
     plain_loops = min(rate(_product("N", PLAIN, PLAIN, t), "loops") for t in (False, True))
+    batch_sums = rate(_batch_sum(BATCH_SUM, BATCH_SUM), "loops")
+    chunk_tasks = rate(_batch_sum(PLAIN, PLAIN), "loops", threads=True)
     setup = max(_timed(small, "blocked", budget_s) - overhead - _work(small) / blocked, 0.0)
     report(f"blocked setup: {setup:.0f} ns")
     lanes = vector_bytes() // 4
@@ -117,5 +135,5 @@ def measure(budget_s: float = 0.3, report: Callable[[str], None] = lambda line: 
     together = min(_timed(large, "blocked", budget_s / ROUNDS, threads=True) for _ in range(ROUNDS))
     task = together - overhead - alone / threads if threads > 1 else alone  # one thread: the pool never pays
     report(f"task on {threads} threads: {task:.0f} ns")
-    return ScheduleRates(blocked, swapped, loops, plain_loops, small_rows, setup, max(task, 0.0), threads,
-                         source="measured")
+    return ScheduleRates(blocked, swapped, loops, plain_loops, batch_sums, chunk_tasks, small_rows, setup,
+                         max(task, 0.0), threads, source="measured")

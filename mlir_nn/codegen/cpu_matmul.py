@@ -221,15 +221,25 @@ def _threading(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...]:
     return on_threads(rows * n * depth, rates)
 
 
-def _blocking(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
+def _blocking(op: ir.Operation, threads: bool, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
     """Blocked against loops for a product that may be blocked (static columns, a zero-filled
     accumulator, and k not 1: an outer product's k loop would fold away), priced at its static
-    work (dynamic dims counted as 1), the loops as the vector code or plain nest of its
-    ``loop_plan``; None when it may not."""
+    work (dynamic dims counted as 1), the loops at the rate of the nest its ``loop_plan`` makes;
+    None when it may not."""
     _, n, k = _sizes(op)
     if ir.ShapedType.is_dynamic_size(n) or k == 1 or not _is_zero_fill(op.operands[2]):
         return None
-    return blocked_or_loops(_static_work(op), bool(loop_plan(op, False).tags), rates)
+    return blocked_or_loops(_static_work(op), _loop_nest_kind(loop_plan(op, threads)), rates)
+
+
+def _loop_nest_kind(plan: LoopPlan) -> str:
+    """Which of ``schedule_costs.LOOP_NESTS`` ``plan`` makes: a sum over the batch (the batch, k,
+    outermost) in chunks as tasks or otherwise, other vector code, or a plain nest."""
+    if not plan.tags:
+        return "plain"
+    if plan.order[0] == 2 and SMALL_ROWS in plan.tags:
+        return "chunk tasks" if plan.chunk_tasks else "batch sums"
+    return "vector"
 
 
 def _batch_rows_in_vectors(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
@@ -409,7 +419,7 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
     if rows is not None:
         return ProductPlan("row-blocks", False, f"static work <= {ROW_BLOCK_WORK_MAX} in a batch loop: "
                            f"register blocks of {rows} rows", rows=rows)
-    blocking = _blocking(op, rates)
+    blocking = _blocking(op, threads, rates)
     batch = "" if _static_sizes(m, n, k) else " (the batch counted as 1)"
     priced = f"{compared(blocking)}{batch}" if blocking else ""
     large = blocking is not None and blocking[0].name == "blocked"

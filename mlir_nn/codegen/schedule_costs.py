@@ -44,11 +44,20 @@ def compared(estimates: tuple[Estimate, ...]) -> str:
     return f"{estimates[0]} < {', '.join(map(str, estimates[1:]))}"
 
 
-def blocked_or_loops(work: int, vector: bool, rates: ScheduleRates) -> tuple[Estimate, ...]:
+LOOP_NESTS = ("vector", "plain", "batch sums", "chunk tasks")  # the kinds of loop nest ``loop_rate`` prices
+
+
+def loop_rate(nest: str, rates: ScheduleRates) -> float:
+    """The rate of a loop nest of the kind ``nest`` (one of LOOP_NESTS)."""
+    return {"vector": rates.loops, "plain": rates.plain_loops, "batch sums": rates.batch_sums,
+            "chunk tasks": rates.chunk_tasks}[nest]
+
+
+def blocked_or_loops(work: int, nest: str, rates: ScheduleRates) -> tuple[Estimate, ...]:
     """A product of ``work`` multiply-adds blocked (fixed setup, the blocked rate) or as a loop
-    nest, as vector code when ``vector`` says its loop plan has some."""
+    nest of the kind ``nest``."""
     return ranked(Estimate("blocked", rates.blocked_setup_ns + work / rates.blocked),
-                  Estimate("loops", work / (rates.loops if vector else rates.plain_loops)))
+                  Estimate("loops", work / loop_rate(nest, rates)))
 
 
 def on_threads(task_work: int, rates: ScheduleRates) -> tuple[Estimate, ...]:

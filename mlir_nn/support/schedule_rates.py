@@ -10,10 +10,7 @@ the host (``mlir_nn.backends.schedule_calibration``); with ``--store`` it is kep
 folder under the CPU's identity (``cpu_target.cpu_identity``) and ``active`` returns it from then
 on. Its ``digest`` is part of every compiled step's cache key: plans depend on it.
 
-Calibration runs on request only: on the machine type above, a measured table prices every
-vector-code loop nest at the rate of a static 32 x 32 x 32 one, which sums over a large batch
-do not reach (100-100-100-100-1 Adam step at batch 5000: 2.8x slower with the measured table;
-16-64x7-1 at batch 4096: 8% faster).
+Calibration runs on request only.
 
 A compile in a separate process (the tiered first call's) loads the machine's table, not a
 ``use_rates`` override of the calling process.
@@ -35,7 +32,7 @@ from mlir_nn.support.cpu_target import cpu_identity
 from mlir_nn.support.disk_cache import TMP_PREFIX, cache_dir
 
 FOLDER = "schedule-rates"
-FORMAT = 2
+FORMAT = 3
 # Thresholds measured on the machine type before the cost model; the default table's break-evens.
 TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims as 1) from which packing pays
 PARALLEL_WORK_MIN = 1 << 18  # multiply-adds of one task from which a blocked product's tasks go on threads
@@ -53,6 +50,8 @@ class ScheduleRates:
     swapped: float  # the same as C^T = op(B)^T op(A)^T, transposed back
     loops: float  # a small product's loop nest as vector code (``mlirnn.small_vector``, ``small_rows``)
     plain_loops: float  # a loop nest without vector code (inner loops dynamic or too long)
+    batch_sums: float  # vector code summing over the batch (a weight gradient), one thread
+    chunk_tasks: float  # the same in chunks as tasks on the pool's threads, each over the whole batch
     small_rows: tuple[float, float, float]
     blocked_setup_ns: float  # a blocked product's fixed cost (packing buffers, its loop nests)
     task_ns: float  # handing a product's tasks to the thread pool and waiting for the last
@@ -78,7 +77,8 @@ class ScheduleRates:
             rates = cls(**fields)
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as error:
             raise ValueError(f"not a schedule rates table: {error}") from None
-        numbers = [rates.blocked, rates.swapped, rates.loops, rates.plain_loops, *rates.small_rows]
+        numbers = [rates.blocked, rates.swapped, rates.loops, rates.plain_loops, rates.batch_sums, rates.chunk_tasks,
+                   *rates.small_rows]
         if not all(r > 0 for r in numbers) or rates.blocked_setup_ns < 0 or rates.task_ns < 0 or rates.threads < 1:
             raise ValueError(f"schedule rates must be positive: {rates}")
         return rates
@@ -91,7 +91,9 @@ DEFAULT = ScheduleRates(
     blocked=_BLOCKED,
     swapped=_BLOCKED / SWAP_GAIN,
     loops=_LOOPS,
-    plain_loops=_LOOPS,  # the threshold did not tell them apart
+    plain_loops=_LOOPS,  # the threshold did not tell the loop nests apart
+    batch_sums=_LOOPS,
+    chunk_tasks=_LOOPS,
     # x @ w over 4096 rows with w of 4096 elements, one core: 256 x 16 929 us, 64 x 64 337 us, 32 x 128 992 us
     small_rows=(18.0, 50.0, 17.0),
     blocked_setup_ns=TILED_WORK_MIN * (1 / _LOOPS - 1 / _BLOCKED),

@@ -8,7 +8,7 @@ import pytest
 
 from mlir_nn.backends.schedule_calibration import FORCED, _compiled, _product
 from mlir_nn.cli import main
-from mlir_nn.support.schedule_rates import ScheduleRates, stored
+from mlir_nn.support.schedule_rates import FORMAT, ScheduleRates, stored
 
 
 def test_calibrate_measures_every_rate_and_stores_nothing_unless_asked(capsys):
@@ -18,7 +18,7 @@ def test_calibrate_measures_every_rate_and_stores_nothing_unless_asked(capsys):
     table = ScheduleRates.from_json(out[out.index("{"):])
     assert table.source == "measured" and table.threads >= 1
     assert "small-rows" in out and "blocked-swapped" in out
-    assert json.loads(out[out.index("{"):])["format"] == 2
+    assert json.loads(out[out.index("{"):])["format"] == FORMAT
     assert stored() is None
 
 

@@ -26,8 +26,8 @@ from tests.codegen.zoo import matmul_zoo
 
 HUGE, TINY = 1e9, 1e-9
 # tables that make one side of every choice win: blocked (unswapped) on threads, or loops on one thread
-ALL_BLOCKED = dataclasses.replace(DEFAULT, loops=TINY, plain_loops=TINY, swapped=TINY, small_rows=(TINY,) * 3,
-                                  blocked_setup_ns=0.0, task_ns=0.0)
+ALL_BLOCKED = dataclasses.replace(DEFAULT, loops=TINY, plain_loops=TINY, batch_sums=TINY, chunk_tasks=TINY,
+                                  swapped=TINY, small_rows=(TINY,) * 3, blocked_setup_ns=0.0, task_ns=0.0)
 ALL_LOOPS = dataclasses.replace(DEFAULT, blocked=TINY, swapped=TINY, small_rows=(HUGE,) * 3, task_ns=HUGE)
 ALL_SWAPPED = dataclasses.replace(DEFAULT, swapped=HUGE, task_ns=HUGE)
 
@@ -48,7 +48,7 @@ def _product(m: int | str, k: int, n: int, dtype: str = "float32") -> Graph:
 def test_the_default_table_breaks_even_at_the_thresholds_measured_before():
     """The default table's break-evens are the fixed thresholds it replaces, ties to the first named."""
     works = (TILED_WORK_MIN - 1, TILED_WORK_MIN)
-    assert [blocked_or_loops(w, True, DEFAULT)[0].name for w in works] == ["loops", "blocked"]
+    assert [blocked_or_loops(w, "vector", DEFAULT)[0].name for w in works] == ["loops", "blocked"]
     names = [on_threads(w, DEFAULT)[0].name for w in (PARALLEL_WORK_MIN - 1, PARALLEL_WORK_MIN)]
     assert names == ["one thread", "2 threads"]
     assert swapped_or_not(1000, 0.5, 0.5 * SWAP_GAIN * 1.01, DEFAULT)[0].name == "blocked-swapped"
@@ -138,3 +138,22 @@ def test_every_schedule_the_tables_choose_matches_the_reference(rates, k, m, dty
     with use_rates(rates):
         executable = CpuBackend().compile(zoo)
     _assert_matches_reference(zoo, executable, BATCHES, dtype)
+
+
+def _weight_gradient(m: int, n: int) -> Graph:
+    x = make_node("input", [], name="x", shape=("N", m), dtype="float32")
+    g = make_node("input", [], name="g", shape=("N", n), dtype="float32")
+    return Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weight_gradient")
+
+
+def test_sums_over_the_batch_are_priced_at_their_own_rates():
+    """A weight gradient's loop nest carries its sum through the batch: in a loop over chunks
+    (64 x 64) at the batch-sum rate, in chunks as tasks (100 x 100, on threads) at theirs."""
+    sixty_four, hundred = _weight_gradient(64, 64), _weight_gradient(100, 100)
+    assert _plans(sixty_four)[0].kind == _plans(hundred)[0].kind == "blocked"
+    fast_sums = dataclasses.replace(DEFAULT, batch_sums=HUGE)
+    assert _plans(sixty_four, fast_sums)[0].kind == "small-rows"
+    assert _plans(hundred, fast_sums)[0].kind == "blocked"  # on threads its chunks are tasks
+    assert _plans(hundred, fast_sums, threads=False)[0].kind == "small-rows"
+    plan = _plans(hundred, dataclasses.replace(DEFAULT, chunk_tasks=HUGE))[0]
+    assert plan.kind == "small-rows" and plan.loops.chunk_tasks
