@@ -109,9 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--budget", type=non_negative_float, default=0.3,
                      help="seconds of timing per measured product (default 0.3)")
     cal.add_argument("--store", action="store_true",
-                     help="make the measured table this CPU's (default: print it only; on the machine type the "
-                          "defaults were measured on, a measured table still picks slower schedules for some "
-                          "products: its loop nests are priced at one rate)")
+                     help="make the measured table this CPU's (default: print it only; measured while other "
+                          "processes use the cores, threads look more expensive than they are)")
     return parser
 
 
