@@ -101,6 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--stats", action="store_true", help="print node counts and time per stage to stderr")
     c.add_argument("--no-egraph", action="store_true", help="skip the e-graph optimizer")
     c.add_argument("--seed", type=seed_value, default=0, help="random seed for the weights (default 0)")
+    cal = sub.add_parser("calibrate", help="measure the CPU product schedules' rates on this machine",
+                         description="Time a few small products compiled in each CPU schedule and print the "
+                                     "rates that product schedules are chosen by; with --store, keep them for this "
+                                     "CPU in the cache folder (compiled steps are then planned with them; their "
+                                     "cache keys change).")
+    cal.add_argument("--budget", type=non_negative_float, default=0.3,
+                     help="seconds of timing per measured product (default 0.3)")
+    cal.add_argument("--store", action="store_true",
+                     help="make the measured table this CPU's (default: print it only; measured while other "
+                          "processes use the cores, threads look more expensive than they are)")
     return parser
 
 
@@ -267,9 +277,12 @@ def print_schedules(args: argparse.Namespace, graph: Any) -> None:
         return
     from mlir_nn.codegen import emit_linalg
     from mlir_nn.codegen.schedule_report import product_schedules
+    from mlir_nn.support import schedule_rates
 
     schedules = product_schedules(emit_linalg(graph, wide_sums=True))
-    print(f"products: {len(schedules)}", file=sys.stderr)
+    rates = schedule_rates.active()
+    print(f"products: {len(schedules)} (priced by the {rates.source} table of rates {rates.digest()[:12]})",
+          file=sys.stderr)
     for schedule in schedules:
         print(f"  {schedule}", file=sys.stderr)
 
@@ -321,10 +334,21 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from mlir_nn.backends.schedule_calibration import measure
+    from mlir_nn.support import schedule_rates
+
+    rates = measure(args.budget, report=print)
+    print(rates.to_json())
+    if args.store:
+        print(f"stored in {schedule_rates.store(rates)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return cmd_compile(args)
+        return cmd_calibrate(args) if args.command == "calibrate" else cmd_compile(args)
     except UsageError as error:
         print(f"mlir-nn: error: {error}", file=sys.stderr)
         return 2

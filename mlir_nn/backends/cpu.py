@@ -46,6 +46,7 @@ from mlir_nn.backends.thread_pool import num_threads
 from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph, conv_forms
 from mlir_nn.ir.arguments import check_arguments, input_error, label_inputs
+from mlir_nn.support import schedule_rates
 from mlir_nn.support.cpu_target import register_block
 from mlir_nn.support.disk_cache import writable
 from mlir_nn.support.interrupts import interrupts_deferred
@@ -104,6 +105,12 @@ def codegen_digest() -> str:
     digest.update((shipped_dir() / SCHEDULE).read_bytes())
     digest.update(repr(register_block(4) + register_block(8)).encode())
     return digest.hexdigest()
+
+
+def code_version() -> str:
+    """The package version, ``codegen_digest`` and the digest of the product schedules' table of
+    rates (``schedule_rates.active``: plans depend on it), for the cache keys."""
+    return f"{__version__}+{codegen_digest()}+{schedule_rates.active().digest()}"
 
 
 def lower(graph: Graph, pipeline: Pipeline, threads: bool = True) -> tuple[object, dict[str, str], dict[str, float]]:
@@ -234,7 +241,7 @@ def _key(graph: Graph, pipeline: Pipeline, threads: bool, opt_level: int) -> str
     target = TARGET if threads else f"{TARGET}-serial"
     if forced := conv_forms.forced_form():  # the convolutions' code depends on it, not on the graph
         target += f"-conv-form={forced}"
-    return cache_key(graph.fingerprint(), pipeline.text, target, f"{__version__}+{codegen_digest()}", opt_level)
+    return cache_key(graph.fingerprint(), pipeline.text, target, code_version(), opt_level)
 
 
 def cached_kernel(graph: Graph, pipeline: Pipeline | None = None, threads: bool = True,
@@ -341,7 +348,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
 def kernel_keys(split: Split, tail: Pipeline, opt_level: int = OPT_LEVEL) -> dict[str, str]:
     """The key in the kernel cache of each kernel of ``split``, lowered with ``tail`` and
     compiled at ``opt_level``."""
-    salt = "\0".join((tail.text, f"{__version__}+{codegen_digest()}", f"O{opt_level}"))
+    salt = "\0".join((tail.text, code_version(), f"O{opt_level}"))
     return {kernel: kernel_cache.kernel_key(text, salt) for kernel, text in split.kernels.items()}
 
 

@@ -1,6 +1,9 @@
 """CPU code for matrix products: GotoBLAS-style blocked kernels for large ones, loops for small ones.
 
-``linalg.matmul`` ops are rewritten before the CPU pipeline runs:
+``linalg.matmul`` ops are rewritten before the CPU pipeline runs. Where several schedules are
+legal for a product (blocked or loops, swapped or not, vector rows or blocked, threads or not),
+the cheapest by the estimates of ``schedule_costs`` is taken, from the table of rates measured
+on the host (``schedule_rates``; ``product_plan`` is the one place that decides):
 
 * a large product (static column count, enough static work, a zero-filled accumulator)
   packs op(A) into row panels [m / tm, k, tm] and op(B) into column panels
@@ -19,7 +22,7 @@
   update) reads the corner and writes a fresh tensor, or the updated parameter in place.
   A product with fewer columns than a register block's (a 10-class output layer: 10 of 32
   columns with AVX-512) runs swapped, C^T = op(B)^T op(A)^T with all its rows in one
-  register block, and is transposed back (``_swaps``), unless it is static with at most
+  register block, and is transposed back (``_swapping``), unless it is static with at most
   SWAPPED_LOOP_MAX work (a batched product's 64x16x64): that one is a small product;
 * a static product with at most ROW_BLOCK_WORK_MAX work that is one matrix of a batch loop
   (attention's, ``batched_products``) runs in register blocks of rows (``row_blocks``), when
@@ -72,19 +75,25 @@ from mlir_nn.codegen.parameter_updates import Update, parameter_update, scaled
 from mlir_nn.codegen.row_blocks import K_STEP as ROW_BLOCK_K_STEP
 from mlir_nn.codegen.row_blocks import block_rows, row_block_product
 from mlir_nn.codegen.row_sums import tag_row_sums
+from mlir_nn.codegen.schedule_costs import (
+    Estimate,
+    blocked_or_loops,
+    compared,
+    on_threads,
+    small_rows_or_blocked,
+    swapped_or_not,
+)
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_linalg_ops, in_tasks
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
 from mlir_nn.support.cpu_target import cache_blocks, register_block, vector_bytes
 from mlir_nn.support.pipelines import shipped_dir
+from mlir_nn.support.schedule_rates import ScheduleRates, active
 
 PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
 ROW_MIN = 64  # shorter rows keep the dot-product loop order
-TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims count as 1) from which packing pays
-PARALLEL_WORK_MIN = 1 << 18  # work from which a product's blocks are spread over threads (see _on_threads)
-SWAP_GAIN = 1.2  # a product is swapped when that fills this many times the share of register blocks
 NARROW_SAVING_MIN = 0.03  # share of n that blocks one register wide must save in padding (``block_columns``)
 # A static product that would be swapped with at most this much work (attention's 64x16x64 per head)
 # runs as a vector loop instead: packing both operands cost more than the product. GPT small step on
@@ -196,40 +205,60 @@ def _static_work(op: ir.Operation) -> int:
     return work
 
 
-def _on_threads(op: ir.Operation) -> bool:
-    """Whether a blocked product's tasks go to the thread pool: its work at a batch that fills
-    one task (a dynamic row count counted as mc rows, a dynamic k as one kc slice) reaches
-    PARALLEL_WORK_MIN. With the batch as rows, the task count follows the batch at run time
-    (a batch of at most mc rows is one block, which the task runtime runs inline on the
-    calling thread); with the batch as k, each task's work does."""
+def _one_task(op: ir.Operation) -> tuple[int, int, int]:
+    """(rows, n, depth) of one task of a blocked product, at which its threads are priced: a
+    dynamic row count counted as mc rows, a dynamic k as one kc slice. With the batch as rows,
+    the task count follows the batch at run time (a batch of at most mc rows is one block, which
+    the task runtime runs inline on the calling thread); with the batch as k, each task's work does."""
     mc, _, kc = cache_blocks(_itemsize(op.result))
     m, n, k = _sizes(op)
-    rows = mc if ir.ShapedType.is_dynamic_size(m) else m
-    depth = kc if ir.ShapedType.is_dynamic_size(k) else k
-    return rows * n * depth >= PARALLEL_WORK_MIN
+    return mc if ir.ShapedType.is_dynamic_size(m) else m, n, kc if ir.ShapedType.is_dynamic_size(k) else k
 
 
-def _is_large(op: ir.Operation) -> bool:
-    """Whether a product is blocked: static columns, enough static work, a zero-filled
-    accumulator, and k not 1 (an outer product: the schedule's k loop would fold away)."""
+def _threading(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...]:
+    """A blocked product's tasks on the pool's threads or on one, priced at one task's work."""
+    rows, n, depth = _one_task(op)
+    return on_threads(rows * n * depth, rates)
+
+
+def _blocking(op: ir.Operation, threads: bool, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
+    """Blocked against loops for a product that may be blocked (static columns, a zero-filled
+    accumulator, and k not 1: an outer product's k loop would fold away), priced at its static
+    work (dynamic dims counted as 1), the loops at the rate of the nest its ``loop_plan`` makes;
+    None when it may not."""
     _, n, k = _sizes(op)
-    return (not ir.ShapedType.is_dynamic_size(n) and k != 1 and _static_work(op) >= TILED_WORK_MIN
-            and _is_zero_fill(op.operands[2]))
+    if ir.ShapedType.is_dynamic_size(n) or k == 1 or not _is_zero_fill(op.operands[2]):
+        return None
+    return blocked_or_loops(_static_work(op), _loop_nest_kind(loop_plan(op, threads)), rates)
 
 
-def _batch_rows_in_vectors(op: ir.Operation) -> bool:
-    """Whether a product over the batch's rows with a small static op(B) (k * n at most
-    SMALL_VECTOR_MAX) whose rows fill 2 to 4 vector registers runs as vector code per block
-    of rows (``SMALL_ROWS``) rather than blocked: packing op(A), all the batch's rows, cost
-    more than its register blocks gain (one core, batch 4096, x @ w + b: 64 x 64 394 -> 337 us,
-    128 x 32 454 -> 345 us; 16-64x7-1 step 8.6 -> 7.9 ms, 8-64-64-1 at 16384 7.0 -> 5.9 ms).
-    Wider rows spill a block's accumulators (32 x 128: 405 -> 992 us), narrower ones leave
-    too few FMA chains (256 x 16: 863 -> 929 us)."""
+def _loop_nest_kind(plan: LoopPlan) -> str:
+    """Which of ``schedule_costs.LOOP_NESTS`` ``plan`` makes: a sum over the batch (the batch, k,
+    outermost) in chunks as tasks or otherwise, other vector code, or a plain nest."""
+    if not plan.tags:
+        return "plain"
+    if plan.order[0] == 2 and SMALL_ROWS in plan.tags:
+        return "chunk tasks" if plan.chunk_tasks else "batch sums"
+    return "vector"
+
+
+def _batch_rows_in_vectors(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
+    """Vector code per block of batch rows (``SMALL_ROWS``) against blocked, per batch row, for a
+    product over the batch's rows with a small static op(B) (k * n at most SMALL_VECTOR_MAX) whose
+    rows fill at least one vector register; None for other products. Packing op(A), all the
+    batch's rows, can cost more than the register blocks gain: the rates of ``small_rows`` (by the
+    registers a row fills) against the blocked rate at the share of lanes the columns fill (one
+    core, batch 4096, x @ w + b: 64 x 64 394 -> 337 us, 128 x 32 454 -> 345 us; 16-64x7-1 step 8.6
+    -> 7.9 ms; wider rows spill a block's accumulators, 32 x 128: 405 -> 992 us; narrower ones
+    leave too few FMA chains, 256 x 16: 863 -> 929 us)."""
     m, n, k = _sizes(op)
     if not (ir.ShapedType.is_dynamic_size(m) and not _transposes(op)[0] and _static_sizes(n, k)):
-        return False
-    row_bytes = n * _itemsize(op.result)
-    return n * k <= SMALL_VECTOR_MAX and 2 * vector_bytes() <= row_bytes <= 4 * vector_bytes()
+        return None
+    itemsize = _itemsize(op.result)
+    registers = n * itemsize / vector_bytes()
+    if n * k > SMALL_VECTOR_MAX or registers < 1:
+        return None
+    return small_rows_or_blocked(n * k, registers, _fill(n, block_columns(n, itemsize)), rates)
 
 
 def _narrow_over_batch(op: ir.Operation) -> bool:
@@ -380,38 +409,49 @@ class ProductPlan:
         return self.kind.startswith("blocked")
 
 
-def product_plan(op: ir.Operation, threads: bool) -> ProductPlan:
-    """The schedule of the ``linalg.matmul`` ``op``, with its threads when ``threads`` allows them."""
+def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = None) -> ProductPlan:
+    """The schedule of the ``linalg.matmul`` ``op``, with its threads when ``threads`` allows them:
+    of the schedules legal for it, the cheapest by ``rates`` (default: the active table,
+    ``schedule_rates.active``), its reason naming the estimates compared."""
+    rates = rates or active()
     m, n, k = _sizes(op)
     rows = _row_blocks(op)
     if rows is not None:
         return ProductPlan("row-blocks", False, f"static work <= {ROW_BLOCK_WORK_MAX} in a batch loop: "
                            f"register blocks of {rows} rows", rows=rows)
-    in_vectors = _is_large(op) and _batch_rows_in_vectors(op)
-    narrow = _is_large(op) and not in_vectors and _narrow_over_batch(op)
-    large = _is_large(op) and not in_vectors and not narrow
+    blocking = _blocking(op, threads, rates)
+    batch = "" if _static_sizes(m, n, k) else " (the batch counted as 1)"
+    priced = f"{compared(blocking)}{batch}" if blocking else ""
+    large = blocking is not None and blocking[0].name == "blocked"
+    vectors = _batch_rows_in_vectors(op, rates) if large else None
+    in_vectors = vectors is not None and vectors[0].name == "small-rows"
+    narrow = large and not in_vectors and _narrow_over_batch(op)
+    large = large and not in_vectors and not narrow
     if (large or _over_batch_rows(op)) and _has_short_k(op):
         return ProductPlan("short-k", False, f"k <= {SHORT_K}: one pass with its epilogue")
-    small_swapped = large and _small_swapped(op)
+    swapping = _swapping(op, rates) if large else None
+    swaps = swapping is not None and swapping[0].name == "blocked-swapped"
+    small_swapped = swaps and _static_sizes(m, n, k) and m * n * k <= SWAPPED_LOOP_MAX
     large = large and not small_swapped
     if large:
-        parallel = threads and _on_threads(op)
-        work = f"work {'>=' if parallel else '<'} {PARALLEL_WORK_MIN} multiply-adds per task"
-        if _swaps(op):
-            return ProductPlan("blocked-swapped", parallel, f"n={n} fills few block columns; {work}")
+        threading = _threading(op, rates)
+        parallel = threads and threading[0].name != "one thread"
+        task = "x".join(map(str, _one_task(op)))
+        work = f"at {task}: {compared(threading)}{'' if threads else ' (one thread here)'}"
+        if swaps:
+            return ProductPlan("blocked-swapped", parallel, f"{priced}; n={n}: {compared(swapping)}; {work}")
         tasks = _tasks(op) if parallel else None
         if tasks is not None:
             work += f", balanced tasks of {tasks[0]} x {tasks[1]} column x row panels"
         columns = block_columns(n, _itemsize(op.result))
         if columns < register_block(_itemsize(op.result))[1]:
             work += f"; register blocks {columns} columns wide: n={n} leaves {n % columns} in the last"
-        return ProductPlan("blocked", parallel, f"static work >= {TILED_WORK_MIN}; {work}", tasks=tasks,
-                           columns=columns)
+        return ProductPlan("blocked", parallel, f"{priced}; {work}", tasks=tasks, columns=columns)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
-           f"n={n} would be swapped, static work <= {SWAPPED_LOOP_MAX}" if small_swapped else
-           f"batch rows, op(B) of at most {SMALL_VECTOR_MAX} elements" if in_vectors else
+           f"n={n}: {compared(swapping)}, static work <= {SWAPPED_LOOP_MAX}" if swapping and small_swapped else
+           f"per batch row: {compared(vectors)}" if vectors and in_vectors else
            "over the batch with a side narrower than a vector" if narrow else
-           f"static work < {TILED_WORK_MIN}" if k != 1 else "k = 1")
+           priced if blocking else "k = 1" if k == 1 else "an accumulator that is not zero-filled")
     plan = loop_plan(op, threads)
     if not plan.tags:
         loops = "n = 1: a dot product per row" if n == 1 else f"inner loops dynamic or over {SMALL_VECTOR_MAX}"
@@ -841,18 +881,18 @@ def _even_block_rows(rows: int, tm: int) -> int:
     return -(-rows // -(-rows // tm))
 
 
-def _swaps(op: ir.Operation) -> bool:
-    """Whether a blocked product runs as C^T = op(B)^T op(A)^T: when its few columns (the
-    static n) would fill a smaller share of the register blocks' columns than they fill of
-    its rows, e.g. the 10-wide output layer, 10 of 32 columns of a block but all of a 10-row
-    block. A dynamic row count (the batch) is taken as large."""
+def _swapping(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
+    """A blocked product against the same as C^T = op(B)^T op(A)^T, for one with fewer columns
+    (the static n) than a register block's (None for others): each at the share of its register
+    blocks' lanes it fills, e.g. the 10-wide output layer fills 10 of 32 columns of a block but
+    all of a 10-row block. A dynamic row count (the batch) is taken as large."""
     m, n, _ = _sizes(op)
     tm, tn = register_block(_itemsize(op.result))
     if n >= tn:
-        return False
+        return None
     rows = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, _even_block_rows(m, tm))
     columns = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, tn)
-    return _fill(n, _even_block_rows(n, tm)) * columns > SWAP_GAIN * rows * _fill(n, tn)
+    return swapped_or_not(_static_work(op), rows * _fill(n, tn), _fill(n, _even_block_rows(n, tm)) * columns, rates)
 
 
 def block_columns(n: int, itemsize: int) -> int:
@@ -867,12 +907,6 @@ def block_columns(n: int, itemsize: int) -> int:
         return tn
     saved = _ceil_div(n, tn) * tn - _ceil_div(n, lanes) * lanes
     return lanes if saved > NARROW_SAVING_MIN * n else tn
-
-
-def _small_swapped(op: ir.Operation) -> bool:
-    """Whether a product that would be blocked swapped is static with at most SWAPPED_LOOP_MAX work."""
-    m, n, k = _sizes(op)
-    return _static_sizes(m, n, k) and m * n * k <= SWAPPED_LOOP_MAX and _swaps(op)
 
 
 def _row_blocks(op: ir.Operation) -> int | None:
@@ -900,7 +934,7 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
 
 def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update | None = None) -> ir.Value:
     """The blocked product of a large ``linalg.matmul`` (``_blocked``), as C^T transposed
-    back when its columns are few (``_swaps``); with ``update``, the updated parameter, its
+    back when its columns are few (``_swapping``); with ``update``, the updated parameter, its
     operand with fewer columns scaled by the update's factor (``_update_of``)."""
     a, b, _ = op.operands
     ta, tb = _transposes(op)
@@ -964,7 +998,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     zero-filled [mb, tm, nb, tn] accumulator (tagged for the schedule), read back as the
     (m, n) corner of its (mb * tm, nb * tn) view: every register block is whole, and static
     rows are spread evenly over the blocks (``_even_block_rows``). ``swapped``: C^T of a product
-    with few columns (``_swaps``), whose tasks split its columns only. ``tasks``: (column,
+    with few columns (``_swapping``), whose tasks split its columns only. ``tasks``: (column,
     row) panels per task instead of the default (``balanced_tasks``). ``block_width``: the
     register blocks' columns when not the default (``block_columns``). ``number``: the product's own
     number (``_padded_rows``). ``into``: a parameter (m, n) that the product is added to in place,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from functools import cache
 from pathlib import Path
 
@@ -18,6 +20,23 @@ def vector_bytes() -> int:
     except OSError:
         flags = []
     return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+
+
+@cache
+def cpu_identity() -> str:
+    """A short name of the host CPU for what is measured once per machine: a sha256 prefix of its
+    model name, its flags and its core count (/proc/cpuinfo; the core count alone where that
+    cannot be read)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                fields.setdefault(name.strip(), value.strip())
+    except OSError:
+        pass
+    text = "\0".join((fields.get("model name", ""), fields.get("flags", ""), str(os.cpu_count())))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def register_block(itemsize: int) -> tuple[int, int]:

@@ -20,11 +20,12 @@ from mlir_nn.backends.cpu import compile_kernel
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.backends.task_runtime import tasks_started
 from mlir_nn.codegen.batch_split import TASKS_MAX, rows_per_task
-from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, PARALLEL_WORK_MIN, small_task_rows
+from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, small_task_rows
 from mlir_nn.codegen.parallel_maps import PARALLEL_MAP_MIN, PARALLEL_MAP_ROWS
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.ir import Graph, make_node
 from mlir_nn.support.cpu_target import cache_blocks
+from mlir_nn.support.schedule_rates import PARALLEL_WORK_MIN
 from tests.backends.test_cpu import compiled, make_step
 from tests.codegen.zoo import arguments, matmul_zoo
 

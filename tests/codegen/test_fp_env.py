@@ -8,8 +8,8 @@ import pytest
 from mlir_nn.backends.cpu import CpuBackend
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import fp_env
-from mlir_nn.codegen.cpu_matmul import PARALLEL_WORK_MIN
 from mlir_nn.ir import Graph, make_node
+from mlir_nn.support.schedule_rates import PARALLEL_WORK_MIN
 
 pytestmark = pytest.mark.skipif(not fp_env.supported(), reason="FTZ/DAZ is only set on x86-64")
 

@@ -1,0 +1,83 @@
+"""Estimated times of a CPU product's candidate schedules, and the choices ``cpu_matmul`` makes by them.
+
+Each estimate is multiply-adds at that schedule's rate (``schedule_rates``), divided by the
+share of its register blocks' lanes the product fills, plus its fixed costs; threads divide a
+blocked product's time by their count and add the pool's task cost. Which schedules are legal
+for a product stays with ``cpu_matmul``'s predicates; these functions only price them. Each
+choice returns the estimates compared, cheapest first, for the plan's reason
+("blocked 12.3 us < loops 15.1 us"). Ties (within rounding) go to the first candidate named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlir_nn.support.schedule_rates import ScheduleRates
+
+TIE = 1e-9  # relative difference of two estimates within which they are equal
+
+
+@dataclass(frozen=True)
+class Estimate:
+    name: str
+    ns: float
+
+    def __str__(self) -> str:
+        return f"{self.name} {_duration(self.ns)}"
+
+
+def _duration(ns: float) -> str:
+    for unit, scale in (("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.3g} ns"
+
+
+def ranked(*candidates: Estimate) -> tuple[Estimate, ...]:
+    """``candidates`` cheapest first; an estimate within TIE of an earlier-named one ranks after it."""
+    order = {id(e): i for i, e in enumerate(candidates)}
+    return tuple(sorted(candidates, key=lambda e: e.ns * (1 + TIE * order[id(e)])))
+
+
+def compared(estimates: tuple[Estimate, ...]) -> str:
+    """'a 1 us < b 2 us, c 3 us': the chosen one against the others."""
+    return f"{estimates[0]} < {', '.join(map(str, estimates[1:]))}"
+
+
+LOOP_NESTS = ("vector", "plain", "batch sums", "chunk tasks")  # the kinds of loop nest ``loop_rate`` prices
+
+
+def loop_rate(nest: str, rates: ScheduleRates) -> float:
+    """The rate of a loop nest of the kind ``nest`` (one of LOOP_NESTS)."""
+    return {"vector": rates.loops, "plain": rates.plain_loops, "batch sums": rates.batch_sums,
+            "chunk tasks": rates.chunk_tasks}[nest]
+
+
+def blocked_or_loops(work: int, nest: str, rates: ScheduleRates) -> tuple[Estimate, ...]:
+    """A product of ``work`` multiply-adds blocked (fixed setup, the blocked rate) or as a loop
+    nest of the kind ``nest``."""
+    return ranked(Estimate("blocked", rates.blocked_setup_ns + work / rates.blocked),
+                  Estimate("loops", work / loop_rate(nest, rates)))
+
+
+def on_threads(task_work: int, rates: ScheduleRates) -> tuple[Estimate, ...]:
+    """One task of a blocked product (``task_work`` multiply-adds) on the pool's threads or on one."""
+    alone = task_work / rates.blocked
+    return ranked(Estimate(f"{rates.threads} threads", alone / rates.threads + rates.task_ns),
+                  Estimate("one thread", alone))
+
+
+def swapped_or_not(work: int, fill: float, swapped_fill: float, rates: ScheduleRates) -> tuple[Estimate, ...]:
+    """A blocked product whose register blocks' lanes it fills by the share ``fill``, against the
+    same swapped (C^T), which fills ``swapped_fill``."""
+    return ranked(Estimate("blocked", work / (rates.blocked * fill)),
+                  Estimate("blocked-swapped", work / (rates.swapped * swapped_fill)))
+
+
+def small_rows_or_blocked(row_work: int, registers: float, fill: float, rates: ScheduleRates) -> tuple[Estimate, ...]:
+    """One batch row (``row_work`` multiply-adds; the blocked setup spread over a large batch) as
+    vector code per block of rows whose result rows fill ``registers`` vector registers, against
+    blocked with its lanes filled by the share ``fill``."""
+    narrow, mid, wide = rates.small_rows
+    rate = narrow if registers < 2 else mid if registers <= 4 else wide
+    return ranked(Estimate("small-rows", row_work / rate), Estimate("blocked", row_work / (rates.blocked * fill)))
