@@ -221,15 +221,15 @@ def _threading(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...]:
     return on_threads(rows * n * depth, rates)
 
 
-def _blocking(op: ir.Operation, threads: bool, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
+def _blocking(op: ir.Operation, loops: LoopPlan, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
     """Blocked against loops for a product that may be blocked (static columns, a zero-filled
     accumulator, and k not 1: an outer product's k loop would fold away), priced at its static
-    work (dynamic dims counted as 1), the loops at the rate of the nest its ``loop_plan`` makes;
-    None when it may not."""
+    work (dynamic dims counted as 1), the loops at the rate of the nest ``loops`` (its
+    ``loop_plan``) makes; None when it may not."""
     _, n, k = _sizes(op)
     if ir.ShapedType.is_dynamic_size(n) or k == 1 or not _is_zero_fill(op.operands[2]):
         return None
-    return blocked_or_loops(_static_work(op), _loop_nest_kind(loop_plan(op, threads)), rates)
+    return blocked_or_loops(_static_work(op), _loop_nest_kind(loops), rates)
 
 
 def _loop_nest_kind(plan: LoopPlan) -> str:
@@ -419,7 +419,8 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
     if rows is not None:
         return ProductPlan("row-blocks", False, f"static work <= {ROW_BLOCK_WORK_MAX} in a batch loop: "
                            f"register blocks of {rows} rows", rows=rows)
-    blocking = _blocking(op, threads, rates)
+    plan = loop_plan(op, threads)  # the loop nest it gets unless blocked (priced against blocked)
+    blocking = _blocking(op, plan, rates)
     batch = "" if _static_sizes(m, n, k) else " (the batch counted as 1)"
     priced = f"{compared(blocking)}{batch}" if blocking else ""
     large = blocking is not None and blocking[0].name == "blocked"
@@ -452,7 +453,6 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
            f"per batch row: {compared(vectors)}" if vectors and in_vectors else
            "over the batch with a side narrower than a vector" if narrow else
            priced if blocking else "k = 1" if k == 1 else "an accumulator that is not zero-filled")
-    plan = loop_plan(op, threads)
     if not plan.tags:
         loops = "n = 1: a dot product per row" if n == 1 else f"inner loops dynamic or over {SMALL_VECTOR_MAX}"
         return ProductPlan("loops", False, f"{why}; {loops}", plan)
