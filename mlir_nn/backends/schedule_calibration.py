@@ -15,8 +15,7 @@ product's time). On one thread:
 * ``small_rows``: 4096 batch rows times (k, n) with k * n = 4096 and rows of 1, 4 and 8 vector
   registers, as vector code per block of rows;
 
-``chunk_tasks``: a 100 x 100 weight gradient over 4096 batch rows as vector code in chunks, on the
-pool's threads; and ``task_ns``: the 384 x 384 x 384 blocked product on the pool's threads, less its
+``task_ns``: the 384 x 384 x 384 blocked product on the pool's threads, less its
 one-thread time divided by the threads. Other processes on the cores make threads look
 expensive: calibrate on a quiet machine. The whole takes a few seconds (mostly compiling).
 """
@@ -38,7 +37,7 @@ from mlir_nn.support.cpu_target import vector_bytes
 from mlir_nn.support.schedule_rates import DEFAULT, ScheduleRates, use_rates
 
 FAST, SLOW = 1e9, 1e-9  # rates that make a schedule win or lose every choice
-_NOT_LOOPS = dict(loops=SLOW, plain_loops=SLOW, small_rows=(SLOW,) * 3, task_ns=0.0)
+_NOT_LOOPS = dict(loops=SLOW, plain_loops=SLOW, batch_sums=SLOW, small_rows=(SLOW,) * 3, task_ns=0.0)
 FORCED = {
     "blocked": dataclasses.replace(DEFAULT, swapped=SLOW, **_NOT_LOOPS),
     "blocked-swapped": dataclasses.replace(DEFAULT, swapped=FAST, **_NOT_LOOPS),
@@ -125,7 +124,6 @@ def measure(budget_s: float = 0.3, report: Callable[[str], None] = lambda line: 
     loops = rate(small, "loops")
     plain_loops = min(rate(_product("N", PLAIN, PLAIN, t), "loops") for t in (False, True))
     batch_sums = rate(_batch_sum(BATCH_SUM, BATCH_SUM), "loops")
-    chunk_tasks = rate(_batch_sum(PLAIN, PLAIN), "loops", threads=True)
     setup = max(_timed(small, "blocked", budget_s) - overhead - _work(small) / blocked, 0.0)
     report(f"blocked setup: {setup:.0f} ns")
     lanes = vector_bytes() // 4
@@ -135,5 +133,5 @@ def measure(budget_s: float = 0.3, report: Callable[[str], None] = lambda line: 
     together = min(_timed(large, "blocked", budget_s / ROUNDS, threads=True) for _ in range(ROUNDS))
     task = together - overhead - alone / threads if threads > 1 else alone  # one thread: the pool never pays
     report(f"task on {threads} threads: {task:.0f} ns")
-    return ScheduleRates(blocked, swapped, loops, plain_loops, batch_sums, chunk_tasks, small_rows, setup,
+    return ScheduleRates(blocked, swapped, loops, plain_loops, batch_sums, small_rows, setup,
                          max(task, 0.0), threads, source="measured")

@@ -77,11 +77,13 @@ from mlir_nn.codegen.row_blocks import block_rows, row_block_product
 from mlir_nn.codegen.row_sums import tag_row_sums
 from mlir_nn.codegen.schedule_costs import (
     Estimate,
+    batch_sums_rate,
     blocked_or_loops,
     compared,
     on_threads,
-    small_rows_or_blocked,
+    per_batch_row,
     swapped_or_not,
+    vector_rows_rate,
 )
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
@@ -223,42 +225,48 @@ def _threading(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...]:
 
 def _blocking(op: ir.Operation, loops: LoopPlan, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
     """Blocked against loops for a product that may be blocked (static columns, a zero-filled
-    accumulator, and k not 1: an outer product's k loop would fold away), priced at its static
-    work (dynamic dims counted as 1), the loops at the rate of the nest ``loops`` (its
-    ``loop_plan``) makes; None when it may not."""
-    _, n, k = _sizes(op)
+    accumulator, and k not 1: an outer product's k loop would fold away), the loops at the rate
+    of the nest ``loops`` (its ``loop_plan``) makes; None when it may not. A product of static
+    sizes is priced whole; one over a dynamic batch per batch row (``per_batch_row``)."""
+    m, n, k = _sizes(op)
     if ir.ShapedType.is_dynamic_size(n) or k == 1 or not _is_zero_fill(op.operands[2]):
         return None
-    return blocked_or_loops(_static_work(op), _loop_nest_kind(loops), rates)
+    if _static_sizes(m, k):
+        return blocked_or_loops(_static_work(op), _loop_nest_kind(loops), rates)
+    itemsize = _itemsize(op.result)
+    tm, _ = register_block(itemsize)
+    rows = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, _even_block_rows(m, tm))
+    fill = rows * _fill(n, block_columns(n, itemsize))
+    return per_batch_row(_static_work(op), fill, _batch_loop_rate(op, loops, rates), rates)
+
+
+def _batch_loop_rate(op: ir.Operation, plan: LoopPlan, rates: ScheduleRates) -> float:
+    """The rate of the loop nest ``plan`` of ``op`` over a dynamic batch: vector rows or sums over
+    the batch by the registers a row of their vector fills, or the plain rate."""
+    if not plan.tags:
+        return rates.plain_loops
+    m, n, k = _sizes(op)
+    dims = (n, m, k) if plan.swapped else (m, n, k)
+    row = dims[plan.order[2]]
+    if plan.chunk_axis == 2:
+        row = plan.chunk or max(length for _, length in plan.chunks or ((0, row),))
+    lanes = vector_bytes() // _itemsize(op.result)
+    registers = row / lanes
+    if plan.order[0] == 2:
+        return batch_sums_rate(registers, _ragged(row, lanes), rates)
+    return vector_rows_rate(registers, _ragged(row, lanes), rates)
+
+
+def _ragged(size: int, lanes: int) -> bool:
+    """Whether vector rows of ``size`` elements keep a part that is no power of two of lanes after
+    their split (``_lane_split``; 50 floats: 32 + 18), which LLVM widens and shuffles."""
+    point = _lane_split(size, lanes)
+    return point is not None and (size - point) & (size - point - 1) != 0
 
 
 def _loop_nest_kind(plan: LoopPlan) -> str:
-    """Which of ``schedule_costs.LOOP_NESTS`` ``plan`` makes: a sum over the batch (the batch, k,
-    outermost) in chunks as tasks or otherwise, other vector code, or a plain nest."""
-    if not plan.tags:
-        return "plain"
-    if plan.order[0] == 2 and SMALL_ROWS in plan.tags:
-        return "chunk tasks" if plan.chunk_tasks else "batch sums"
-    return "vector"
-
-
-def _batch_rows_in_vectors(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
-    """Vector code per block of batch rows (``SMALL_ROWS``) against blocked, per batch row, for a
-    product over the batch's rows with a small static op(B) (k * n at most SMALL_VECTOR_MAX) whose
-    rows fill at least one vector register; None for other products. Packing op(A), all the
-    batch's rows, can cost more than the register blocks gain: the rates of ``small_rows`` (by the
-    registers a row fills) against the blocked rate at the share of lanes the columns fill (one
-    core, batch 4096, x @ w + b: 64 x 64 394 -> 337 us, 128 x 32 454 -> 345 us; 16-64x7-1 step 8.6
-    -> 7.9 ms; wider rows spill a block's accumulators, 32 x 128: 405 -> 992 us; narrower ones
-    leave too few FMA chains, 256 x 16: 863 -> 929 us)."""
-    m, n, k = _sizes(op)
-    if not (ir.ShapedType.is_dynamic_size(m) and not _transposes(op)[0] and _static_sizes(n, k)):
-        return None
-    itemsize = _itemsize(op.result)
-    registers = n * itemsize / vector_bytes()
-    if n * k > SMALL_VECTOR_MAX or registers < 1:
-        return None
-    return small_rows_or_blocked(n * k, registers, _fill(n, block_columns(n, itemsize)), rates)
+    """Which of ``schedule_costs.LOOP_NESTS`` the nest ``plan`` of a product of static sizes makes."""
+    return "vector" if plan.tags else "plain"
 
 
 def _narrow_over_batch(op: ir.Operation) -> bool:
@@ -421,13 +429,11 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
                            f"register blocks of {rows} rows", rows=rows)
     plan = loop_plan(op, threads)  # the loop nest it gets unless blocked (priced against blocked)
     blocking = _blocking(op, plan, rates)
-    batch = "" if _static_sizes(m, n, k) else " (the batch counted as 1)"
-    priced = f"{compared(blocking)}{batch}" if blocking else ""
+    batch = "" if _static_sizes(m, k) else "per batch row: "
+    priced = f"{batch}{compared(blocking)}" if blocking else ""
     large = blocking is not None and blocking[0].name == "blocked"
-    vectors = _batch_rows_in_vectors(op, rates) if large else None
-    in_vectors = vectors is not None and vectors[0].name == "small-rows"
-    narrow = large and not in_vectors and _narrow_over_batch(op)
-    large = large and not in_vectors and not narrow
+    narrow = large and _narrow_over_batch(op)
+    large = large and not narrow
     if (large or _over_batch_rows(op)) and _has_short_k(op):
         return ProductPlan("short-k", False, f"k <= {SHORT_K}: one pass with its epilogue")
     swapping = _swapping(op, rates) if large else None
@@ -450,7 +456,6 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         return ProductPlan("blocked", parallel, f"{priced}; {work}", tasks=tasks, columns=columns)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
            f"n={n}: {compared(swapping)}, static work <= {SWAPPED_LOOP_MAX}" if swapping and small_swapped else
-           f"per batch row: {compared(vectors)}" if vectors and in_vectors else
            "over the batch with a side narrower than a vector" if narrow else
            priced if blocking else "k = 1" if k == 1 else "an accumulator that is not zero-filled")
     if not plan.tags:

@@ -44,20 +44,48 @@ def compared(estimates: tuple[Estimate, ...]) -> str:
     return f"{estimates[0]} < {', '.join(map(str, estimates[1:]))}"
 
 
-LOOP_NESTS = ("vector", "plain", "batch sums", "chunk tasks")  # the kinds of loop nest ``loop_rate`` prices
+LOOP_NESTS = ("vector", "plain")  # the kinds of static loop nest ``loop_rate`` prices
+# A dynamic batch is priced per row, the blocked setup spread over this many rows: at the shapes
+# measured (one core, 100-16384 rows), blocked / loops time was the same at every batch.
+BATCH_ROWS_ESTIMATE = 256
+WIDE_ROW_REGISTERS = 4  # vector rows wider than this many registers spill their accumulators
 
 
 def loop_rate(nest: str, rates: ScheduleRates) -> float:
-    """The rate of a loop nest of the kind ``nest`` (one of LOOP_NESTS)."""
-    return {"vector": rates.loops, "plain": rates.plain_loops, "batch sums": rates.batch_sums,
-            "chunk tasks": rates.chunk_tasks}[nest]
+    """The rate of a loop nest of static sizes of the kind ``nest`` (one of LOOP_NESTS)."""
+    return {"vector": rates.loops, "plain": rates.plain_loops}[nest]
 
 
 def blocked_or_loops(work: int, nest: str, rates: ScheduleRates) -> tuple[Estimate, ...]:
-    """A product of ``work`` multiply-adds blocked (fixed setup, the blocked rate) or as a loop
-    nest of the kind ``nest``."""
+    """A product of static sizes, ``work`` multiply-adds, blocked (fixed setup, the blocked rate) or
+    as a loop nest of the kind ``nest``."""
     return ranked(Estimate("blocked", rates.blocked_setup_ns + work / rates.blocked),
                   Estimate("loops", work / loop_rate(nest, rates)))
+
+
+def vector_rows_rate(registers: float, ragged: bool, rates: ScheduleRates) -> float:
+    """The rate of vector code per block of batch rows whose result rows fill ``registers``; rows
+    that are ``ragged`` (a part no power of two of lanes, widened and shuffled) at the rate of wide
+    ones (one core, 3000 rows, k = 200: 50 floats 29 multiply-adds/ns, 36 floats 38)."""
+    narrow, mid, wide = rates.small_rows
+    if ragged or registers > WIDE_ROW_REGISTERS:
+        return wide
+    return narrow if registers < 2 else mid
+
+
+def batch_sums_rate(registers: float, ragged: bool, rates: ScheduleRates) -> float:
+    """The rate of vector code summing over the batch whose carried rows fill ``registers``: wider
+    or ``ragged`` ones spill or shuffle as vector rows do (a 40 x 80 weight gradient in chunks of
+    2 x 80: 10 multiply-adds/ns, one core; 80 x 40 and 64 x 64: 40-53)."""
+    return rates.small_rows[2] if ragged or registers > WIDE_ROW_REGISTERS else rates.batch_sums
+
+
+def per_batch_row(row_work: int, fill: float, rate: float, rates: ScheduleRates) -> tuple[Estimate, ...]:
+    """One row of a product over a dynamic batch (``row_work`` multiply-adds a row) blocked, its
+    lanes filled by the share ``fill`` and its setup spread over BATCH_ROWS_ESTIMATE rows, against
+    a loop nest at ``rate``."""
+    blocked = rates.blocked_setup_ns / BATCH_ROWS_ESTIMATE + row_work / (rates.blocked * fill)
+    return ranked(Estimate("blocked", blocked), Estimate("loops", row_work / rate))
 
 
 def on_threads(task_work: int, rates: ScheduleRates) -> tuple[Estimate, ...]:
@@ -72,12 +100,3 @@ def swapped_or_not(work: int, fill: float, swapped_fill: float, rates: ScheduleR
     same swapped (C^T), which fills ``swapped_fill``."""
     return ranked(Estimate("blocked", work / (rates.blocked * fill)),
                   Estimate("blocked-swapped", work / (rates.swapped * swapped_fill)))
-
-
-def small_rows_or_blocked(row_work: int, registers: float, fill: float, rates: ScheduleRates) -> tuple[Estimate, ...]:
-    """One batch row (``row_work`` multiply-adds; the blocked setup spread over a large batch) as
-    vector code per block of rows whose result rows fill ``registers`` vector registers, against
-    blocked with its lanes filled by the share ``fill``."""
-    narrow, mid, wide = rates.small_rows
-    rate = narrow if registers < 2 else mid if registers <= 4 else wide
-    return ranked(Estimate("small-rows", row_work / rate), Estimate("blocked", row_work / (rates.blocked * fill)))

@@ -32,7 +32,7 @@ from mlir_nn.support.cpu_target import cpu_identity
 from mlir_nn.support.disk_cache import TMP_PREFIX, cache_dir
 
 FOLDER = "schedule-rates"
-FORMAT = 3
+FORMAT = 4
 # Thresholds measured on the machine type before the cost model; the default table's break-evens.
 TILED_WORK_MIN = 1 << 12  # static m * n * k (dynamic dims as 1) from which packing pays
 PARALLEL_WORK_MIN = 1 << 18  # multiply-adds of one task from which a blocked product's tasks go on threads
@@ -50,8 +50,7 @@ class ScheduleRates:
     swapped: float  # the same as C^T = op(B)^T op(A)^T, transposed back
     loops: float  # a small product's loop nest as vector code (``mlirnn.small_vector``, ``small_rows``)
     plain_loops: float  # a loop nest without vector code (inner loops dynamic or too long)
-    batch_sums: float  # vector code summing over the batch (a weight gradient), one thread
-    chunk_tasks: float  # the same in chunks as tasks on the pool's threads, each over the whole batch
+    batch_sums: float  # vector code summing over the batch (a weight gradient), one thread, in chunks or not
     small_rows: tuple[float, float, float]
     blocked_setup_ns: float  # a blocked product's fixed cost (packing buffers, its loop nests)
     task_ns: float  # handing a product's tasks to the thread pool and waiting for the last
@@ -77,25 +76,27 @@ class ScheduleRates:
             rates = cls(**fields)
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as error:
             raise ValueError(f"not a schedule rates table: {error}") from None
-        numbers = [rates.blocked, rates.swapped, rates.loops, rates.plain_loops, rates.batch_sums, rates.chunk_tasks,
+        numbers = [rates.blocked, rates.swapped, rates.loops, rates.plain_loops, rates.batch_sums,
                    *rates.small_rows]
         if not all(r > 0 for r in numbers) or rates.blocked_setup_ns < 0 or rates.task_ns < 0 or rates.threads < 1:
             raise ValueError(f"schedule rates must be positive: {rates}")
         return rates
 
 
-# blocked: 68-86 GFLOP/s (a 100-wide layer's products, one core). The loop rate was not measured on
-# its own: with it, the blocked setup is what makes TILED_WORK_MIN the break-even.
+# blocked: 68-86 GFLOP/s (a 100-wide layer's products, one core). The static loop rate was not
+# measured on its own: with it, the blocked setup is what makes TILED_WORK_MIN the break-even.
 _BLOCKED, _LOOPS = 40.0, 8.0
 DEFAULT = ScheduleRates(
     blocked=_BLOCKED,
     swapped=_BLOCKED / SWAP_GAIN,
     loops=_LOOPS,
     plain_loops=_LOOPS,  # the threshold did not tell the loop nests apart
-    batch_sums=_LOOPS,
-    chunk_tasks=_LOOPS,
-    # x @ w over 4096 rows with w of 4096 elements, one core: 256 x 16 929 us, 64 x 64 337 us, 32 x 128 992 us
-    small_rows=(18.0, 50.0, 17.0),
+    # one core, 3000 rows, the forward, input and weight gradient products of MLP layers 2-1024
+    # wide: sums over the batch in rows of at most 4 registers 38-53 (32 x 32, 80 x 40, 64 x 64);
+    batch_sums=45.0,
+    # vector rows of 1-2 registers 41-45 (32-16, 48-24, 64-16), 2-4 registers 43-51 (32-32,
+    # 80-40, 64-64, 784-32), more 13 (40-80: spilled)
+    small_rows=(42.0, 48.0, 13.0),
     blocked_setup_ns=TILED_WORK_MIN * (1 / _LOOPS - 1 / _BLOCKED),
     task_ns=PARALLEL_WORK_MIN / _BLOCKED / 2,  # two threads pay from that work on
     threads=2,
