@@ -231,13 +231,26 @@ def _blocking(op: ir.Operation, loops: LoopPlan, rates: ScheduleRates) -> tuple[
     m, n, k = _sizes(op)
     if ir.ShapedType.is_dynamic_size(n) or k == 1 or not _is_zero_fill(op.operands[2]):
         return None
-    if _static_sizes(m, k):
+    if not _priced_per_row(op):
         return blocked_or_loops(_static_work(op), _loop_nest_kind(loops), rates)
     itemsize = _itemsize(op.result)
     tm, _ = register_block(itemsize)
     rows = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, _even_block_rows(m, tm))
-    fill = rows * _fill(n, block_columns(n, itemsize))
-    return per_batch_row(_static_work(op), fill, _batch_loop_rate(op, loops, rates), rates)
+    lane_rate = rates.blocked * rows * _fill(n, block_columns(n, itemsize))
+    # blocked at its better orientation; one column swapped is a register block of one row, two of
+    # the FMA chains the pipes need, slower than a dot product per row (3000 rows, one core: k = 64
+    # 38 against 17 us, k = 4100 10.3 against 2.9 ms)
+    fills = _swap_fills(op) if n > 1 else None
+    lane_rate = lane_rate if fills is None else max(lane_rate, rates.swapped * fills[1])
+    return per_batch_row(_static_work(op), lane_rate, _batch_loop_rate(op, loops, rates), rates)
+
+
+def _priced_per_row(op: ir.Operation) -> bool:
+    """Whether ``op`` is priced per batch row: its rows or k are the batch, and neither operand is
+    a convolution's columns (their blocked panels are gathered from the image; the rates per row
+    were measured on products of plain operands), whose dynamic dims count as 1."""
+    m, _, k = _sizes(op)
+    return not _static_sizes(m, k) and not any(im2col_source(x) is not None for x in op.operands[:2])
 
 
 def _batch_loop_rate(op: ir.Operation, plan: LoopPlan, rates: ScheduleRates) -> float:
@@ -258,10 +271,13 @@ def _batch_loop_rate(op: ir.Operation, plan: LoopPlan, rates: ScheduleRates) -> 
 
 
 def _ragged(size: int, lanes: int) -> bool:
-    """Whether vector rows of ``size`` elements keep a part that is no power of two of lanes after
-    their split (``_lane_split``; 50 floats: 32 + 18), which LLVM widens and shuffles."""
+    """Whether vector rows of ``size`` elements are, or keep after their split (``_lane_split``),
+    a part shorter than a register that is no power of two of lanes (10 floats; 50 floats: 32 +
+    18), which LLVM widens and shuffles (3000 rows of k = 300 times 10 columns, one core: 11
+    multiply-adds/ns)."""
     point = _lane_split(size, lanes)
-    return point is not None and (size - point) & (size - point - 1) != 0
+    part = size - point if point is not None else size
+    return part & (part - 1) != 0 and (part < lanes or point is not None)
 
 
 def _loop_nest_kind(plan: LoopPlan) -> str:
@@ -429,8 +445,9 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
                            f"register blocks of {rows} rows", rows=rows)
     plan = loop_plan(op, threads)  # the loop nest it gets unless blocked (priced against blocked)
     blocking = _blocking(op, plan, rates)
-    batch = "" if _static_sizes(m, k) else "per batch row: "
-    priced = f"{batch}{compared(blocking)}" if blocking else ""
+    whole = "" if _static_sizes(m, k) else " (the batch counted as 1)"
+    prefix, suffix = ("per batch row: ", "") if _priced_per_row(op) else ("", whole)
+    priced = f"{prefix}{compared(blocking)}{suffix}" if blocking else ""
     large = blocking is not None and blocking[0].name == "blocked"
     narrow = large and _narrow_over_batch(op)
     large = large and not narrow
@@ -886,18 +903,25 @@ def _even_block_rows(rows: int, tm: int) -> int:
     return -(-rows // -(-rows // tm))
 
 
-def _swapping(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
-    """A blocked product against the same as C^T = op(B)^T op(A)^T, for one with fewer columns
-    (the static n) than a register block's (None for others): each at the share of its register
-    blocks' lanes it fills, e.g. the 10-wide output layer fills 10 of 32 columns of a block but
-    all of a 10-row block. A dynamic row count (the batch) is taken as large."""
+def _swap_fills(op: ir.Operation) -> tuple[float, float] | None:
+    """The shares of its register blocks' lanes a product with fewer columns (the static n) than a
+    register block's fills as it is and swapped (C^T = op(B)^T op(A)^T); None for others. E.g. the
+    10-wide output layer fills 10 of 32 columns of a block but all of a 10-row block. A dynamic row
+    count (the batch) is taken as large."""
     m, n, _ = _sizes(op)
     tm, tn = register_block(_itemsize(op.result))
     if n >= tn:
         return None
     rows = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, _even_block_rows(m, tm))
     columns = 1.0 if ir.ShapedType.is_dynamic_size(m) else _fill(m, tn)
-    return swapped_or_not(_static_work(op), rows * _fill(n, tn), _fill(n, _even_block_rows(n, tm)) * columns, rates)
+    return rows * _fill(n, tn), _fill(n, _even_block_rows(n, tm)) * columns
+
+
+def _swapping(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
+    """A blocked product against the same swapped, each at the share of its register blocks'
+    lanes it fills (``_swap_fills``; None for a product with as many columns as a block)."""
+    fills = _swap_fills(op)
+    return None if fills is None else swapped_or_not(_static_work(op), *fills, rates)
 
 
 def block_columns(n: int, itemsize: int) -> int:

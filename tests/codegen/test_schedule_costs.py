@@ -165,11 +165,15 @@ def test_sums_over_the_batch_are_priced_by_the_registers_their_rows_fill():
     (40, 80, "blocked"),  # rows of 5 registers spill as vector code: blocked 3.2x faster (one core, 3000 rows)
     (80, 40, "small-rows"),  # 2.5 registers: vector rows 1.3x faster
     (32, 16, "small-rows"),  # 1 register: vector rows 2.4x faster than blocked, which fills half its columns
+    (200, 50, "blocked"),  # 50 = 32 + 18 lanes, ragged: blocked 1.2x faster
+    (300, 10, "blocked-swapped"),  # 10 of 16 lanes, ragged: swapped 2.7x faster than vector rows
+    (64, 1, "loops"),  # a dot product per row: 2.2x faster than swapped
 ])
 def test_a_product_over_the_batch_is_priced_per_batch_row(k, n, kind):
-    """Its static work (3200 or 512 multiply-adds a row) is under the break-even of a whole product,
-    yet packing pays where the loop nest is slow per row: the batch is priced by the row, the
-    blocked setup spread over BATCH_ROWS_ESTIMATE rows, not counted as one row."""
+    """Priced per batch row, the blocked setup spread over BATCH_ROWS_ESTIMATE rows (not the batch
+    counted as one row: 3200 multiply-adds a row were under the whole product's break-even), with
+    the loop nest's rate by the registers its rows fill and blocked at its better orientation.
+    Measured: one core, 3000 rows, forced schedules."""
     if vector_bytes() != 64:
         pytest.skip("the register counts are those of 64-byte vectors")
     (plan,) = _plans(_product("N", k, n))
