@@ -80,12 +80,15 @@ def batch_sums_rate(registers: float, ragged: bool, rates: ScheduleRates) -> flo
     return rates.small_rows[2] if ragged or registers > WIDE_ROW_REGISTERS else rates.batch_sums
 
 
-def per_batch_row(row_work: int, blocked_rate: float, rate: float, rates: ScheduleRates) -> tuple[Estimate, ...]:
+def per_batch_row(row_work: int, blocked_rate: float, rate: float, rates: ScheduleRates,
+                  loops_setup_ns: float = 0.0) -> tuple[Estimate, ...]:
     """One row of a product over a dynamic batch (``row_work`` multiply-adds a row) blocked at
-    ``blocked_rate`` (the blocked or swapped rate times the share of lanes it fills), its setup
-    spread over BATCH_ROWS_ESTIMATE rows, against a loop nest at ``rate``."""
+    ``blocked_rate`` (the blocked or swapped rate times the share of lanes it fills) against a loop
+    nest at ``rate``, each one's fixed cost per call (the blocked setup, ``loops_setup_ns``) spread
+    over BATCH_ROWS_ESTIMATE rows."""
     blocked = rates.blocked_setup_ns / BATCH_ROWS_ESTIMATE + row_work / blocked_rate
-    return ranked(Estimate("blocked", blocked), Estimate("loops", row_work / rate))
+    loops = loops_setup_ns / BATCH_ROWS_ESTIMATE + row_work / rate
+    return ranked(Estimate("blocked", blocked), Estimate("loops", loops))
 
 
 def on_threads(task_work: int, rates: ScheduleRates) -> tuple[Estimate, ...]:

@@ -178,3 +178,14 @@ def test_a_product_over_the_batch_is_priced_per_batch_row(k, n, kind):
         pytest.skip("the register counts are those of 64-byte vectors")
     (plan,) = _plans(_product("N", k, n))
     assert plan.kind == kind and plan.reason.startswith("per batch row"), plan
+
+
+def test_a_weight_gradient_computed_transposed_pays_for_the_copy_back():
+    """x^T g of a 64-wide input and 1024-wide output (C 64 x 1024) runs as loops only as C^T,
+    transposed back per call: priced in (TRANSPOSE_NS per element over BATCH_ROWS_ESTIMATE rows),
+    it stays blocked (as loops the 64-1024-7 Adam step at batch 256 was 24% slower)."""
+    if vector_bytes() != 64:
+        pytest.skip("the register counts are those of 64-byte vectors")
+    (plan,) = _plans(_weight_gradient(64, 1024))
+    assert plan.kind == "blocked", plan
+    assert _plans(_weight_gradient(64, 1024), dataclasses.replace(DEFAULT, batch_sums=2 * DEFAULT.batch_sums))[0].loops
