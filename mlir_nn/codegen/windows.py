@@ -781,9 +781,8 @@ def _first_max_of_views(b: FunctionBuilder, node: Node, xs_: list[Operand], ys: 
         *window, best = values
         found = b.scalar(float("inf"))
         for v, offset in reversed(list(zip(window, offsets, strict=True))):  # the first match is chosen last
-            position = _as_float(b, _affine_index(b, row, offset))
-            found = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, v, best), position, found)
-        return found
+            found = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, v, best), b.scalar(float(offset)), found)
+        return arith.addf(found, _as_float(b, _affine_index(b, row, 0)))  # one conversion per output
 
     # loops n c oh ow | u: the unit reduction loop u (read from an unused unit operand, as _window's)
     # keeps the pass out of elementwise fusion, which recomputed it per input position in the gradient
