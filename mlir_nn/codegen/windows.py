@@ -725,13 +725,22 @@ def _pool_maps(ys: Axis, xs: Axis, offset: tuple[int, int] = (0, 0)) -> tuple[ir
             _map(6, [_d(4), _d(5)]))
 
 
+def _max_or_nan(a: ir.Value, c: ir.Value) -> ir.Value:
+    """The larger of a and c, NaN where either is (``arith.maximumf`` but for the sign of a zero
+    maximum, which PyTorch's pool does not order either) as compare-and-select, which LLVM
+    vectorizes: with ``maximumf`` LeNet-5's first 2x2 pool stayed scalar (1.07 ms against 0.37 ms
+    at batch 256, one thread)."""
+    larger = arith.select(arith.cmpf(arith.CmpFPredicate.OGT, a, c), a, c)
+    return arith.select(arith.cmpf(arith.CmpFPredicate.UNO, a, c), arith.addf(a, c), larger)
+
+
 def _max_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     x_node = node.inputs[0]
     ys, xs = _pool_axes(node, x_node.shape[2:])
     if b.strided_copies and _tiles(ys) and _tiles(xs):
         views = _window_views(b, b.tensor_of(xs_[0], x_node.shape), node.shape, ys, xs)
         return b.elementwise(node.shape, views, [node.shape] * len(views),
-                             lambda *vs: functools.reduce(arith.maximumf, vs))
+                             lambda *vs: functools.reduce(_max_or_nan, vs))
     x = _padded(b, xs_[0], x_node.shape, ys, xs, float("-inf"))
     reads, window = _pool_maps(ys, xs)
     return b.reduce(node.shape, [x, _window(b, ys, xs)], [reads, window], _pool_out(),
@@ -772,9 +781,8 @@ def _first_max_of_views(b: FunctionBuilder, node: Node, xs_: list[Operand], ys: 
         *window, best = values
         found = b.scalar(float("inf"))
         for v, offset in reversed(list(zip(window, offsets, strict=True))):  # the first match is chosen last
-            position = _as_float(b, _affine_index(b, row, offset))
-            found = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, v, best), position, found)
-        return found
+            found = arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, v, best), b.scalar(float(offset)), found)
+        return arith.addf(found, _as_float(b, _affine_index(b, row, 0)))  # one conversion per output
 
     # loops n c oh ow | u: the unit reduction loop u (read from an unused unit operand, as _window's)
     # keeps the pass out of elementwise fusion, which recomputed it per input position in the gradient

@@ -316,6 +316,28 @@ def test_max_pooling_over_tiling_windows_reads_strided_views(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("c,hw,batch", [(1, (2, 2), 1), (6, (28, 28), 7), (5, (14, 34), 13), (3, (6, 10), 33)])
+def test_max_pooling_over_tiling_windows_compares_and_selects_and_keeps_nans(dtype, c, hw, batch):
+    """The 2 x 2 pool over tiling windows takes each maximum by compare and select (LLVM vectorizes
+    it; ``arith.maximumf`` kept it scalar, 3x slower): NaN at any window position (log of a negative
+    input: inputs themselves must be finite), -inf (log 0) and all-negative windows give the
+    reference's (NumPy's NaN-propagating) maximum."""
+    x = _leaf("input", "x", ("N", c) + hw, dtype)
+    graph = Graph((x,), (), (make_node("max_pool2d", [make_node("log", [x])], kernel=(2, 2), stride=(2, 2),
+                                       padding=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=False),), name="pool")
+    compiled = get_backend("cpu").compile(graph)
+    assert "maximumf" not in compiled.stages["linalg"]
+    v = np.random.default_rng(batch).uniform(0.1, 3.0, (batch, c) + hw).astype(dtype)
+    flat = v.reshape(-1)
+    flat[::7] = -1.0  # every window position gets some NaNs
+    flat[3::11] = 0.0
+    v[-1] = np.minimum(v[-1], 0.9)  # the last image: all-negative logarithms (and its NaNs, -infs)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want, _ = evaluate(graph, [v], [], batch)
+    np.testing.assert_allclose(compiled.run([v], [])[0], want[0], **TOL[dtype])  # NaNs where the reference's
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_tap_passes_run_along_output_rows_in_whole_vectors(dtype):
     """LeNet's first layer (one channel, 5 x 5 taps, 28-wide output rows): the forward and weight
     gradient passes over taps compute 32-wide rows of whole vectors (the input padded further, the

@@ -154,3 +154,43 @@ def test_eval_mode_conv_batchnorm_relu_is_folded_and_equals_pytorch_in_float64(b
     for batch in (4, 1):
         np.testing.assert_allclose(run(x[:batch]).data, twin(torch.from_numpy(x[:batch])).detach().numpy(),
                                    rtol=1e-10, atol=1e-10)
+
+
+def lenet(lib, channels, dtype=None):
+    """LeNet-5's layout (5x5 convolutions, 2x2 max pools over tiling windows, as in the benchmark)."""
+    kw = {} if dtype is None else {"dtype": dtype}
+    return lib.Sequential(lib.Conv2d(channels, 6, 5, padding=2, **kw), lib.ReLU(), lib.MaxPool2d(2),
+                          lib.Conv2d(6, 5, 5, **kw), lib.ReLU(), lib.MaxPool2d(2), lib.Flatten(),
+                          lib.Linear(5 * 5 * 5, 10, **kw))
+
+
+@pytest.mark.parametrize("channels,batches", [(1, (7, 1, 7)), (3, (2, 3))])
+def test_lenet_steps_with_tiling_max_pools_equal_pytorch_in_float64(channels, batches):
+    """The pools whose windows tile their input (compare-and-select maxima, argmax positions from
+    constant offsets) in whole compiled training steps, against PyTorch over several steps."""
+    twin = lenet(torch.nn, channels).double()
+    model = lenet(nn, channels, np.float64)
+    model.load_state_dict({k: v.detach().numpy() for k, v in twin.state_dict().items()})
+    opt = mlir_nn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    topt = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
+
+    def step(x, y):
+        loss = cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    run = mlir_nn.jit(step, tiered=False)
+    rng = np.random.default_rng(2)
+    for batch in batches:
+        x, y = rng.standard_normal((batch, channels, 28, 28)), rng.integers(0, 10, batch).astype(np.float64)
+        loss = run(x, y)
+        tloss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y).long())
+        topt.zero_grad()
+        tloss.backward()
+        topt.step()
+        assert abs(float(loss.item()) - tloss.item()) < 1e-10
+    theirs = twin.state_dict()
+    for name, value in model.state_dict().items():
+        np.testing.assert_allclose(value, theirs[name].numpy(), rtol=1e-10, atol=1e-10, err_msg=name)
