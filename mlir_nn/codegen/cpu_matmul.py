@@ -58,10 +58,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mlir import ir
-from mlir.dialects import arith, bufferization, linalg, tensor
+from mlir.dialects import arith, bufferization, linalg, scf, tensor
 from mlir.dialects.transform import interpreter
 
-from mlir_nn.codegen.batch_split import rows_per_task, split_over_batch
+from mlir_nn.codegen.batch_split import TASKS_MAX, partials_added, rows_per_task, split_over_batch
 from mlir_nn.codegen.im2col_panels import (
     drop_im2col_tags,
     im2col_panels,
@@ -139,6 +139,14 @@ PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 # over their rows instead, in tasks of PACK_TASK_ROWS (a weight gradient's k: a static batch;
 # vectorized with masks, so a partial last task is fine)
 PACK_PARALLEL_ROWS, PACK_TASK_PANELS, PACK_TASK_ROWS = "mlirnn.pack_parallel_rows", 4, 256
+# A weight gradient op(A)^T B summed over a dynamic batch whose C has at most K_RANGES_OUTPUT_MAX
+# elements runs as one task loop (``_summed_in_tasks``) whose tasks are chosen at run time: from a
+# batch of K_RANGES_ROWS_PER_OUTPUT * 2mn / (m + n) rows, ranges of the batch, each into a partial
+# C of its own (each thread then sums the rows it packed: tasks of tiles of C read every row, the
+# other core's half across the two cores' caches when they share no L3, a cost that grows with
+# the batch, where the partials' grows with m * n); below, groups of C's panels.
+K_RANGES_OUTPUT_MAX, K_RANGES_ROWS_PER_OUTPUT = 1 << 16, 4
+_DYNAMIC = ir.ShapedType.get_dynamic_size()
 # A batch's rows copied in groups (``_pack_row_groups``) spread over the groups, in tasks of
 # PACK_TASK_ROWS rows: each thread copies the rows it wrote itself
 PACK_PARALLEL_GROUPS = "mlirnn.pack_parallel_groups"
@@ -403,6 +411,8 @@ class ProductPlan:
     tasks: tuple[int, int] | None = None  # (column, row) panels per task when not the default
     rows: int | None = None  # rows per register block of a "row-blocks" product
     columns: int | None = None  # columns per register block of a "blocked" product (``block_columns``)
+    k_ranges: tuple[int, int] | None = None  # a "blocked" product's k (the batch) in tasks of at least
+    # [0] rows from a batch of [1] rows (``_summed_in_tasks``)
 
     @property
     def blocked(self) -> bool:
@@ -441,13 +451,18 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         work = f"at {task}: {compared(threading)}{'' if threads else ' (one thread here)'}"
         if swaps:
             return ProductPlan("blocked-swapped", parallel, f"{priced}; n={n}: {compared(swapping)}; {work}")
+        k_ranges = _k_ranges(op) if parallel else None
         tasks = _tasks(op) if parallel else None
         if tasks is not None:
             work += f", balanced tasks of {tasks[0]} x {tasks[1]} column x row panels"
+        if k_ranges is not None:
+            work += (f"; one task loop: from a batch of {k_ranges[1]}, tasks of at least {k_ranges[0]} batch rows "
+                     "into partial sums, else of C's panels")
         columns = block_columns(n, _itemsize(op.result))
         if columns < register_block(_itemsize(op.result))[1]:
             work += f"; register blocks {columns} columns wide: n={n} leaves {n % columns} in the last"
-        return ProductPlan("blocked", parallel, f"{priced}; {work}", tasks=tasks, columns=columns)
+        return ProductPlan("blocked", parallel, f"{priced}; {work}", tasks=tasks, columns=columns,
+                           k_ranges=k_ranges)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
            f"n={n}: {compared(swapping)}, static work <= {SWAPPED_LOOP_MAX}" if swapping and small_swapped else
            f"per batch row: {compared(vectors)}" if vectors and in_vectors else
@@ -932,6 +947,22 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
     return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn)
 
 
+def _k_ranges(op: ir.Operation) -> tuple[int, int] | None:
+    """(rows per task at least, batch from which) of a weight gradient summed over a dynamic
+    batch, op(A)^T B with a static C of at most K_RANGES_OUTPUT_MAX elements and no convolution
+    columns, whose tasks take ranges of the batch from that batch on (``_summed_in_tasks``); None
+    otherwise."""
+    m, n, k = _sizes(op)
+    ta, tb = _transposes(op)
+    if not (ta and not tb and ir.ShapedType.is_dynamic_size(k) and _static_sizes(m, n)
+            and m * n <= K_RANGES_OUTPUT_MAX):
+        return None
+    if _image_panels(op.operands[0], ta, register_block(_itemsize(op.result))[0])[1] is not None:
+        return None
+    rows = max(rows_per_task(m * n), TASKS_MAX)  # (at least TASKS_MAX rows: no task starts past the batch)
+    return rows, max(2 * rows, K_RANGES_ROWS_PER_OUTPUT * -(-2 * m * n // (m + n)))
+
+
 def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update | None = None) -> ir.Value:
     """The blocked product of a large ``linalg.matmul`` (``_blocked``), as C^T transposed
     back when its columns are few (``_swapping``); with ``update``, the updated parameter, its
@@ -947,7 +978,7 @@ def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update
         rows_only = (n // (plan.columns or register_block(_itemsize(op.result))[1]), 1)
         return _blocked(a, b, ta, tb, parallel, False, rows_only, plan.columns, number, update.parameter)
     if plan.kind == "blocked":
-        return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number)
+        return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number, k_ranges=plan.k_ranges)
     return transposed(_blocked(b, a, not tb, not ta, parallel, True))
 
 
@@ -991,7 +1022,7 @@ def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: in
 
 def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapped: bool,
              tasks: tuple[int, int] | None = None, block_width: int | None = None, number: int = 0,
-             into: ir.Value | None = None) -> ir.Value:
+             into: ir.Value | None = None, k_ranges: tuple[int, int] | None = None) -> ir.Value:
     """op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
     panels [nb, k, tn] (static operands that allow it read in place instead: ``_rows_in_place``,
     ``_columns_in_place``), a generic over (column panel, row panel, row, column, k) into a
@@ -1002,7 +1033,8 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     row) panels per task instead of the default (``balanced_tasks``). ``block_width``: the
     register blocks' columns when not the default (``block_columns``). ``number``: the product's own
     number (``_padded_rows``). ``into``: a parameter (m, n) that the product is added to in place,
-    ``_accumulated_into``."""
+    ``_accumulated_into``. ``k_ranges``: one task loop of ranges of k (the batch) or of C's panels,
+    chosen at run time (``_summed_in_tasks``)."""
     element = ir.RankedTensorType(a.type).element_type
     tm, wide = register_block(_itemsize(a))
     tn = block_width or wide
@@ -1041,15 +1073,17 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     maps = [a_map, b_map, dims_map(5, [1, 2, 0, 3])]
     fastmath = ir.Attribute.parse("#arith.fastmath<contract>")
 
-    def added_into(a_panels: ir.Value, acc: ir.Value) -> ir.Value:
-        """acc + the product of ``a_panels`` (A's row panels) and B, tagged for the schedule."""
+    def added_into(a_panels: ir.Value, acc: ir.Value, b_panels: ir.Value | None = None) -> ir.Value:
+        """acc + the product of ``a_panels`` (A's row panels) and B (``b_panels`` of it, one task's:
+        no threads), tagged for the schedule."""
 
-        @linalg.generic([a_panels, packed_b], [acc], maps, [PARALLEL] * 4 + [REDUCTION])
+        @linalg.generic([a_panels, packed_b if b_panels is None else b_panels], [acc], maps,
+                        [PARALLEL] * 4 + [REDUCTION])
         def product(x: ir.Value, y: ir.Value, total: ir.Value) -> ir.Value:
             return arith.addf(total, arith.mulf(x, y, fastmath=fastmath), fastmath=fastmath)
 
         product.owner.attributes[PACKED] = ir.UnitAttr.get()
-        if parallel:
+        if parallel and b_panels is None:
             _, nc, _ = cache_blocks(_itemsize(a))
             one_column_task = isinstance(col_panels, int) and col_panels <= nc // tn
             tag = PARALLEL_COLUMNS if swapped else PARALLEL_FINE if one_column_task else PARALLEL_ROWS
@@ -1061,15 +1095,111 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
 
     if into is not None:
         return _accumulated_into(into, packed_a, tm, tn, added_into)
-    acc = _zeros([row_panels, tm, col_panels, tn], element)
-    acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
-    product = added_into(packed_a, acc)
+
+    def accumulator() -> ir.Value:
+        acc = _zeros([row_panels, tm, col_panels, tn], element)
+        acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
+        return acc
+
+    if k_ranges is not None:
+        sizes = _static([row_panels, tm, col_panels, tn])
+        partials = tensor.empty([TASKS_MAX, *sizes], element)
+        # C's panels in groups along its longer panel axis (rows: A's, columns: B's)
+        which, axis = (0, 1) if sizes[0] >= sizes[2] else (1, 0)
+        group = (which, _operand_dims((a_map, b_map)[which]).index(axis), 0 if axis == 1 else 2)
+        product = _summed_in_tasks([packed_a, packed_b], [_operand_dims(a_map).index(4), _operand_dims(b_map).index(4)],
+                                   group, partials, k_ranges, added_into)
+    else:
+        product = added_into(packed_a, accumulator())
     padded = [_times(row_panels, tm), _times(col_panels, tn)]
     kind = ir.RankedTensorType.get(_static(padded), element)
     flat = tensor.collapse_shape(kind, product, [[0, 1], [2, 3]])
     if all(isinstance(d, int) for d in (m, n)) and (m, n) == tuple(padded):
         return flat
     return _slice(flat, [m, n])
+
+
+def _ranged(x: ir.Value, axis: int, start: ir.Value, count: ir.Value) -> ir.Value:
+    """``x`` sliced to [start, start + count) along its dim ``axis``."""
+    offsets: list[int | ir.Value] = [0] * len(dim_sizes(x))
+    offsets[axis] = start
+    sizes = dim_sizes(x)
+    sizes[axis] = count
+    return _part(x, offsets, sizes)
+
+
+def _summed_in_tasks(operands: list[ir.Value], k_axes: list[int], group: tuple[int, int, int], partials: ir.Value,
+                     k_ranges: tuple[int, int], added_into: Callable[..., ir.Value]) -> ir.Value:
+    """The product of the packed ``operands`` (k, the batch, along their dims
+    ``k_axes``) as one ``scf.forall`` whose tasks are chosen at run time. From a batch of
+    ``k_ranges[1]`` rows, equal ranges of k of at least ``k_ranges[0]`` rows (2 to TASKS_MAX), each
+    summed into a partial accumulator of its own (of ``partials``, [TASKS_MAX, *C's shape]): the
+    async lowering runs the first half of the tasks on the calling thread, so each thread sums the
+    rows it packed. Below, one range and groups of C's panels along ``group`` (the operand sliced,
+    its panel dim, C's panel dim), up to TASKS_MAX of them. The other partials are added to the
+    first at the end (``partials_added``: no pass with one range). One product is built (and
+    compiled) for both."""
+    index = ir.IndexType.get()
+
+    def const(value: int) -> ir.Value:
+        return arith.constant(index, value)
+
+    shape = list(ir.RankedTensorType(partials.type).shape)[1:]
+    kind, rank = ir.RankedTensorType.get(shape, ir.RankedTensorType(partials.type).element_type), len(shape)
+    which, panel_axis, acc_axis = group
+    panels = shape[acc_axis]
+    per_group = -(-panels // min(panels, TASKS_MAX))
+    rows_min, batch_min = k_ranges
+    k = tensor.dim(operands[0], const(k_axes[0]))
+    many = arith.cmpi(arith.CmpIPredicate.uge, k, const(batch_min))
+    in_ranges = arith.maxui(arith.minui(arith.divui(k, const(rows_min)), const(TASKS_MAX)), const(1))
+    ranges = arith.select(many, in_ranges, const(1))
+    group_panels = arith.select(many, const(panels), const(per_group))
+    groups = arith.select(many, const(1), const(-(-panels // per_group)))
+    rows = arith.ceildivui(k, ranges)
+    forall = scf.ForallOp([0], [arith.muli(ranges, groups)], [1], [partials])
+    with ir.InsertionPoint(forall.body):
+        task = forall.induction_variables[0]
+        part, grouped = arith.divui(task, groups), arith.remui(task, groups)
+        start = arith.muli(part, rows)
+        count = arith.minui(rows, arith.subi(k, start))
+        first = arith.muli(grouped, group_panels)
+        width = arith.minui(group_panels, arith.subi(const(panels), first))
+        sliced = [_ranged(x, axis, start, count) for x, axis in zip(operands, k_axes)]
+        sliced[which] = _ranged(sliced[which], panel_axis, first, width)
+        offsets: list[int | ir.Value] = [part] + [0] * rank
+        sizes: list[int | ir.Value] = [1, *shape]
+        offsets[1 + acc_axis], sizes[1 + acc_axis] = first, width
+        slot_sizes = [_DYNAMIC if d == acc_axis else size for d, size in enumerate(shape)]
+        slot_kind = ir.RankedTensorType.get(slot_sizes, kind.element_type)
+        slot = _sliced(slot_kind, forall.inner_iter_args[0], offsets, sizes)
+        zeros = linalg.fill(arith.constant(kind.element_type, 0.0), outs=[slot])
+        zeros.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
+        done = added_into(sliced[0], zeros, sliced[1])
+        with ir.InsertionPoint(forall.terminator().block):
+            tensor.parallel_insert_slice(done, forall.inner_iter_args[0], _dynamic(offsets), _dynamic(sizes), [],
+                                         _static_or_dynamic(offsets), _static_or_dynamic(sizes), [1] * (rank + 1))
+    summed = forall.results[0]
+    head = _sliced(kind, summed, [0] * (rank + 1), [1, *shape])
+    others = _sliced(ir.RankedTensorType.get([_DYNAMIC, *shape], kind.element_type), summed, [1] + [0] * rank,
+                     [arith.subi(ranges, const(1)), *shape])
+    return partials_added(others, head)
+
+
+def _dynamic(values: list[int | ir.Value]) -> list[ir.Value]:
+    """The run-time entries of a slice's offsets or sizes."""
+    return [v for v in values if isinstance(v, ir.Value)]
+
+
+def _static_or_dynamic(values: list[int | ir.Value]) -> list[int]:
+    """The static entries of a slice's offsets or sizes, dynamic ones as the dynamic marker."""
+    return [v if isinstance(v, int) else _DYNAMIC for v in values]
+
+
+def _sliced(kind: ir.Type, x: ir.Value, offsets: list[int | ir.Value], sizes: list[int | ir.Value]) -> ir.Value:
+    """The slice of ``x`` at ``offsets`` of ``sizes`` (unit strides), of type ``kind`` (rank-reduced)."""
+    return tensor.extract_slice(kind, x, _dynamic(offsets), _dynamic(sizes), [], _static_or_dynamic(offsets),
+                                _static_or_dynamic(sizes), [1] * len(sizes))
 
 
 def _accumulated_into(into: ir.Value, packed_a: ir.Value, tm: int, tn: int,
