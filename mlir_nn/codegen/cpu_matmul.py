@@ -1151,11 +1151,13 @@ def _summed_in_tasks(operands: list[ir.Value], k_axes: list[int], group: tuple[i
     per_group = -(-panels // min(panels, TASKS_MAX))
     rows_min, batch_min = k_ranges
     k = tensor.dim(operands[0], const(k_axes[0]))
-    many = arith.cmpi(arith.CmpIPredicate.uge, k, const(batch_min))
+    # index arithmetic only (the kernel split keeps it in the step): many = 1 from batch_min rows, else 0
+    many = arith.minui(arith.divui(k, const(batch_min)), const(1))
+    few = arith.subi(const(1), many)
     in_ranges = arith.maxui(arith.minui(arith.divui(k, const(rows_min)), const(TASKS_MAX)), const(1))
-    ranges = arith.select(many, in_ranges, const(1))
-    group_panels = arith.select(many, const(panels), const(per_group))
-    groups = arith.select(many, const(1), const(-(-panels // per_group)))
+    ranges = arith.addi(few, arith.muli(many, in_ranges))
+    group_panels = arith.addi(arith.muli(many, const(panels)), arith.muli(few, const(per_group)))
+    groups = arith.addi(many, arith.muli(few, const(-(-panels // per_group))))
     rows = arith.ceildivui(k, ranges)
     forall = scf.ForallOp([0], [arith.muli(ranges, groups)], [1], [partials])
     with ir.InsertionPoint(forall.body):
