@@ -146,6 +146,10 @@ PACK_PARALLEL_ROWS, PACK_TASK_PANELS, PACK_TASK_ROWS = "mlirnn.pack_parallel_row
 # other core's half across the two cores' caches when they share no L3, a cost that grows with
 # the batch, where the partials' grows with m * n); below, groups of C's panels.
 K_RANGES_OUTPUT_MAX, K_RANGES_ROWS_PER_OUTPUT = 1 << 16, 4
+# the sum of the other partials into the first: one pass on the calling thread (spread over tasks,
+# its tasks ran with no work below K_RANGES_ROWS_PER_OUTPUT's batch, a round trip to the pool per
+# weight gradient)
+PARTIALS_SUM = "mlirnn.partials_sum"
 _DYNAMIC = ir.ShapedType.get_dynamic_size()
 # A batch's rows copied in groups (``_pack_row_groups``) spread over the groups, in tasks of
 # PACK_TASK_ROWS rows: each thread copies the rows it wrote itself
@@ -1185,7 +1189,9 @@ def _summed_in_tasks(operands: list[ir.Value], k_axes: list[int], group: tuple[i
     head = _sliced(kind, summed, [0] * (rank + 1), [1, *shape])
     others = _sliced(ir.RankedTensorType.get([_DYNAMIC, *shape], kind.element_type), summed, [1] + [0] * rank,
                      [arith.subi(ranges, const(1)), *shape])
-    return partials_added(others, head)
+    total = partials_added(others, head)
+    total.owner.attributes[PARTIALS_SUM] = ir.UnitAttr.get()
+    return total
 
 
 def _dynamic(values: list[int | ir.Value]) -> list[ir.Value]:
