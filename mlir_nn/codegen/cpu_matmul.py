@@ -1106,13 +1106,14 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
         return acc
 
     if k_ranges is not None:
-        sizes = _static([row_panels, tm, col_panels, tn])
-        partials = tensor.empty([TASKS_MAX, *sizes], element)
-        # C's panels in groups along its longer panel axis (rows: A's, columns: B's)
-        which, axis = (0, 1) if sizes[0] >= sizes[2] else (1, 0)
-        group = (which, _operand_dims((a_map, b_map)[which]).index(axis), 0 if axis == 1 else 2)
-        product = _summed_in_tasks([packed_a, packed_b], [_operand_dims(a_map).index(4), _operand_dims(b_map).index(4)],
-                                   group, partials, k_ranges, added_into)
+        partials = tensor.empty([TASKS_MAX, *_static([row_panels, tm, col_panels, tn])], element)
+        # below the switch, the tasks the tagged product would get: ``tasks``, else the schedule's default
+        _, nc, _ = cache_blocks(_itemsize(a))
+        mc = cache_blocks(_itemsize(a))[0] // register_block(_itemsize(a))[0]
+        tiles = tasks or (nc // tn, max(1, mc // FINE_TASK_SHARE) if col_panels <= nc // tn else mc)
+        dims = [_operand_dims(a_map), _operand_dims(b_map)]
+        product = _summed_in_tasks([packed_a, packed_b], [dims[0].index(4), dims[1].index(4)],
+                                   (dims[0].index(1), dims[1].index(0)), tiles, partials, k_ranges, added_into)
     else:
         product = added_into(packed_a, accumulator())
     padded = [_times(row_panels, tm), _times(col_panels, tn)]
@@ -1132,36 +1133,41 @@ def _ranged(x: ir.Value, axis: int, start: ir.Value, count: ir.Value) -> ir.Valu
     return _part(x, offsets, sizes)
 
 
-def _summed_in_tasks(operands: list[ir.Value], k_axes: list[int], group: tuple[int, int, int], partials: ir.Value,
-                     k_ranges: tuple[int, int], added_into: Callable[..., ir.Value]) -> ir.Value:
-    """The product of the packed ``operands`` (k, the batch, along their dims
-    ``k_axes``) as one ``scf.forall`` whose tasks are chosen at run time. From a batch of
-    ``k_ranges[1]`` rows, equal ranges of k of at least ``k_ranges[0]`` rows (2 to TASKS_MAX), each
-    summed into a partial accumulator of its own (of ``partials``, [TASKS_MAX, *C's shape]): the
-    async lowering runs the first half of the tasks on the calling thread, so each thread sums the
-    rows it packed. Below, one range and groups of C's panels along ``group`` (the operand sliced,
-    its panel dim, C's panel dim), up to TASKS_MAX of them. The other partials are added to the
-    first at the end (``partials_added``: no pass with one range). One product is built (and
-    compiled) for both."""
+def _summed_in_tasks(operands: list[ir.Value], k_axes: list[int], panel_axes: tuple[int, int],
+                     tiles: tuple[int, int], partials: ir.Value, k_ranges: tuple[int, int],
+                     added_into: Callable[..., ir.Value]) -> ir.Value:
+    """The product of the packed ``operands`` (A's row panels, B's column panels; k, the batch,
+    along their dims ``k_axes``, their panels along ``panel_axes``) as one ``scf.forall`` whose
+    tasks are chosen at run time. From a batch of ``k_ranges[1]`` rows, equal ranges of k of at
+    least ``k_ranges[0]`` rows (2 to TASKS_MAX), each summed into a partial accumulator of its own
+    (of ``partials``, [TASKS_MAX, *C's shape]): the async lowering runs the first half of the tasks
+    on the calling thread, so each thread sums the rows it packed. Below, one range in tiles of C of
+    ``tiles`` (column panels, row panels), the tasks that the tagged product gets. The other
+    partials are added to the first at the end (``partials_added``: no pass with one range). One
+    product is built (and compiled) for both."""
     index = ir.IndexType.get()
 
     def const(value: int) -> ir.Value:
         return arith.constant(index, value)
 
+    def chosen(many: ir.Value, few: ir.Value, above: ir.Value, below: int) -> ir.Value:
+        """``above`` from the switch on, else ``below`` (index arithmetic only: it stays in the step)."""
+        return arith.addi(arith.muli(many, above), arith.muli(few, const(below)))
+
     shape = list(ir.RankedTensorType(partials.type).shape)[1:]
     kind, rank = ir.RankedTensorType.get(shape, ir.RankedTensorType(partials.type).element_type), len(shape)
-    which, panel_axis, acc_axis = group
-    panels = shape[acc_axis]
-    per_group = -(-panels // min(panels, TASKS_MAX))
+    panels = (shape[0], shape[2])  # C's row and column panels
+    per_task = (min(tiles[1], panels[0]), min(tiles[0], panels[1]))
+    counts = [-(-p // t) for p, t in zip(panels, per_task)]
     rows_min, batch_min = k_ranges
     k = tensor.dim(operands[0], const(k_axes[0]))
-    # index arithmetic only (the kernel split keeps it in the step): many = 1 from batch_min rows, else 0
-    many = arith.minui(arith.divui(k, const(batch_min)), const(1))
+    many = arith.minui(arith.divui(k, const(batch_min)), const(1))  # 1 from batch_min rows, else 0
     few = arith.subi(const(1), many)
     in_ranges = arith.maxui(arith.minui(arith.divui(k, const(rows_min)), const(TASKS_MAX)), const(1))
-    ranges = arith.addi(few, arith.muli(many, in_ranges))
-    group_panels = arith.addi(arith.muli(many, const(panels)), arith.muli(few, const(per_group)))
-    groups = arith.addi(many, arith.muli(few, const(-(-panels // per_group))))
+    ranges = chosen(many, few, in_ranges, 1)
+    widths = [chosen(many, few, const(p), t) for p, t in zip(panels, per_task)]  # panels per task
+    row_groups, col_groups = (chosen(many, few, const(1), c) for c in counts)
+    groups = arith.muli(row_groups, col_groups)
     rows = arith.ceildivui(k, ranges)
     forall = scf.ForallOp([0], [arith.muli(ranges, groups)], [1], [partials])
     with ir.InsertionPoint(forall.body):
@@ -1169,14 +1175,17 @@ def _summed_in_tasks(operands: list[ir.Value], k_axes: list[int], group: tuple[i
         part, grouped = arith.divui(task, groups), arith.remui(task, groups)
         start = arith.muli(part, rows)
         count = arith.minui(rows, arith.subi(k, start))
-        first = arith.muli(grouped, group_panels)
-        width = arith.minui(group_panels, arith.subi(const(panels), first))
         sliced = [_ranged(x, axis, start, count) for x, axis in zip(operands, k_axes)]
-        sliced[which] = _ranged(sliced[which], panel_axis, first, width)
         offsets: list[int | ir.Value] = [part] + [0] * rank
         sizes: list[int | ir.Value] = [1, *shape]
-        offsets[1 + acc_axis], sizes[1 + acc_axis] = first, width
-        slot_sizes = [_DYNAMIC if d == acc_axis else size for d, size in enumerate(shape)]
+        slot_sizes = list(shape)
+        # the column group outermost, as the tagged product's tasks
+        for which, (group, acc_axis) in enumerate(((arith.remui(grouped, row_groups), 0),
+                                                    (arith.divui(grouped, row_groups), 2))):
+            first = arith.muli(group, widths[which])
+            width = arith.minui(widths[which], arith.subi(const(panels[which]), first))
+            sliced[which] = _ranged(sliced[which], panel_axes[which], first, width)
+            offsets[1 + acc_axis], sizes[1 + acc_axis], slot_sizes[acc_axis] = first, width, _DYNAMIC
         slot_kind = ir.RankedTensorType.get(slot_sizes, kind.element_type)
         slot = _sliced(slot_kind, forall.inner_iter_args[0], offsets, sizes)
         zeros = linalg.fill(arith.constant(kind.element_type, 0.0), outs=[slot])
