@@ -142,14 +142,17 @@ def _nested(op: ir.Operation) -> list[ir.Operation]:
 
 
 _SCALARS = (ir.IndexType, ir.IntegerType, ir.FloatType)
+_INTEGERS = (ir.IndexType, ir.IntegerType)
 
 
 def _scalar_arithmetic(op: ir.Operation) -> bool:
-    """An ``arith`` op or ``affine.apply`` on scalars only: index arithmetic of the batch size,
-    compares (i1), selects, casts."""
+    """An ``arith`` op or ``affine.apply`` of scalars with index or integer results: index
+    arithmetic of the batch size, compares (i1), selects, casts. (Float results stay in the
+    pieces that read them: a kernel keeps its scale factors.)"""
     if not (op.name.startswith("arith.") or op.name == "affine.apply") or op.regions or not op.results:
         return False
-    return all(isinstance(value.type, _SCALARS) for value in [*op.operands, *op.results])
+    return (all(isinstance(value.type, _SCALARS) for value in op.operands)
+            and all(isinstance(value.type, _INTEGERS) for value in op.results))
 
 
 def _staying(fn: ir.Operation) -> dict[ir.Operation, bool]:

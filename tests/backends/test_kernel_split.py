@@ -398,9 +398,10 @@ func.func @step(%x: memref<?x8xf32>, %y: memref<?x8xf32>, %p: memref<16xf32>, %q
 
 @pytest.mark.parametrize("rows", [1, 7, 13, 33, 257])
 def test_scalar_arithmetic_at_the_top_level_stays_in_the_step_and_later_work_is_in_kernels(rows):
-    """The compares, select and casts stay in the step like index arithmetic: the work after
-    them is in kernels, not inline in the step; a scalar op that reads a piece's value (the
-    scaled load) goes into that piece. Compiled, it computes what numpy does."""
+    """The compares, select and integer casts stay in the step like index arithmetic: the work
+    after them is in kernels, not inline in the step; a scalar op that reads a piece's value (the
+    scaled load) or has a float result goes into the piece that reads it. Compiled, it computes
+    what numpy does."""
     from mlir_nn.backends.memref_args import ArgumentBlock
     from mlir_nn.backends.native import link_objects, load_shared_object
 
@@ -408,7 +409,9 @@ def test_scalar_arithmetic_at_the_top_level_stays_in_the_step_and_later_work_is_
         split = split_step(ir.Module.parse(CHOICE))
     assert "linalg." not in split.step and "memref.load" not in split.step
     assert split.step.count("call @k") == 4 and len(split.kernels) == 4
-    assert "arith.cmpi" in split.step and "arith.select" in split.step and "arith.uitofp" in split.step
+    assert "arith.cmpi" in split.step and "arith.select" in split.step and "arith.index_cast" in split.step
+    (scaled,) = _kernels_with(split, "arith.uitofp")  # a float result goes into the piece that reads it
+    assert "linalg.generic" in scaled
     (loaded,) = _kernels_with(split, "memref.load")
     assert "arith.mulf" in loaded and "linalg.fill" in loaded
     rng = np.random.default_rng(rows)
