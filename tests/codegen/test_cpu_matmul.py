@@ -765,8 +765,8 @@ def test_a_small_weight_gradient_sums_ranges_of_the_batch_in_tasks(m, n, dtype):
     """x^T @ g over the dynamic batch with a small output (packed or read in place): one task loop
     of one product whose tasks are chosen at run time: from a batch of k_ranges[1] rows, equal
     ranges of the batch (up to TASKS_MAX), each into a partial sum of its own, added at the end;
-    below, groups of the output's panels. Matches the reference on both sides of the switch, with
-    one range, some and TASKS_MAX."""
+    below, the tiles of the output that the tagged product's tasks take. Matches the reference on
+    both sides of the switch, with one range, some and TASKS_MAX."""
     x = make_node("input", [], name="x", shape=("N", m), dtype=dtype)
     g = make_node("input", [], name="g", shape=("N", n), dtype=dtype)
     graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
@@ -782,5 +782,5 @@ def test_a_small_weight_gradient_sums_ranges_of_the_batch_in_tasks(m, n, dtype):
     text = str(module)
     assert re.search(r"scf.forall \(%\w+\) in \(%\w+\)", text)  # a dynamic number of tasks
     assert re.search(rf"tensor<{TASKS_MAX}x\d+x\d+x\d+x\d+x{'f32' if dtype == 'float32' else 'f64'}>", text)
-    batches = (1, 7, batch_min - 1, batch_min, batch_min + 3 * rows + 5, 8 * rows + batch_min + 3, 4099)
+    batches = (1, 7, 13, 33, 257, batch_min - 1, batch_min, batch_min + 3 * rows + 5, 8 * rows + batch_min + 3, 4099)
     _assert_matches_reference(graph, CpuBackend().compile(graph), batches, dtype)
