@@ -144,8 +144,12 @@ PACK_PARALLEL_ROWS, PACK_TASK_PANELS, PACK_TASK_ROWS = "mlirnn.pack_parallel_row
 # batch of K_RANGES_ROWS_PER_OUTPUT * 2mn / (m + n) rows, ranges of the batch, each into a partial
 # C of its own (each thread then sums the rows it packed: tasks of tiles of C read every row, the
 # other core's half across the two cores' caches when they share no L3, a cost that grows with
-# the batch, where the partials' grows with m * n); below, groups of C's panels.
+# the batch, where the partials' grows with m * n); below, the tiles of C of the tagged product.
 K_RANGES_OUTPUT_MAX, K_RANGES_ROWS_PER_OUTPUT = 1 << 16, 4
+# the partials' bytes at most (2 to TASKS_MAX of them): 8 partials of a 256 x 256 weight gradient
+# (2 MB in float32, 4 MB in float64), zeroed, written and summed at batch 1024, made a
+# 256-256-256-10 float64 step 5% slower than C's tiles (two: as fast, -8% at 64-256-256-64 Adam)
+K_RANGES_PARTIALS_BYTES = 1 << 19
 # the sum of the other partials into the first: one pass on the calling thread (spread over tasks,
 # its tasks ran with no work below K_RANGES_ROWS_PER_OUTPUT's batch, a round trip to the pool per
 # weight gradient)
@@ -415,8 +419,8 @@ class ProductPlan:
     tasks: tuple[int, int] | None = None  # (column, row) panels per task when not the default
     rows: int | None = None  # rows per register block of a "row-blocks" product
     columns: int | None = None  # columns per register block of a "blocked" product (``block_columns``)
-    k_ranges: tuple[int, int] | None = None  # a "blocked" product's k (the batch) in tasks of at least
-    # [0] rows from a batch of [1] rows (``_summed_in_tasks``)
+    k_ranges: tuple[int, int, int] | None = None  # a "blocked" product's k (the batch) in tasks of at
+    # least [0] rows from a batch of [1] rows, [2] of them at most (``_summed_in_tasks``)
 
     @property
     def blocked(self) -> bool:
@@ -460,8 +464,8 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         if tasks is not None:
             work += f", balanced tasks of {tasks[0]} x {tasks[1]} column x row panels"
         if k_ranges is not None:
-            work += (f"; one task loop: from a batch of {k_ranges[1]}, tasks of at least {k_ranges[0]} batch rows "
-                     "into partial sums, else of C's panels")
+            work += (f"; one task loop: from a batch of {k_ranges[1]}, up to {k_ranges[2]} tasks of at least "
+                     f"{k_ranges[0]} batch rows into partial sums, else of C's tiles")
         columns = block_columns(n, _itemsize(op.result))
         if columns < register_block(_itemsize(op.result))[1]:
             work += f"; register blocks {columns} columns wide: n={n} leaves {n % columns} in the last"
@@ -951,11 +955,11 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
     return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn)
 
 
-def _k_ranges(op: ir.Operation) -> tuple[int, int] | None:
-    """(rows per task at least, batch from which) of a weight gradient summed over a dynamic
-    batch, op(A)^T B with a static C of at most K_RANGES_OUTPUT_MAX elements and no convolution
-    columns, whose tasks take ranges of the batch from that batch on (``_summed_in_tasks``); None
-    otherwise."""
+def _k_ranges(op: ir.Operation) -> tuple[int, int, int] | None:
+    """(rows per task at least, batch from which, tasks at most) of a weight gradient summed over
+    a dynamic batch, op(A)^T B with a static C of at most K_RANGES_OUTPUT_MAX elements and no
+    convolution columns, whose tasks take ranges of the batch from that batch on
+    (``_summed_in_tasks``), their partial sums K_RANGES_PARTIALS_BYTES at most; None otherwise."""
     m, n, k = _sizes(op)
     ta, tb = _transposes(op)
     if not (ta and not tb and ir.ShapedType.is_dynamic_size(k) and _static_sizes(m, n)
@@ -964,7 +968,8 @@ def _k_ranges(op: ir.Operation) -> tuple[int, int] | None:
     if _image_panels(op.operands[0], ta, register_block(_itemsize(op.result))[0])[1] is not None:
         return None
     rows = max(rows_per_task(m * n), TASKS_MAX)  # (at least TASKS_MAX rows: no task starts past the batch)
-    return rows, max(2 * rows, K_RANGES_ROWS_PER_OUTPUT * -(-2 * m * n // (m + n)))
+    ranges = max(2, min(TASKS_MAX, K_RANGES_PARTIALS_BYTES // (m * n * _itemsize(op.result))))
+    return rows, max(2 * rows, K_RANGES_ROWS_PER_OUTPUT * -(-2 * m * n // (m + n))), ranges
 
 
 def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update | None = None) -> ir.Value:
@@ -1026,7 +1031,7 @@ def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: in
 
 def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapped: bool,
              tasks: tuple[int, int] | None = None, block_width: int | None = None, number: int = 0,
-             into: ir.Value | None = None, k_ranges: tuple[int, int] | None = None) -> ir.Value:
+             into: ir.Value | None = None, k_ranges: tuple[int, int, int] | None = None) -> ir.Value:
     """op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
     panels [nb, k, tn] (static operands that allow it read in place instead: ``_rows_in_place``,
     ``_columns_in_place``), a generic over (column panel, row panel, row, column, k) into a
@@ -1106,7 +1111,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
         return acc
 
     if k_ranges is not None:
-        partials = tensor.empty([TASKS_MAX, *_static([row_panels, tm, col_panels, tn])], element)
+        partials = tensor.empty([k_ranges[2], *_static([row_panels, tm, col_panels, tn])], element)
         # below the switch, the tasks the tagged product would get: ``tasks``, else the schedule's default
         _, nc, _ = cache_blocks(_itemsize(a))
         mc = cache_blocks(_itemsize(a))[0] // register_block(_itemsize(a))[0]
@@ -1134,13 +1139,13 @@ def _ranged(x: ir.Value, axis: int, start: ir.Value, count: ir.Value) -> ir.Valu
 
 
 def _summed_in_tasks(operands: list[ir.Value], k_axes: list[int], panel_axes: tuple[int, int],
-                     tiles: tuple[int, int], partials: ir.Value, k_ranges: tuple[int, int],
+                     tiles: tuple[int, int], partials: ir.Value, k_ranges: tuple[int, int, int],
                      added_into: Callable[..., ir.Value]) -> ir.Value:
     """The product of the packed ``operands`` (A's row panels, B's column panels; k, the batch,
     along their dims ``k_axes``, their panels along ``panel_axes``) as one ``scf.forall`` whose
     tasks are chosen at run time. From a batch of ``k_ranges[1]`` rows, equal ranges of k of at
-    least ``k_ranges[0]`` rows (2 to TASKS_MAX), each summed into a partial accumulator of its own
-    (of ``partials``, [TASKS_MAX, *C's shape]): the async lowering runs the first half of the tasks
+    least ``k_ranges[0]`` rows (2 to ``k_ranges[2]``), each summed into a partial accumulator of its
+    own (of ``partials``, [k_ranges[2], *C's shape]): the async lowering runs the first half of the tasks
     on the calling thread, so each thread sums the rows it packed. Below, one range in tiles of C of
     ``tiles`` (column panels, row panels), the tasks that the tagged product gets. The other
     partials are added to the first at the end (``partials_added``: no pass with one range). One
@@ -1159,11 +1164,11 @@ def _summed_in_tasks(operands: list[ir.Value], k_axes: list[int], panel_axes: tu
     panels = (shape[0], shape[2])  # C's row and column panels
     per_task = (min(tiles[1], panels[0]), min(tiles[0], panels[1]))
     counts = [-(-p // t) for p, t in zip(panels, per_task)]
-    rows_min, batch_min = k_ranges
+    rows_min, batch_min, ranges_max = k_ranges
     k = tensor.dim(operands[0], const(k_axes[0]))
     many = arith.minui(arith.divui(k, const(batch_min)), const(1))  # 1 from batch_min rows, else 0
     few = arith.subi(const(1), many)
-    in_ranges = arith.maxui(arith.minui(arith.divui(k, const(rows_min)), const(TASKS_MAX)), const(1))
+    in_ranges = arith.maxui(arith.minui(arith.divui(k, const(rows_min)), const(ranges_max)), const(1))
     ranges = chosen(many, few, in_ranges, 1)
     widths = [chosen(many, few, const(p), t) for p, t in zip(panels, per_task)]  # panels per task
     row_groups, col_groups = (chosen(many, few, const(1), c) for c in counts)

@@ -25,6 +25,7 @@ from mlir_nn.codegen.cpu_matmul import (
     IN_PLACE_SHORT_COLUMNS_MAX,
     IN_PLACE_STRIDE_MAX,
     K_RANGES_OUTPUT_MAX,
+    K_RANGES_PARTIALS_BYTES,
     PACK,
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
@@ -760,13 +761,14 @@ def test_a_batchs_row_groups_are_packed_in_tasks_of_rows(width):
 
 
 @pytest.mark.parametrize("m, n, dtype", [(200, 50, "float32"), (96, 64, "float32"), (100, 100, "float64"),
-                                         (65, 70, "float32")])
+                                         (65, 70, "float32"), (256, 256, "float32")])
 def test_a_small_weight_gradient_sums_ranges_of_the_batch_in_tasks(m, n, dtype):
     """x^T @ g over the dynamic batch with a small output (packed or read in place): one task loop
     of one product whose tasks are chosen at run time: from a batch of k_ranges[1] rows, equal
-    ranges of the batch (up to TASKS_MAX), each into a partial sum of its own, added at the end;
+    ranges of the batch (up to k_ranges[2]), each into a partial sum of its own, added at the end;
     below, the tiles of the output that the tagged product's tasks take. Matches the reference on
-    both sides of the switch, with one range, some and TASKS_MAX."""
+    both sides of the switch, with one range, some and the most (TASKS_MAX, fewer for a large
+    output: K_RANGES_PARTIALS_BYTES)."""
     x = make_node("input", [], name="x", shape=("N", m), dtype=dtype)
     g = make_node("input", [], name="g", shape=("N", n), dtype=dtype)
     graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
@@ -776,11 +778,13 @@ def test_a_small_weight_gradient_sums_ranges_of_the_batch_in_tasks(m, n, dtype):
     if plan.kind != "blocked":
         pytest.skip(f"{m} x {n} is not blocked here: {plan.reason}")
     assert plan.k_ranges is not None
-    rows, batch_min = plan.k_ranges
-    assert rows >= TASKS_MAX and batch_min >= 2 * rows
+    rows, batch_min, ranges = plan.k_ranges
+    assert rows >= TASKS_MAX and batch_min >= 2 * rows and 2 <= ranges <= TASKS_MAX
+    assert ranges == TASKS_MAX or (ranges + 1) * m * n * (4 if dtype == "float32" else 8) > K_RANGES_PARTIALS_BYTES
     rewrite_matmuls(module, threads=True)
     text = str(module)
     assert re.search(r"scf.forall \(%\w+\) in \(%\w+\)", text)  # a dynamic number of tasks
-    assert re.search(rf"tensor<{TASKS_MAX}x\d+x\d+x\d+x\d+x{'f32' if dtype == 'float32' else 'f64'}>", text)
-    batches = (1, 7, 13, 33, 257, batch_min - 1, batch_min, batch_min + 3 * rows + 5, 8 * rows + batch_min + 3, 4099)
+    assert re.search(rf"tensor<{ranges}x\d+x\d+x\d+x\d+x{'f32' if dtype == 'float32' else 'f64'}>", text)
+    batches = (1, 7, 13, 33, 257, batch_min - 1, batch_min, batch_min + 3 * rows + 5, ranges * rows + batch_min + 3,
+               4099)
     _assert_matches_reference(graph, CpuBackend().compile(graph), batches, dtype)

@@ -36,6 +36,6 @@ def test_the_partials_are_summed_over_the_first_without_a_copy(m, n, dtype):
     assert split is not None
     copies = [k for k in split.kernels.values() if re.search(r"memref\.copy %\w+, %\w+ : memref<\d+x\d+x\d+x\d+x", k)]
     assert not copies, copies[0][-400:]
-    rows, batch_min = plan.k_ranges
+    rows, batch_min, _ = plan.k_ranges
     batches = (1, 7, 13, 33, 257, batch_min - 1, batch_min, batch_min + rows + 3, 4099)
     _assert_matches_reference(graph, CpuBackend().compile(graph), batches, dtype)
