@@ -16,11 +16,10 @@ where the batch**1 group takes ``group_bytes[1] * batch + linear_fixed`` bytes: 
 buffers sit at offsets ``a * batch + b`` (``first_fit_linear``).
 
 A static-shaped ``memref.alloc`` nested in loops (``scf.for``, ``scf.forall`` with static
-bounds: the buffers of a task, such as a chunked convolution gradient's columns) or branches
-(``scf.if``) is planned too when no enclosing ``scf.for`` carries it into its next iteration: it
-gets one slot per iteration of its enclosing ``scf.forall`` loops (tasks run at once), live for
-the top-level op that holds it, or until the last use of the ``scf.if`` result it is yielded as
-(``_task_slots``).
+bounds: the buffers of a task, such as a chunked convolution gradient's columns) is planned too
+when no enclosing ``scf.for`` carries it into its next iteration: it gets one slot per
+iteration of its enclosing ``scf.forall`` loops (tasks run at once), live for the top-level op
+that holds it (``_task_slots``).
 
 The caller allocates that (from numpy, so a failed allocation is a ``MemoryError``
 before native code runs) and passes it as the last argument. The first ``HEADER`` bytes
@@ -159,15 +158,12 @@ def _constant(value: ir.Value) -> int | None:
 
 
 def _last_use(value: ir.Value, top_index: dict[ir.Operation, int]) -> int:
-    """Position of the last top-level op that uses ``value`` or a view of it (also one that an
-    ``scf.if`` yields: its result)."""
+    """Position of the last top-level op that uses ``value`` or a view of it."""
     last, pending = -1, [value]
     while pending:
         for use in pending.pop().uses:
             owner = use.owner.operation
             last = max(last, top_index[owner])
-            if owner.name == "scf.yield" and owner.parent.operation.name == "scf.if":
-                pending.append(owner.parent.operation.results[use.operand_number])
             pending.extend(r for r in owner.results if isinstance(r.type, ir.MemRefType))
     return last
 
@@ -177,9 +173,9 @@ Foralls = list[tuple[ir.Operation, list[tuple[int, int, int]]]]  # (loop, (lower
 
 def _task_slots(alloc: ir.Operation) -> tuple[int, Foralls] | None:
     """(slots, [(forall, [(lower, step, trips) per induction variable]) outermost first]) of a
-    static-shaped allocation nested in loops or branches (``scf.if``): one slot per iteration of its
-    ``scf.forall`` loops, or None when it must stay on the heap (another enclosing op, dynamic loop
-    bounds, or a view of it yielded by an enclosing ``scf.for``, i.e. live into the next iteration)."""
+    static-shaped allocation nested in loops: one slot per iteration of its ``scf.forall``
+    loops, or None when it must stay on the heap (another enclosing op, dynamic loop bounds,
+    or a view of it yielded by an enclosing ``scf.for``, i.e. live into the next iteration)."""
     kind = ir.MemRefType(alloc.result.type)
     if list(alloc.operands) or not kind.has_static_shape:
         return None
@@ -187,8 +183,6 @@ def _task_slots(alloc: ir.Operation) -> tuple[int, Foralls] | None:
     while parent.name != "func.func":
         if parent.name == "scf.for":
             loops.append(parent)
-        elif parent.name == "scf.if":
-            pass  # runs at most once where it is
         elif parent.name == "scf.forall":
             bounds = [ir.DenseI64ArrayAttr(parent.attributes[f"static{k}"])
                       for k in ("LowerBound", "UpperBound", "Step")]
@@ -261,7 +255,7 @@ def plan_memory(module: ir.Module, batch_dims: Collection[tuple[int, int]]) -> t
         if slots is not None and (size := _element_bytes(ir.MemRefType(nested.result.type).element_type)):
             slot = round_up(size * math.prod(ir.MemRefType(nested.result.type).shape))
             tasks[len(allocs)] = (slot, slots[1])
-            allocs.append((nested, 0, None, i, max(i, _last_use(nested.result, top_index)), 0, slot * slots[0]))
+            allocs.append((nested, 0, None, i, i, 0, slot * slots[0]))
     for i, op in enumerate(top_ops):
         if op.operation.name != "memref.alloc":
             continue

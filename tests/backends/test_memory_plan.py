@@ -336,34 +336,3 @@ def test_a_cnn_training_step_allocates_nothing_per_step(dynamic_batch):
         run(x, y)
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10 < 5
     assert losses[2] < losses[0]
-
-
-BRANCHES = """func.func @step(%x: memref<?x4xf32>, %flag: i1) attributes {llvm.emit_c_interface} {
-  %c0 = arith.constant 0 : index
-  %chosen = scf.if %flag -> (memref<4xf32>) {
-    %a = memref.alloc() : memref<4xf32>
-    scf.yield %a : memref<4xf32>
-  } else {
-    %b = memref.alloc() : memref<4xf32>
-    scf.yield %b : memref<4xf32>
-  }
-  %later = memref.alloc() : memref<4xf32>
-  %v = memref.load %chosen[%c0] : memref<4xf32>
-  memref.store %v, %later[%c0] : memref<4xf32>
-  return
-}"""
-
-
-def test_buffers_of_branches_are_planned_live_until_the_branch_result_is_last_read():
-    """Each branch's buffer (yielded as the scf.if's result) takes a slot live until that result's
-    last read, so the buffer made after the branch, live at the same time, gets bytes of its own."""
-    from mlir import ir
-
-    from mlir_nn.backends.memory_plan import plan_memory
-
-    with ir.Context():
-        module = ir.Module.parse(BRANCHES)
-        plan, _ = plan_memory(module, {(0, 0)})
-        text = str(module)
-    assert plan.heap_buffers == 0 and plan.buffers == 3 and "memref.alloc" not in text
-    assert plan.group_bytes == (3 * 64,)  # 16 bytes each, a cache line apart: none shared
