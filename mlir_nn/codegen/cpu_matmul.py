@@ -1042,7 +1042,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     row) panels per task instead of the default (``balanced_tasks``). ``block_width``: the
     register blocks' columns when not the default (``block_columns``). ``number``: the product's own
     number (``_padded_rows``). ``into``: a parameter (m, n) that the product is added to in place,
-    ``_accumulated_into``. ``k_ranges``: one task loop of ranges of k (the batch) or of C's panels,
+    ``_accumulated_into``. ``k_ranges``: one task loop of ranges of k (the batch) or of tiles of C,
     chosen at run time (``_summed_in_tasks``)."""
     element = ir.RankedTensorType(a.type).element_type
     tm, wide = register_block(_itemsize(a))
@@ -1104,23 +1104,19 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
 
     if into is not None:
         return _accumulated_into(into, packed_a, tm, tn, added_into)
-
-    def accumulator() -> ir.Value:
-        acc = _zeros([row_panels, tm, col_panels, tn], element)
-        acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
-        return acc
-
     if k_ranges is not None:
         partials = tensor.empty([k_ranges[2], *_static([row_panels, tm, col_panels, tn])], element)
-        # below the switch, the tasks the tagged product would get: ``tasks``, else the schedule's default
-        _, nc, _ = cache_blocks(_itemsize(a))
-        mc = cache_blocks(_itemsize(a))[0] // register_block(_itemsize(a))[0]
-        tiles = tasks or (nc // tn, max(1, mc // FINE_TASK_SHARE) if col_panels <= nc // tn else mc)
+        # below the switch, the tasks the tagged product gets: ``tasks``, else the schedule's default tiles
+        mc, nc, _ = cache_blocks(_itemsize(a))
+        rows = mc // register_block(_itemsize(a))[0]
+        tiles = tasks or (nc // wide, max(1, rows // FINE_TASK_SHARE) if col_panels <= nc // tn else rows)
         dims = [_operand_dims(a_map), _operand_dims(b_map)]
         product = _summed_in_tasks([packed_a, packed_b], [dims[0].index(4), dims[1].index(4)],
                                    (dims[0].index(1), dims[1].index(0)), tiles, partials, k_ranges, added_into)
     else:
-        product = added_into(packed_a, accumulator())
+        acc = _zeros([row_panels, tm, col_panels, tn], element)
+        acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
+        product = added_into(packed_a, acc)
     padded = [_times(row_panels, tm), _times(col_panels, tn)]
     kind = ir.RankedTensorType.get(_static(padded), element)
     flat = tensor.collapse_shape(kind, product, [[0, 1], [2, 3]])
@@ -1145,8 +1141,8 @@ def _summed_in_tasks(operands: list[ir.Value], k_axes: list[int], panel_axes: tu
     along their dims ``k_axes``, their panels along ``panel_axes``) as one ``scf.forall`` whose
     tasks are chosen at run time. From a batch of ``k_ranges[1]`` rows, equal ranges of k of at
     least ``k_ranges[0]`` rows (2 to ``k_ranges[2]``), each summed into a partial accumulator of its
-    own (of ``partials``, [k_ranges[2], *C's shape]): the async lowering runs the first half of the tasks
-    on the calling thread, so each thread sums the rows it packed. Below, one range in tiles of C of
+    own (of ``partials``, [k_ranges[2], *C's shape]): the async lowering runs the first half of the
+    tasks on the calling thread, so each thread sums the rows it packed. Below, one range in tiles of C of
     ``tiles`` (column panels, row panels), the tasks that the tagged product gets. The other
     partials are added to the first at the end (``partials_added``: no pass with one range). One
     product is built (and compiled) for both."""
