@@ -181,6 +181,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
         from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
         from mlir_nn.codegen.lane_loads import scalarize_lane_loads
         from mlir_nn.codegen.parallel_maps import spread_maps
+        from mlir_nn.codegen.partials_in_place import sum_over_first_partials
         from mlir_nn.codegen.recompute import recompute_cheap_maps
 
     timings: dict[str, float] = {}
@@ -208,6 +209,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
 
 
     def fuse_and_hoist(module: object) -> None:
+        sum_over_first_partials(module)  # no copy of a product's first partial sum
         fuse_elementwise_chains(module)  # one pass per update chain (Adam's)
         hoist_scalar_work(module)  # scalar work (bias corrections) once, not per element
         if threads:

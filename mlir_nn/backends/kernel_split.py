@@ -5,7 +5,9 @@ the step's body is cut into pieces: runs of consecutive ops that do work (a lina
 loop nest, a parallel loop, a copy, a chain of vector ops ending in a store) and whose
 results are used only inside the piece. Each piece moves into a function of its own,
 ``k<hash of its text>``, that takes the values the piece reads (buffers, sizes) as
-arguments; constants are copied in, so the kernel's loops keep static bounds. A small op
+arguments; constants are copied in, so the kernel's loops keep static bounds. Views, sizes
+and scalar arithmetic of them (the batch size's, run-time choices: ``_staying``) stay in the
+step, and the kernels take their results as arguments. A small op
 whose results several pieces read (``_shared``) stays in the step and is passed to each. The step
 calls the kernels where the pieces were. A kernel's name is its content, so a repeated
 piece is one kernel. The step and its kernels are grouped into chunks that run the rest of
@@ -139,15 +141,48 @@ def _nested(op: ir.Operation) -> list[ir.Operation]:
     return found
 
 
-def _stays(op: ir.Operation) -> bool:
-    """Pure ops that stay in the step: views, sizes and index arithmetic (of the batch size)."""
-    if op.name in _STAY or op.name == "affine.apply":
-        return True
-    return op.name.startswith("arith.") and len(op.results) == 1 and isinstance(op.results[0].type, ir.IndexType)
+_SCALARS = (ir.IndexType, ir.IntegerType, ir.FloatType)
+_INTEGERS = (ir.IndexType, ir.IntegerType)
 
 
-def _is_work(op: ir.Operation) -> bool:
-    if _stays(op) or op.name in _CONSTANTS or op.name in _BARRIERS or op.name.startswith("llvm."):
+def _scalar_arithmetic(op: ir.Operation) -> bool:
+    """An ``arith`` op or ``affine.apply`` of scalars with index or integer results: index
+    arithmetic of the batch size, compares (i1), selects, casts. (Float results stay in the
+    pieces that read them: a kernel keeps its scale factors.)"""
+    if not (op.name.startswith("arith.") or op.name == "affine.apply") or op.regions or not op.results:
+        return False
+    return (all(isinstance(value.type, _SCALARS) for value in op.operands)
+            and all(isinstance(value.type, _INTEGERS) for value in op.results))
+
+
+def _staying(fn: ir.Operation) -> dict[ir.Operation, bool]:
+    """For each op of the step's entry block and of its ``scf.if`` then-blocks (``_blocks``):
+    whether it is a pure op that stays in the step. Views and sizes do; so does scalar arithmetic
+    (``_scalar_arithmetic``) of values that stay too (arguments, constants, other such ops). Scalar
+    arithmetic that reads a piece's value goes into that piece: staying, it would keep the piece
+    from ever closing, and an i1 compare left as work whose reader (an index select) stays kept
+    every op after it inline in the step, run serially."""
+    stays: dict[ir.Operation, bool] = {}
+
+    def staying_value(value: ir.Value) -> bool:
+        owner = value.owner
+        if not isinstance(owner, ir.OpView | ir.Operation):
+            return True  # a block argument
+        return owner.operation.name in _CONSTANTS or stays.get(owner.operation, False)
+
+    def visit(block: ir.Block) -> None:
+        for op in _ops(block):
+            stays[op] = op.name in _STAY or (_scalar_arithmetic(op) and all(map(staying_value, op.operands)))
+            if op.name == "scf.if" and block == entry:
+                visit(op.regions[0].blocks[0])
+
+    entry = fn.regions[0].blocks[0]
+    visit(entry)
+    return stays
+
+
+def _is_work(op: ir.Operation, stays: dict[ir.Operation, bool]) -> bool:
+    if stays[op] or op.name in _CONSTANTS or op.name in _BARRIERS or op.name.startswith("llvm."):
         return False
     return not any(o.name in _SYMBOL_USERS for o in _nested(op))
 
@@ -178,17 +213,18 @@ def _shared(ops: list[ir.Operation], block: ir.Block, work: dict[ir.Operation, b
     return found
 
 
-def _pieces(block: ir.Block) -> list[tuple[list[ir.Operation], ir.Operation]]:
+def _pieces(block: ir.Block, stays: dict[ir.Operation, bool]) -> list[tuple[list[ir.Operation], ir.Operation]]:
     """Runs of work ops of ``block`` whose results are used only inside the run, shortest
-    first, each with the op that follows it (a block ends in its terminator)."""
+    first, each with the op that follows it (a block ends in its terminator). ``stays``:
+    ``_staying``."""
     ops = _ops(block)
     position = {op: i for i, op in enumerate(ops)}
-    work = {op: _is_work(op) for op in ops}  # once each: a product's walk, not again per use of its results
+    work = {op: _is_work(op, stays) for op in ops}  # once each: a product's walk, not again per use of its results
     shared = _shared(ops, block, work)
     pieces, current, reach = [], [], -1
     for i, op in enumerate(ops):
         if not work[op] or op in shared:
-            if not _stays(op) and op.name not in _CONSTANTS:
+            if not stays[op] and op.name not in _CONSTANTS:
                 current, reach = [], -1  # a barrier: an open piece stays where it is
             continue
         current.append(op)
@@ -434,8 +470,9 @@ def split_step(module: ir.Module) -> Split:
     declarations: dict[str, str] = {}
     with module.context:
         fn = entry_function(module)
+        stays = _staying(fn)
         for block in _blocks(fn):
-            pieces = _pieces(block)
+            pieces = _pieces(block, stays)
             reads = _outside_reads(fn, block, [piece for piece, _ in pieces])
             for (piece, after), read in zip(pieces, reads, strict=True):
                 name, text, arguments = _outline(piece, read, ir.Module.create(piece[0].location))

@@ -58,10 +58,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mlir import ir
-from mlir.dialects import arith, bufferization, linalg, tensor
+from mlir.dialects import arith, bufferization, linalg, scf, tensor
 from mlir.dialects.transform import interpreter
 
-from mlir_nn.codegen.batch_split import rows_per_task, split_over_batch
+from mlir_nn.codegen.batch_split import TASKS_MAX, partials_added, rows_per_task, split_over_batch
 from mlir_nn.codegen.im2col_panels import (
     drop_im2col_tags,
     im2col_panels,
@@ -141,6 +141,22 @@ PACK_PARALLEL, TRANSPOSE_TILE, PACK_ROWS_STEP = "mlirnn.pack_parallel", 16, 8
 # over their rows instead, in tasks of PACK_TASK_ROWS (a weight gradient's k: a static batch;
 # vectorized with masks, so a partial last task is fine)
 PACK_PARALLEL_ROWS, PACK_TASK_PANELS, PACK_TASK_ROWS = "mlirnn.pack_parallel_rows", 4, 256
+# A weight gradient op(A)^T B summed over a dynamic batch whose C has at most K_RANGES_OUTPUT_MAX
+# elements runs as one task loop (``_summed_in_tasks``) whose tasks are chosen at run time: from a
+# batch of K_RANGES_ROWS_PER_OUTPUT * 2mn / (m + n) rows, ranges of the batch, each into a partial
+# C of its own (each thread then sums the rows it packed: tasks of tiles of C read every row, the
+# other core's half across the two cores' caches when they share no L3, a cost that grows with
+# the batch, where the partials' grows with m * n); below, the tiles of C of the tagged product.
+K_RANGES_OUTPUT_MAX, K_RANGES_ROWS_PER_OUTPUT = 1 << 16, 4
+# the partials' bytes at most (2 to TASKS_MAX of them): 8 partials of a 256 x 256 weight gradient
+# (2 MB in float32, 4 MB in float64), zeroed, written and summed at batch 1024, made a
+# 256-256-256-10 float64 step 5% slower than C's tiles (two: as fast, -8% at 64-256-256-64 Adam)
+K_RANGES_PARTIALS_BYTES = 1 << 19
+# the sum of the other partials into the first: one pass on the calling thread (spread over tasks,
+# its tasks ran with no work below K_RANGES_ROWS_PER_OUTPUT's batch, a round trip to the pool per
+# weight gradient)
+PARTIALS_SUM = "mlirnn.partials_sum"
+_DYNAMIC = ir.ShapedType.get_dynamic_size()
 # A batch's rows copied in groups (``_pack_row_groups``) spread over the groups, in tasks of
 # PACK_TASK_ROWS rows: each thread copies the rows it wrote itself
 PACK_PARALLEL_GROUPS = "mlirnn.pack_parallel_groups"
@@ -441,6 +457,8 @@ class ProductPlan:
     tasks: tuple[int, int] | None = None  # (column, row) panels per task when not the default
     rows: int | None = None  # rows per register block of a "row-blocks" product
     columns: int | None = None  # columns per register block of a "blocked" product (``block_columns``)
+    k_ranges: tuple[int, int, int] | None = None  # a "blocked" product's k (the batch) in tasks of at
+    # least [0] rows from a batch of [1] rows, [2] of them at most (``_summed_in_tasks``)
 
     @property
     def blocked(self) -> bool:
@@ -478,13 +496,18 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         work = f"at {task}: {compared(threading)}{'' if threads else ' (one thread here)'}"
         if swaps:
             return ProductPlan("blocked-swapped", parallel, f"{priced}; n={n}: {compared(swapping)}; {work}")
+        k_ranges = _k_ranges(op) if parallel else None
         tasks = _tasks(op) if parallel else None
         if tasks is not None:
             work += f", balanced tasks of {tasks[0]} x {tasks[1]} column x row panels"
+        if k_ranges is not None:
+            work += (f"; one task loop: from a batch of {k_ranges[1]}, up to {k_ranges[2]} tasks of at least "
+                     f"{k_ranges[0]} batch rows into partial sums, else of C's tiles")
         columns = block_columns(n, _itemsize(op.result))
         if columns < register_block(_itemsize(op.result))[1]:
             work += f"; register blocks {columns} columns wide: n={n} leaves {n % columns} in the last"
-        return ProductPlan("blocked", parallel, f"{priced}; {work}", tasks=tasks, columns=columns)
+        return ProductPlan("blocked", parallel, f"{priced}; {work}", tasks=tasks, columns=columns,
+                           k_ranges=k_ranges)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
            f"n={n}: {compared(swapping)}, static work <= {SWAPPED_LOOP_MAX}" if swapping and small_swapped else
            "over the batch with a side narrower than a vector" if narrow else
@@ -975,6 +998,23 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
     return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn)
 
 
+def _k_ranges(op: ir.Operation) -> tuple[int, int, int] | None:
+    """(rows per task at least, batch from which, tasks at most) of a weight gradient summed over
+    a dynamic batch, op(A)^T B with a static C of at most K_RANGES_OUTPUT_MAX elements and no
+    convolution columns, whose tasks take ranges of the batch from that batch on
+    (``_summed_in_tasks``), their partial sums K_RANGES_PARTIALS_BYTES at most; None otherwise."""
+    m, n, k = _sizes(op)
+    ta, tb = _transposes(op)
+    if not (ta and not tb and ir.ShapedType.is_dynamic_size(k) and _static_sizes(m, n)
+            and m * n <= K_RANGES_OUTPUT_MAX):
+        return None
+    if _image_panels(op.operands[0], ta, register_block(_itemsize(op.result))[0])[1] is not None:
+        return None
+    rows = max(rows_per_task(m * n), TASKS_MAX)  # (at least TASKS_MAX rows: no task starts past the batch)
+    ranges = max(2, min(TASKS_MAX, K_RANGES_PARTIALS_BYTES // (m * n * _itemsize(op.result))))
+    return rows, max(2 * rows, K_RANGES_ROWS_PER_OUTPUT * -(-2 * m * n // (m + n))), ranges
+
+
 def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update | None = None) -> ir.Value:
     """The blocked product of a large ``linalg.matmul`` (``_blocked``), as C^T transposed
     back when its columns are few (``_swapping``); with ``update``, the updated parameter, its
@@ -990,7 +1030,7 @@ def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update
         rows_only = (n // (plan.columns or register_block(_itemsize(op.result))[1]), 1)
         return _blocked(a, b, ta, tb, parallel, False, rows_only, plan.columns, number, update.parameter)
     if plan.kind == "blocked":
-        return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number)
+        return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number, k_ranges=plan.k_ranges)
     return transposed(_blocked(b, a, not tb, not ta, parallel, True))
 
 
@@ -1034,7 +1074,7 @@ def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: in
 
 def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapped: bool,
              tasks: tuple[int, int] | None = None, block_width: int | None = None, number: int = 0,
-             into: ir.Value | None = None) -> ir.Value:
+             into: ir.Value | None = None, k_ranges: tuple[int, int, int] | None = None) -> ir.Value:
     """op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
     panels [nb, k, tn] (static operands that allow it read in place instead: ``_rows_in_place``,
     ``_columns_in_place``), a generic over (column panel, row panel, row, column, k) into a
@@ -1045,7 +1085,8 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     row) panels per task instead of the default (``balanced_tasks``). ``block_width``: the
     register blocks' columns when not the default (``block_columns``). ``number``: the product's own
     number (``_padded_rows``). ``into``: a parameter (m, n) that the product is added to in place,
-    ``_accumulated_into``."""
+    ``_accumulated_into``. ``k_ranges``: one task loop of ranges of k (the batch) or of tiles of C,
+    chosen at run time (``_summed_in_tasks``)."""
     element = ir.RankedTensorType(a.type).element_type
     tm, wide = register_block(_itemsize(a))
     tn = block_width or wide
@@ -1084,15 +1125,17 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     maps = [a_map, b_map, dims_map(5, [1, 2, 0, 3])]
     fastmath = ir.Attribute.parse("#arith.fastmath<contract>")
 
-    def added_into(a_panels: ir.Value, acc: ir.Value) -> ir.Value:
-        """acc + the product of ``a_panels`` (A's row panels) and B, tagged for the schedule."""
+    def added_into(a_panels: ir.Value, acc: ir.Value, b_panels: ir.Value | None = None) -> ir.Value:
+        """acc + the product of ``a_panels`` (A's row panels) and B (``b_panels`` of it, one task's:
+        no threads), tagged for the schedule."""
 
-        @linalg.generic([a_panels, packed_b], [acc], maps, [PARALLEL] * 4 + [REDUCTION])
+        @linalg.generic([a_panels, packed_b if b_panels is None else b_panels], [acc], maps,
+                        [PARALLEL] * 4 + [REDUCTION])
         def product(x: ir.Value, y: ir.Value, total: ir.Value) -> ir.Value:
             return arith.addf(total, arith.mulf(x, y, fastmath=fastmath), fastmath=fastmath)
 
         product.owner.attributes[PACKED] = ir.UnitAttr.get()
-        if parallel:
+        if parallel and b_panels is None:
             _, nc, _ = cache_blocks(_itemsize(a))
             one_column_task = isinstance(col_panels, int) and col_panels <= nc // tn
             tag = PARALLEL_COLUMNS if swapped else PARALLEL_FINE if one_column_task else PARALLEL_ROWS
@@ -1104,15 +1147,120 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
 
     if into is not None:
         return _accumulated_into(into, packed_a, tm, tn, added_into)
-    acc = _zeros([row_panels, tm, col_panels, tn], element)
-    acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
-    product = added_into(packed_a, acc)
+    if k_ranges is not None:
+        partials = tensor.empty([k_ranges[2], *_static([row_panels, tm, col_panels, tn])], element)
+        # below the switch, the tasks the tagged product gets: ``tasks``, else the schedule's default tiles
+        mc, nc, _ = cache_blocks(_itemsize(a))
+        rows = mc // register_block(_itemsize(a))[0]
+        tiles = tasks or (nc // wide, max(1, rows // FINE_TASK_SHARE) if col_panels <= nc // tn else rows)
+        dims = [_operand_dims(a_map), _operand_dims(b_map)]
+        product = _summed_in_tasks([packed_a, packed_b], [dims[0].index(4), dims[1].index(4)],
+                                   (dims[0].index(1), dims[1].index(0)), tiles, partials, k_ranges, added_into)
+    else:
+        acc = _zeros([row_panels, tm, col_panels, tn], element)
+        acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
+        product = added_into(packed_a, acc)
     padded = [_times(row_panels, tm), _times(col_panels, tn)]
     kind = ir.RankedTensorType.get(_static(padded), element)
     flat = tensor.collapse_shape(kind, product, [[0, 1], [2, 3]])
     if all(isinstance(d, int) for d in (m, n)) and (m, n) == tuple(padded):
         return flat
     return _slice(flat, [m, n])
+
+
+def _ranged(x: ir.Value, axis: int, start: ir.Value, count: ir.Value) -> ir.Value:
+    """``x`` sliced to [start, start + count) along its dim ``axis``."""
+    offsets: list[int | ir.Value] = [0] * len(dim_sizes(x))
+    offsets[axis] = start
+    sizes = dim_sizes(x)
+    sizes[axis] = count
+    return _part(x, offsets, sizes)
+
+
+def _summed_in_tasks(operands: list[ir.Value], k_axes: list[int], panel_axes: tuple[int, int],
+                     tiles: tuple[int, int], partials: ir.Value, k_ranges: tuple[int, int, int],
+                     added_into: Callable[..., ir.Value]) -> ir.Value:
+    """The product of the packed ``operands`` (A's row panels, B's column panels; k, the batch,
+    along their dims ``k_axes``, their panels along ``panel_axes``) as one ``scf.forall`` whose
+    tasks are chosen at run time. From a batch of ``k_ranges[1]`` rows, equal ranges of k of at
+    least ``k_ranges[0]`` rows (2 to ``k_ranges[2]``), each summed into a partial accumulator of its
+    own (of ``partials``, [k_ranges[2], *C's shape]): the async lowering runs the first half of the
+    tasks on the calling thread, so each thread sums the rows it packed. Below, one range in tiles of C of
+    ``tiles`` (column panels, row panels), the tasks that the tagged product gets. The other
+    partials are added to the first at the end (``partials_added``: no pass with one range). One
+    product is built (and compiled) for both."""
+    index = ir.IndexType.get()
+
+    def const(value: int) -> ir.Value:
+        return arith.constant(index, value)
+
+    def chosen(many: ir.Value, few: ir.Value, above: ir.Value, below: int) -> ir.Value:
+        """``above`` from the switch on, else ``below`` (index arithmetic only: it stays in the step)."""
+        return arith.addi(arith.muli(many, above), arith.muli(few, const(below)))
+
+    shape = list(ir.RankedTensorType(partials.type).shape)[1:]
+    kind, rank = ir.RankedTensorType.get(shape, ir.RankedTensorType(partials.type).element_type), len(shape)
+    panels = (shape[0], shape[2])  # C's row and column panels
+    per_task = (min(tiles[1], panels[0]), min(tiles[0], panels[1]))
+    counts = [-(-p // t) for p, t in zip(panels, per_task)]
+    rows_min, batch_min, ranges_max = k_ranges
+    k = tensor.dim(operands[0], const(k_axes[0]))
+    many = arith.minui(arith.divui(k, const(batch_min)), const(1))  # 1 from batch_min rows, else 0
+    few = arith.subi(const(1), many)
+    in_ranges = arith.maxui(arith.minui(arith.divui(k, const(rows_min)), const(ranges_max)), const(1))
+    ranges = chosen(many, few, in_ranges, 1)
+    widths = [chosen(many, few, const(p), t) for p, t in zip(panels, per_task)]  # panels per task
+    row_groups, col_groups = (chosen(many, few, const(1), c) for c in counts)
+    groups = arith.muli(row_groups, col_groups)
+    rows = arith.ceildivui(k, ranges)
+    forall = scf.ForallOp([0], [arith.muli(ranges, groups)], [1], [partials])
+    with ir.InsertionPoint(forall.body):
+        task = forall.induction_variables[0]
+        part, grouped = arith.divui(task, groups), arith.remui(task, groups)
+        start = arith.muli(part, rows)
+        count = arith.minui(rows, arith.subi(k, start))
+        sliced = [_ranged(x, axis, start, count) for x, axis in zip(operands, k_axes)]
+        offsets: list[int | ir.Value] = [part] + [0] * rank
+        sizes: list[int | ir.Value] = [1, *shape]
+        slot_sizes = list(shape)
+        # the column group outermost, as the tagged product's tasks
+        for which, (group, acc_axis) in enumerate(((arith.remui(grouped, row_groups), 0),
+                                                    (arith.divui(grouped, row_groups), 2))):
+            first = arith.muli(group, widths[which])
+            width = arith.minui(widths[which], arith.subi(const(panels[which]), first))
+            sliced[which] = _ranged(sliced[which], panel_axes[which], first, width)
+            offsets[1 + acc_axis], sizes[1 + acc_axis], slot_sizes[acc_axis] = first, width, _DYNAMIC
+        slot_kind = ir.RankedTensorType.get(slot_sizes, kind.element_type)
+        slot = _sliced(slot_kind, forall.inner_iter_args[0], offsets, sizes)
+        zeros = linalg.fill(arith.constant(kind.element_type, 0.0), outs=[slot])
+        zeros.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
+        done = added_into(sliced[0], zeros, sliced[1])
+        with ir.InsertionPoint(forall.terminator().block):
+            tensor.parallel_insert_slice(done, forall.inner_iter_args[0], _dynamic(offsets), _dynamic(sizes), [],
+                                         _static_or_dynamic(offsets), _static_or_dynamic(sizes), [1] * (rank + 1))
+    summed = forall.results[0]
+    head = _sliced(kind, summed, [0] * (rank + 1), [1, *shape])
+    others = _sliced(ir.RankedTensorType.get([_DYNAMIC, *shape], kind.element_type), summed, [1] + [0] * rank,
+                     [arith.subi(ranges, const(1)), *shape])
+    total = partials_added(others, head)
+    total.owner.attributes[PARTIALS_SUM] = ir.UnitAttr.get()
+    return total
+
+
+def _dynamic(values: list[int | ir.Value]) -> list[ir.Value]:
+    """The run-time entries of a slice's offsets or sizes."""
+    return [v for v in values if isinstance(v, ir.Value)]
+
+
+def _static_or_dynamic(values: list[int | ir.Value]) -> list[int]:
+    """The static entries of a slice's offsets or sizes, dynamic ones as the dynamic marker."""
+    return [v if isinstance(v, int) else _DYNAMIC for v in values]
+
+
+def _sliced(kind: ir.Type, x: ir.Value, offsets: list[int | ir.Value], sizes: list[int | ir.Value]) -> ir.Value:
+    """The slice of ``x`` at ``offsets`` of ``sizes`` (unit strides), of type ``kind`` (rank-reduced)."""
+    return tensor.extract_slice(kind, x, _dynamic(offsets), _dynamic(sizes), [], _static_or_dynamic(offsets),
+                                _static_or_dynamic(sizes), [1] * len(sizes))
 
 
 def _accumulated_into(into: ir.Value, packed_a: ir.Value, tm: int, tn: int,

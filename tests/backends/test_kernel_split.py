@@ -355,3 +355,83 @@ def test_pieces_differing_only_in_a_shape_are_distinct_kernels():
     fills = _kernels_with(split, "linalg.fill")
     assert len(fills) == 2 and len(split.kernels) == 4 and split.step.count("call @k") == 4
     assert {"4x8xf32" in f for f in fills} == {True, False}
+
+
+# a run-time choice made in scalar arithmetic at the step's top level (an i1 compare, a select of
+# it, casts) between pieces of work, and a load whose value scalar arithmetic scales for a fill:
+# the compare used to be work whose reader (the index select) stays, so its piece never closed and
+# every op after it stayed in the step, run serially
+CHOICE = """
+func.func @step(%x: memref<?x8xf32>, %y: memref<?x8xf32>, %p: memref<16xf32>, %q: memref<16xf32>,
+    %r: memref<8xf32>, %s: memref<8xf32>) attributes {llvm.emit_c_interface} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %c8 = arith.constant 8 : index
+  %c10 = arith.constant 10 : i64
+  %two = arith.constant 2.0 : f32
+  %rows = memref.dim %x, %c0 : memref<?x8xf32>
+  linalg.copy ins(%x : memref<?x8xf32>) outs(%y : memref<?x8xf32>)
+  %many = arith.cmpi uge, %rows, %c4 : index
+  %wide = arith.index_cast %rows : index to i64
+  %big = arith.cmpi sgt, %wide, %c10 : i64
+  %both = arith.andi %many, %big : i1
+  %half = arith.select %both, %c8, %c4 : index
+  %count = arith.index_cast %rows : index to i32
+  %scale = arith.uitofp %count : i32 to f32
+  %lo = memref.subview %p[0] [%half] [1] : memref<16xf32> to memref<?xf32, strided<[1]>>
+  %qlo = memref.subview %q[0] [%half] [1] : memref<16xf32> to memref<?xf32, strided<[1]>>
+  linalg.generic {indexing_maps = [affine_map<(i) -> (i)>, affine_map<(i) -> (i)>], iterator_types = ["parallel"]}
+      ins(%lo : memref<?xf32, strided<[1]>>) outs(%qlo : memref<?xf32, strided<[1]>>) {
+  ^bb0(%a: f32, %b: f32):
+    %m = arith.mulf %a, %scale : f32
+    linalg.yield %m : f32
+  }
+  linalg.fill ins(%two : f32) outs(%r : memref<8xf32>)
+  %first = memref.load %p[%c0] : memref<16xf32>
+  %twice = arith.mulf %first, %two : f32
+  linalg.fill ins(%twice : f32) outs(%s : memref<8xf32>)
+  return
+}
+"""
+
+
+@pytest.mark.parametrize("rows", [1, 7, 13, 33, 257])
+def test_scalar_arithmetic_at_the_top_level_stays_in_the_step_and_later_work_is_in_kernels(rows):
+    """The compares, select and integer casts stay in the step like index arithmetic: the work
+    after them is in kernels, not inline in the step; a scalar op that reads a piece's value (the
+    scaled load) or has a float result goes into the piece that reads it. Compiled, it computes
+    what numpy does."""
+    from mlir_nn.backends.memref_args import ArgumentBlock
+    from mlir_nn.backends.native import link_objects, load_shared_object
+
+    with ir.Context():
+        split = split_step(ir.Module.parse(CHOICE))
+    assert "linalg." not in split.step and "memref.load" not in split.step
+    assert split.step.count("call @k") == 4 and len(split.kernels) == 4
+    assert "arith.cmpi" in split.step and "arith.select" in split.step and "arith.index_cast" in split.step
+    (scaled,) = _kernels_with(split, "arith.uitofp")  # a float result goes into the piece that reads it
+    assert "linalg.generic" in scaled
+    (loaded,) = _kernels_with(split, "memref.load")
+    assert "arith.mulf" in loaded and "linalg.fill" in loaded
+    rng = np.random.default_rng(rows)
+    x, p = rng.standard_normal((rows, 8)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    y, q = np.zeros((rows, 8), np.float32), np.zeros(16, np.float32)
+    r, s = np.zeros(8, np.float32), np.zeros(8, np.float32)
+    with tempfile.TemporaryDirectory() as folder:
+        objects = []
+        for i, chunk in enumerate(split.chunks(1) if rows % 2 else split.chunks(3)):
+            objects.append(Path(folder) / f"{i}.o")
+            build(Job(chunk, tail_pipeline(load_pipeline("cpu")), objects[-1]))
+        link_objects(objects, Path(folder) / "step.so")
+        native = load_shared_object(Path(folder) / "step.so", "step")
+    block = ArgumentBlock([2, 2, 1, 1, 1, 1])
+    for i, array in enumerate((x, y, p, q, r, s)):
+        block.bind(i, array)
+    native.call(block.address)
+    half = 8 if rows > 10 else 4
+    np.testing.assert_array_equal(y, x)
+    np.testing.assert_array_equal(q[:half], p[:half] * np.float32(rows))
+    np.testing.assert_array_equal(q[half:], 0)
+    np.testing.assert_array_equal(r, np.full(8, 2, np.float32))
+    np.testing.assert_array_equal(s, np.full(8, 2 * p[0], np.float32))

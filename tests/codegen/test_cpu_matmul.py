@@ -20,10 +20,13 @@ from mlir import ir
 from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, compile_kernel, lower
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import emit_linalg
+from mlir_nn.codegen.batch_split import TASKS_MAX
 from mlir_nn.codegen.cpu_matmul import (
     FINE_TASK_SHARE,
     IN_PLACE_SHORT_COLUMNS_MAX,
     IN_PLACE_STRIDE_MAX,
+    K_RANGES_OUTPUT_MAX,
+    K_RANGES_PARTIALS_BYTES,
     PACK,
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
@@ -508,14 +511,16 @@ def test_few_or_uneven_tasks_are_balanced(row_panels, col_panels, tasks):
 
 
 def test_a_weight_gradient_of_few_panels_runs_in_balanced_tasks():
-    """x^T @ g with 72 x 288 outputs (6 x 9 register-block panels, k the batch) was one task,
-    on one core: now four tasks on threads; it matches the reference at awkward batches."""
-    x = make_node("input", [], name="x", shape=("N", 72), dtype="float32")
-    g = make_node("input", [], name="g", shape=("N", 288), dtype="float32")
+    """x^T @ g with 144 x 544 outputs (12 x 17 register-block panels, k the batch: too many for
+    partial sums over ranges of the batch) was two tasks: now four; it matches the reference at
+    awkward batches."""
+    x = make_node("input", [], name="x", shape=("N", 144), dtype="float32")
+    g = make_node("input", [], name="g", shape=("N", 544), dtype="float32")
+    assert 144 * 544 > K_RANGES_OUTPUT_MAX
     graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
     tm, tn = register_block(4)
     mc, nc, _ = cache_blocks(4)
-    row_panels, col_panels = math.ceil(72 / tm), math.ceil(288 / tn)
+    row_panels, col_panels = math.ceil(144 / tm), math.ceil(544 / tn)
     tasks = balanced_tasks(row_panels, col_panels, mc // tm, nc // tn)
     assert tasks is not None
     module = emit_linalg(graph)
@@ -771,3 +776,36 @@ def test_a_batchs_row_groups_are_packed_in_tasks_of_rows(width):
     assert f"(d0 * {groups})" in str(module)  # a task's first group
     rows = (1, PACK_ROWS_STEP - 1, PACK_ROWS_STEP, PACK_TASK_ROWS + 3, 3 * PACK_TASK_ROWS + PACK_ROWS_STEP + 5)
     _assert_matches_reference(graph, executable, rows)
+
+
+@pytest.mark.parametrize("m, n, dtype", [(200, 50, "float32"), (96, 64, "float32"), (100, 100, "float64"),
+                                         (65, 70, "float32"), (256, 256, "float32")])
+def test_a_small_weight_gradient_sums_ranges_of_the_batch_in_tasks(m, n, dtype):
+    """x^T @ g over the dynamic batch with a small output (packed or read in place): one task loop
+    of one product whose tasks are chosen at run time: from a batch of k_ranges[1] rows, equal
+    ranges of the batch (up to k_ranges[2]), each into a partial sum of its own, added at the end;
+    below, the tiles of the output that the tagged product's tasks take. Matches the reference on
+    both sides of the switch, with one range, some and the most (TASKS_MAX, fewer for a large
+    output: K_RANGES_PARTIALS_BYTES)."""
+    x = make_node("input", [], name="x", shape=("N", m), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", n), dtype=dtype)
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
+    module = emit_linalg(graph)
+    (op,) = collect_ops(module, lambda o: o.name == "linalg.matmul")
+    with use_rates(NO_LOOPS):  # 96 x 64 sums over the batch as vector code by default
+        plan = product_plan(op, threads=True)
+    if plan.kind != "blocked":
+        pytest.skip(f"{m} x {n} is not blocked here: {plan.reason}")
+    assert plan.k_ranges is not None
+    rows, batch_min, ranges = plan.k_ranges
+    assert rows >= TASKS_MAX and batch_min >= 2 * rows and 2 <= ranges <= TASKS_MAX
+    assert ranges == TASKS_MAX or (ranges + 1) * m * n * (4 if dtype == "float32" else 8) > K_RANGES_PARTIALS_BYTES
+    with use_rates(NO_LOOPS):
+        rewrite_matmuls(module, threads=True)
+        executable = CpuBackend().compile(graph)
+    text = str(module)
+    assert re.search(r"scf.forall \(%\w+\) in \(%\w+\)", text)  # a dynamic number of tasks
+    assert re.search(rf"tensor<{ranges}x\d+x\d+x\d+x\d+x{'f32' if dtype == 'float32' else 'f64'}>", text)
+    batches = (1, 7, 13, 33, 257, batch_min - 1, batch_min, batch_min + 3 * rows + 5, ranges * rows + batch_min + 3,
+               4099)
+    _assert_matches_reference(graph, executable, batches, dtype)
