@@ -13,6 +13,21 @@ from mlir_nn.ir import ShapeError
 from mlir_nn.losses import cross_entropy
 
 
+def _steps_equal_torch(run, model, twin, topt, data) -> None:
+    """Training steps ``run`` on each (x, y) of ``data`` and PyTorch's on its ``twin``: equal losses
+    and, at the end, equal parameters (float64, 1e-10)."""
+    for x, y in data:
+        loss = run(x, y)
+        tloss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y).long())
+        topt.zero_grad()
+        tloss.backward()
+        topt.step()
+        assert abs(float(loss.item()) - tloss.item()) < 1e-10
+    theirs = twin.state_dict()
+    for name, value in model.state_dict().items():
+        np.testing.assert_allclose(value, theirs[name].numpy(), rtol=1e-10, atol=1e-10, err_msg=name)
+
+
 def test_conv2d_state_dict_keys_shapes_and_init_bounds_match_pytorch():
     ours, theirs = nn.Conv2d(4, 6, (3, 2), groups=2), torch.nn.Conv2d(4, 6, (3, 2), groups=2)
     state = ours.state_dict()
@@ -66,17 +81,8 @@ def test_small_cnn_steps_equal_pytorch_in_float64(backend, optimizer):
 
     run = step if backend == "eager" else mlir_nn.jit(step, backend=backend, tiered=False)
     rng = np.random.default_rng(1)
-    for batch in (5, 2, 3):
-        x, y = rng.standard_normal((batch, 1, 7, 9)), rng.integers(0, 3, batch).astype(np.float64)
-        loss = run(x, y)
-        tloss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y).long())
-        topt.zero_grad()
-        tloss.backward()
-        topt.step()
-        assert abs(float(loss.item()) - tloss.item()) < 1e-10
-    theirs = twin.state_dict()
-    for name, value in model.state_dict().items():
-        np.testing.assert_allclose(value, theirs[name].numpy(), rtol=1e-10, atol=1e-10, err_msg=name)
+    data = [(rng.standard_normal((b, 1, 7, 9)), rng.integers(0, 3, b).astype(np.float64)) for b in (5, 2, 3)]
+    _steps_equal_torch(run, model, twin, topt, data)
     model.eval()
     twin.eval()
     x = rng.standard_normal((2, 1, 7, 9))
@@ -183,14 +189,5 @@ def test_lenet_steps_with_tiling_max_pools_equal_pytorch_in_float64(channels, ba
 
     run = mlir_nn.jit(step, tiered=False)
     rng = np.random.default_rng(2)
-    for batch in batches:
-        x, y = rng.standard_normal((batch, channels, 28, 28)), rng.integers(0, 10, batch).astype(np.float64)
-        loss = run(x, y)
-        tloss = torch.nn.functional.cross_entropy(twin(torch.from_numpy(x)), torch.from_numpy(y).long())
-        topt.zero_grad()
-        tloss.backward()
-        topt.step()
-        assert abs(float(loss.item()) - tloss.item()) < 1e-10
-    theirs = twin.state_dict()
-    for name, value in model.state_dict().items():
-        np.testing.assert_allclose(value, theirs[name].numpy(), rtol=1e-10, atol=1e-10, err_msg=name)
+    data = [(rng.standard_normal((b, channels, 28, 28)), rng.integers(0, 10, b).astype(np.float64)) for b in batches]
+    _steps_equal_torch(run, model, twin, topt, data)
