@@ -13,6 +13,18 @@ from mlir_nn.ir import ShapeError
 from mlir_nn.losses import cross_entropy
 
 
+def _training_step(model, opt):
+    """One cross-entropy training step of ``model`` with ``opt``, returning the loss."""
+    def step(x, y):
+        loss = cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
 def _steps_equal_torch(run, model, twin, topt, data) -> None:
     """Training steps ``run`` on each (x, y) of ``data`` and PyTorch's on its ``twin``: equal losses
     and, at the end, equal parameters (float64, 1e-10)."""
@@ -72,13 +84,7 @@ def test_small_cnn_steps_equal_pytorch_in_float64(backend, optimizer):
     opt = getattr(mlir_nn.optim, optimizer)(model.parameters(), **kw)
     topt = getattr(torch.optim, optimizer)(twin.parameters(), **kw)
 
-    def step(x, y):
-        loss = cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-
+    step = _training_step(model, opt)
     run = step if backend == "eager" else mlir_nn.jit(step, backend=backend, tiered=False)
     rng = np.random.default_rng(1)
     data = [(rng.standard_normal((b, 1, 7, 9)), rng.integers(0, 3, b).astype(np.float64)) for b in (5, 2, 3)]
@@ -180,13 +186,7 @@ def test_lenet_steps_with_tiling_max_pools_equal_pytorch_in_float64(channels, ba
     opt = mlir_nn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     topt = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
 
-    def step(x, y):
-        loss = cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss
-
+    step = _training_step(model, opt)
     run = mlir_nn.jit(step, tiered=False)
     rng = np.random.default_rng(2)
     data = [(rng.standard_normal((b, channels, 28, 28)), rng.integers(0, 10, b).astype(np.float64)) for b in batches]
