@@ -239,15 +239,17 @@ def _threading(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...]:
     return on_threads(rows * n * depth, rates)
 
 
-def _blocking(op: ir.Operation, loops: LoopPlan, rates: ScheduleRates) -> tuple[Estimate, ...] | None:
+def _blocking(op: ir.Operation, loops: LoopPlan, per_row: bool,
+              rates: ScheduleRates) -> tuple[Estimate, ...] | None:
     """Blocked against loops for a product that may be blocked (static columns, a zero-filled
     accumulator, and k not 1: an outer product's k loop would fold away), the loops at the rate
     of the nest ``loops`` (its ``loop_plan``) makes; None when it may not. A product of static
-    sizes is priced whole; one over a dynamic batch per batch row (``per_batch_row``)."""
+    sizes is priced whole; one over a dynamic batch, when ``per_row`` (``_priced_per_row``), per
+    batch row (``per_batch_row``)."""
     m, n, k = _sizes(op)
     if ir.ShapedType.is_dynamic_size(n) or k == 1 or not _is_zero_fill(op.operands[2]):
         return None
-    if not _priced_per_row(op):
+    if not per_row:
         return blocked_or_loops(_static_work(op), _loop_nest_kind(loops), rates)
     itemsize = _itemsize(op.result)
     tm, _ = register_block(itemsize)
@@ -476,9 +478,10 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         return ProductPlan("row-blocks", False, f"static work <= {ROW_BLOCK_WORK_MAX} in a batch loop: "
                            f"register blocks of {rows} rows", rows=rows)
     plan = loop_plan(op, threads)  # the loop nest it gets unless blocked (priced against blocked)
-    blocking = _blocking(op, plan, rates)
+    per_row = _priced_per_row(op)
+    blocking = _blocking(op, plan, per_row, rates)
     whole = "" if _static_sizes(m, k) else " (the batch counted as 1)"
-    prefix, suffix = ("per batch row: ", "") if _priced_per_row(op) else ("", whole)
+    prefix, suffix = ("per batch row: ", "") if per_row else ("", whole)
     priced = f"{prefix}{compared(blocking)}{suffix}" if blocking else ""
     large = blocking is not None and blocking[0].name == "blocked"
     narrow = large and _narrow_over_batch(op)
