@@ -279,7 +279,7 @@ def print_schedules(args: argparse.Namespace, graph: Any) -> None:
     from mlir_nn.codegen.schedule_report import product_schedules
     from mlir_nn.support import schedule_rates
 
-    schedules = product_schedules(emit_linalg(graph, wide_sums=True))
+    schedules = product_schedules(emit_linalg(graph, wide_sums=True), batch_rows=graph.batch_rows)
     rates = schedule_rates.active()
     print(f"products: {len(schedules)} (priced by the {rates.source} table of rates {rates.digest()[:12]})",
           file=sys.stderr)

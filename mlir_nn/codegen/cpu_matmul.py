@@ -76,6 +76,7 @@ from mlir_nn.codegen.row_blocks import K_STEP as ROW_BLOCK_K_STEP
 from mlir_nn.codegen.row_blocks import block_rows, row_block_product
 from mlir_nn.codegen.row_sums import tag_row_sums
 from mlir_nn.codegen.schedule_costs import (
+    BATCH_ROWS_ESTIMATE,
     Estimate,
     batch_sums_rate,
     blocked_or_loops,
@@ -239,13 +240,13 @@ def _threading(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...]:
     return on_threads(rows * n * depth, rates)
 
 
-def _blocking(op: ir.Operation, loops: LoopPlan, per_row: bool,
-              rates: ScheduleRates) -> tuple[Estimate, ...] | None:
+def _blocking(op: ir.Operation, loops: LoopPlan, per_row: bool, rates: ScheduleRates,
+              batch_rows: int) -> tuple[Estimate, ...] | None:
     """Blocked against loops for a product that may be blocked (static columns, a zero-filled
     accumulator, and k not 1: an outer product's k loop would fold away), the loops at the rate
     of the nest ``loops`` (its ``loop_plan``) makes; None when it may not. A product of static
     sizes is priced whole; one over a dynamic batch, when ``per_row`` (``_priced_per_row``), per
-    batch row (``per_batch_row``)."""
+    batch row (``per_batch_row``), its fixed costs spread over ``batch_rows``."""
     m, n, k = _sizes(op)
     if ir.ShapedType.is_dynamic_size(n) or k == 1 or not _is_zero_fill(op.operands[2]):
         return None
@@ -261,7 +262,25 @@ def _blocking(op: ir.Operation, loops: LoopPlan, per_row: bool,
     fills = _swap_fills(op) if n > 1 else None
     lane_rate = lane_rate if fills is None else max(lane_rate, rates.swapped * fills[1])
     return per_batch_row(_static_work(op), lane_rate, _batch_loop_rate(op, loops, rates), rates,
-                         loops_setup_ns=_transposed_back(op, loops) * TRANSPOSE_NS)
+                         loops_setup_ns=_transposed_back(op, loops) * TRANSPOSE_NS, batch_rows=batch_rows)
+
+
+# A batch of at most this many rows reads a static B whose rows are over IN_PLACE_STRIDE_MAX
+# apart in place: packing it costs a copy of B per call, which few rows do not pay back (two
+# cores, 1024-4096-1024 SGD, B in place against packed: batch 16 -3..-7%, 64 +-2%, 192 0%, and
+# the 784-1024-1024-10 step at batch 512 +2.5%).
+STRIDED_COLUMNS_ROWS_MAX = 32
+
+
+def _strided_columns(op: ir.Operation, columns: int, batch_rows: int) -> bool:
+    """Whether the blocked ``op`` over a dynamic batch of about ``batch_rows`` rows reads its B
+    (k, n) in place though its rows are over IN_PLACE_STRIDE_MAX bytes apart (register blocks
+    ``columns`` wide)."""
+    m, _, _ = _sizes(op)
+    b, tb = op.operands[1], _transposes(op)[1]
+    k, n = _static_shape(b)
+    return (ir.ShapedType.is_dynamic_size(m) and batch_rows <= STRIDED_COLUMNS_ROWS_MAX and not tb
+            and k is not None and n is not None and n % columns == 0 and n * _itemsize(b) > IN_PLACE_STRIDE_MAX)
 
 
 def _priced_per_row(op: ir.Operation) -> bool:
@@ -461,17 +480,21 @@ class ProductPlan:
     columns: int | None = None  # columns per register block of a "blocked" product (``block_columns``)
     k_ranges: tuple[int, int, int] | None = None  # a "blocked" product's k (the batch) in tasks of at
     # least [0] rows from a batch of [1] rows, [2] of them at most (``_summed_in_tasks``)
+    strided_columns: bool = False  # B read in place though its rows are far apart (``_strided_columns``)
 
     @property
     def blocked(self) -> bool:
         return self.kind.startswith("blocked")
 
 
-def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = None) -> ProductPlan:
+def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = None,
+                 batch_rows: int | None = None) -> ProductPlan:
     """The schedule of the ``linalg.matmul`` ``op``, with its threads when ``threads`` allows them:
     of the schedules legal for it, the cheapest by ``rates`` (default: the active table,
-    ``schedule_rates.active``), its reason naming the estimates compared."""
+    ``schedule_rates.active``), its reason naming the estimates compared. A dynamic batch counts
+    as ``batch_rows`` rows (the step's ``Graph.batch_rows``; default BATCH_ROWS_ESTIMATE)."""
     rates = rates or active()
+    batch_rows = batch_rows or BATCH_ROWS_ESTIMATE
     m, n, k = _sizes(op)
     rows = _row_blocks(op)
     if rows is not None:
@@ -479,7 +502,7 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
                            f"register blocks of {rows} rows", rows=rows)
     plan = loop_plan(op, threads)  # the loop nest it gets unless blocked (priced against blocked)
     per_row = _priced_per_row(op)
-    blocking = _blocking(op, plan, per_row, rates)
+    blocking = _blocking(op, plan, per_row, rates, batch_rows)
     whole = "" if _static_sizes(m, k) else " (the batch counted as 1)"
     prefix, suffix = ("per batch row: ", "") if per_row else ("", whole)
     priced = f"{prefix}{compared(blocking)}{suffix}" if blocking else ""
@@ -509,8 +532,11 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         columns = block_columns(n, _itemsize(op.result))
         if columns < register_block(_itemsize(op.result))[1]:
             work += f"; register blocks {columns} columns wide: n={n} leaves {n % columns} in the last"
+        strided = _strided_columns(op, columns, batch_rows)
+        if strided:
+            work += f"; B read in place, its rows {n * _itemsize(op.result)} bytes apart: {batch_rows} rows"
         return ProductPlan("blocked", parallel, f"{priced}; {work}", tasks=tasks, columns=columns,
-                           k_ranges=k_ranges)
+                           k_ranges=k_ranges, strided_columns=strided)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
            f"n={n}: {compared(swapping)}, static work <= {SWAPPED_LOOP_MAX}" if swapping and small_swapped else
            "over the batch with a side narrower than a vector" if narrow else
@@ -1033,7 +1059,8 @@ def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update
         rows_only = (n // (plan.columns or register_block(_itemsize(op.result))[1]), 1)
         return _blocked(a, b, ta, tb, parallel, False, rows_only, plan.columns, number, update.parameter)
     if plan.kind == "blocked":
-        return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number, k_ranges=plan.k_ranges)
+        return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number, k_ranges=plan.k_ranges,
+                        strided_columns=plan.strided_columns)
     return transposed(_blocked(b, a, not tb, not ta, parallel, True))
 
 
@@ -1077,7 +1104,8 @@ def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: in
 
 def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapped: bool,
              tasks: tuple[int, int] | None = None, block_width: int | None = None, number: int = 0,
-             into: ir.Value | None = None, k_ranges: tuple[int, int, int] | None = None) -> ir.Value:
+             into: ir.Value | None = None, k_ranges: tuple[int, int, int] | None = None,
+             strided_columns: bool = False) -> ir.Value:
     """op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
     panels [nb, k, tn] (static operands that allow it read in place instead: ``_rows_in_place``,
     ``_columns_in_place``), a generic over (column panel, row panel, row, column, k) into a
@@ -1089,7 +1117,8 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     register blocks' columns when not the default (``block_columns``). ``number``: the product's own
     number (``_padded_rows``). ``into``: a parameter (m, n) that the product is added to in place,
     ``_accumulated_into``. ``k_ranges``: one task loop of ranges of k (the batch) or of tiles of C,
-    chosen at run time (``_summed_in_tasks``)."""
+    chosen at run time (``_summed_in_tasks``). ``strided_columns``: B is read in place though its rows
+    are far apart (``_strided_columns``)."""
     element = ir.RankedTensorType(a.type).element_type
     tm, wide = register_block(_itemsize(a))
     tn = block_width or wide
@@ -1118,7 +1147,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     pixels = _pixel_panels(b, tb, tn) if swapped else _padded_columns(b, tb, tn)
     if pixels is not None:  # a convolution's columns [k, column panel, column]
         packed_b, b_map = pixels, dims_map(5, [4, 0, 3])
-    elif not swapped and _columns_in_place(b, tb, tn):  # B (k, n) viewed as [k, n / tn, tn]
+    elif not swapped and (strided_columns or _columns_in_place(b, tb, tn)):  # B (k, n) viewed as [k, n / tn, tn]
         packed_b, b_map = _expand(b, [dim_sizes(b)[0], n // tn, tn], [[0], [1, 2]]), dims_map(5, [4, 0, 3])
     else:
         rows_tag = PACK_ROWS_B if tn == wide else PACK_ROWS_B_NARROW
@@ -1544,16 +1573,17 @@ def _apply_schedule(module: ir.Module, itemsize: int) -> None:
         raise RuntimeError(f"codegen: the CPU matmul schedule {SCHEDULE} failed: {error}") from None
 
 
-def rewrite_matmuls(module: ir.Module, threads: bool = True) -> tuple[int, int]:
+def rewrite_matmuls(module: ir.Module, threads: bool = True, batch_rows: int | None = None) -> tuple[int, int]:
     """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts (a product with a
     short k is looped: one element-wise pass, ``short_products``). With ``threads``,
     products with enough work spread their blocks over threads, unless they run in a task
-    already (large element-wise ops go on threads after bufferization: ``parallel_maps``)."""
+    already (large element-wise ops go on threads after bufferization: ``parallel_maps``).
+    ``batch_rows``: the rows a dynamic batch is priced at (``product_plan``)."""
     matmuls = collect_linalg_ops(module, lambda op: op.name == "linalg.matmul")
     blocked, itemsize = 0, 4
     with module.context:
         for number, op in enumerate(matmuls):
-            plan = product_plan(op, threads and not in_tasks(op))
+            plan = product_plan(op, threads and not in_tasks(op), batch_rows=batch_rows)
             short, large = plan.kind == "short-k", plan.blocked
             update: Update | None = None
             if large:

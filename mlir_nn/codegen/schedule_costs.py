@@ -45,8 +45,9 @@ def compared(estimates: tuple[Estimate, ...]) -> str:
 
 
 LOOP_NESTS = ("vector", "plain")  # the kinds of static loop nest ``loop_rate`` prices
-# A dynamic batch is priced per row, the blocked setup spread over this many rows: at the shapes
-# measured (one core, 100-16384 rows), blocked / loops time was the same at every batch.
+# A dynamic batch is priced per row, the fixed costs spread over the rows the step was traced
+# with (``Graph.batch_rows``), else over this many: at the shapes measured (one core, 100-16384
+# rows), blocked / loops time was the same at every batch.
 BATCH_ROWS_ESTIMATE = 256
 WIDE_ROW_REGISTERS = 4  # vector rows wider than this many registers spill their accumulators
 
@@ -81,13 +82,13 @@ def batch_sums_rate(registers: float, ragged: bool, rates: ScheduleRates) -> flo
 
 
 def per_batch_row(row_work: int, blocked_rate: float, rate: float, rates: ScheduleRates,
-                  loops_setup_ns: float = 0.0) -> tuple[Estimate, ...]:
+                  loops_setup_ns: float = 0.0, batch_rows: int = BATCH_ROWS_ESTIMATE) -> tuple[Estimate, ...]:
     """One row of a product over a dynamic batch (``row_work`` multiply-adds a row) blocked at
     ``blocked_rate`` (the blocked or swapped rate times the share of lanes it fills) against a loop
     nest at ``rate``, each one's fixed cost per call (the blocked setup, ``loops_setup_ns``) spread
-    over BATCH_ROWS_ESTIMATE rows."""
-    blocked = rates.blocked_setup_ns / BATCH_ROWS_ESTIMATE + row_work / blocked_rate
-    loops = loops_setup_ns / BATCH_ROWS_ESTIMATE + row_work / rate
+    over ``batch_rows`` rows (the step's estimate, ``Graph.batch_rows``)."""
+    blocked = rates.blocked_setup_ns / batch_rows + row_work / blocked_rate
+    loops = loops_setup_ns / batch_rows + row_work / rate
     return ranked(Estimate("blocked", blocked), Estimate("loops", loops))
 
 

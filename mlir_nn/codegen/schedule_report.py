@@ -35,13 +35,15 @@ def _size(d: int) -> int | None:
     return None if ir.ShapedType.is_dynamic_size(d) else d
 
 
-def _describe(op: ir.Operation, threads: bool) -> ProductSchedule:
-    plan = cm.product_plan(op, threads)
+def _describe(op: ir.Operation, threads: bool, batch_rows: int | None) -> ProductSchedule:
+    plan = cm.product_plan(op, threads, batch_rows=batch_rows)
     dtype = str(ir.RankedTensorType(op.result.type).element_type)
     return ProductSchedule(*map(_size, cm._sizes(op)), dtype, plan.kind, plan.threads, plan.reason)
 
 
-def product_schedules(module: ir.Module, threads: bool = True) -> list[ProductSchedule]:
-    """The schedule of each ``linalg.matmul`` of ``module`` (not yet rewritten), in order."""
+def product_schedules(module: ir.Module, threads: bool = True, batch_rows: int | None = None
+                      ) -> list[ProductSchedule]:
+    """The schedule of each ``linalg.matmul`` of ``module`` (not yet rewritten), in order, a
+    dynamic batch priced at ``batch_rows`` rows (``Graph.batch_rows``)."""
     with module.context:
-        return [_describe(op, threads) for op in collect_ops(module, lambda op: op.name == "linalg.matmul")]
+        return [_describe(op, threads, batch_rows) for op in collect_ops(module, lambda op: op.name == "linalg.matmul")]

@@ -164,7 +164,7 @@ def optimize_here(graph: Graph, batch_estimate: int | None = None, *, rulesets: 
     report.nodes_after = len(optimized.compute_nodes)
     report.kernels_after = model.kernels(optimized)
     report.seconds = time.perf_counter() - start
-    return optimized, report
+    return optimized.with_batch_rows(model.batch), report
 
 
 def extract_graph(egraph: EGraph, loaded: Loaded,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlir_nn.ir.node import Node, freeze_attrs
 from mlir_nn.ir.ops import TensorType, op_def
 from mlir_nn.ir.printer import print_graph
+from mlir_nn.ir.shapes import BATCH
 
 
 def make_node(op: str, inputs: tuple[Node, ...] | list[Node], **attrs: Any) -> Node:
@@ -40,12 +41,24 @@ def topo_order(roots: list[Node] | tuple[Node, ...]) -> list[Node]:
     return order
 
 
+BATCH_ROWS_MAX = 1 << 16
+
+
+def batch_rows_bucket(rows: int) -> int:
+    """``rows`` rounded down to a power of two (1 to BATCH_ROWS_MAX): steps traced at batches of
+    one bucket compile to the same code."""
+    return 1 << (min(max(int(rows), 1), BATCH_ROWS_MAX).bit_length() - 1)
+
+
 @dataclass(frozen=True)
 class Graph:
     """A whole step: named inputs, parameters (state), outputs and parameter updates.
 
     ``updates`` pairs a parameter's name with the node holding its new value; all
     updates take effect together after the step, so every node reads the old state.
+    ``batch_rows``: the rows of a dynamic batch that the optimizer priced the step at (a power
+    of two, ``batch_rows_bucket``), which code generation prices its schedules at too; None
+    where nobody estimated it. Part of the graph's text, so of every cache key.
     """
 
     inputs: tuple[Node, ...]
@@ -53,6 +66,7 @@ class Graph:
     outputs: tuple[Node, ...]
     updates: tuple[tuple[str, Node], ...] = ()
     name: str = "step"
+    batch_rows: int | None = None
     _nodes: tuple[Node, ...] = field(init=False, repr=False, compare=False)
     _params_by_name: dict[str, Node] = field(init=False, repr=False, compare=False)
 
@@ -88,6 +102,13 @@ class Graph:
 
     def input_types(self) -> list[TensorType]:
         return [TensorType(n.shape, n.dtype) for n in self.inputs]
+
+    def with_batch_rows(self, rows: int | None) -> Graph:
+        """This graph priced at a batch of ``rows`` (bucketed by ``batch_rows_bucket``); itself
+        when its inputs have no dynamic batch or ``rows`` is None."""
+        if rows is None or not any(BATCH in n.shape for n in self.inputs):
+            return self
+        return replace(self, batch_rows=batch_rows_bucket(rows))
 
     def fingerprint(self) -> str:
         """Stable hex digest of the graph's text: equal across processes and runs."""

@@ -33,6 +33,8 @@ def print_graph(graph: Graph) -> str:
         names[n] = "%" + n.attr("name")
     sig = ", ".join(f"{names[n]}: {type_text(n)}" for n in graph.inputs)
     lines = [f"graph @{graph.name}({sig}) {{"]
+    if graph.batch_rows is not None:
+        lines.append(f"  // priced at a batch of {graph.batch_rows} rows")
     for p in graph.params:
         label = p.attr("label")
         lines.append(f"  param {names[p]}: {type_text(p)}" + (f'  "{label}"' if label else ""))

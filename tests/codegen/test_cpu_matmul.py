@@ -31,6 +31,7 @@ from mlir_nn.codegen.cpu_matmul import (
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
     PADDED_ROWS,
+    STRIDED_COLUMNS_ROWS_MAX,
     SMALL_CARRY_MAX,
     SMALL_CHUNK_TASK_MIN,
     SMALL_K_STEP,
@@ -809,3 +810,30 @@ def test_a_small_weight_gradient_sums_ranges_of_the_batch_in_tasks(m, n, dtype):
     batches = (1, 7, 13, 33, 257, batch_min - 1, batch_min, batch_min + 3 * rows + 5, ranges * rows + batch_min + 3,
                4099)
     _assert_matches_reference(graph, executable, batches, dtype)
+
+
+@pytest.mark.parametrize("k, n, dtype", [(96, 1024, "float32"), (40, 4096, "float32"), (33, 544, "float64")])
+def test_few_batch_rows_read_a_wide_b_in_place(k, n, dtype):
+    """x @ w over a batch estimated at STRIDED_COLUMNS_ROWS_MAX rows or fewer (``Graph.batch_rows``),
+    w's rows over IN_PLACE_STRIDE_MAX bytes apart: w is read in place (packing it is a copy of w
+    per call, which few rows do not pay back); estimated at more rows, or not at all, packed as
+    column panels [n / tn, k, tn]. Matches the reference at every batch either way."""
+    itemsize = np.dtype(dtype).itemsize
+    tn = register_block(itemsize)[1]
+    assert n * itemsize > IN_PLACE_STRIDE_MAX and n % tn == 0
+    element = "f32" if dtype == "float32" else "f64"
+    packed = f"tensor<{n // tn}x{k}x{tn}x{element}>"
+    for rows, strided in ((STRIDED_COLUMNS_ROWS_MAX, True), (1, True), (2 * STRIDED_COLUMNS_ROWS_MAX, False),
+                          (None, False)):
+        graph = _product_graph(k, n, dtype).with_batch_rows(rows)
+        module = emit_linalg(graph)
+        (op,) = collect_ops(module, lambda o: o.name == "linalg.matmul")
+        with module.context:
+            plan = product_plan(op, threads=True, batch_rows=graph.batch_rows)
+        assert plan.kind == "blocked" and plan.strided_columns == strided, plan
+        assert ("B read in place" in plan.reason) == strided
+        rewrite_matmuls(module, threads=True, batch_rows=graph.batch_rows)
+        text = str(module)
+        assert (packed in text) == (not strided), rows
+        if rows in (1, None):
+            _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES, dtype)

@@ -29,6 +29,14 @@ def test_a_limit_stops_saturation_and_is_reported(step, limits, reason):
     assert_same(step, optimized)
 
 
+@pytest.mark.parametrize("estimate, rows", [(None, 128), (32, 32), (100, 64)])
+def test_the_optimized_graph_is_priced_at_the_batch_estimate(step, estimate, rows):
+    """The optimized step carries the batch rows the optimizer priced it at (a power of two), for
+    code generation to price its schedules at the same rows (the default estimate: 128)."""
+    optimized, report = optimize(step, batch_estimate=estimate)
+    assert optimized.batch_rows == rows and report.batch_estimate == (estimate or 128)
+
+
 def test_saturates_within_limits(step):
     optimized, report = optimize(step)
     assert report.stop_reason == "saturated" and report.iterations < Limits().iterations
@@ -52,14 +60,14 @@ def test_a_rule_failure_is_reported_and_the_traced_graph_kept(monkeypatch):
     graph = trace_mlp([3, 4, 2], 8)[0]
     monkeypatch.setitem(rules_pkg.RULESETS, "unsound", _Unsound)
     optimized, report = optimize(graph, rulesets=["layout", "unsound"])
-    assert optimized is graph
+    assert optimized == graph.with_batch_rows(report.batch_estimate)  # the traced graph, priced
     assert report.stop_reason == "error" and report.error and not report.used_optimized
     assert "optimizer failed" in str(report)
 
 
 def test_unknown_ruleset_is_an_error_not_a_crash(step):
     optimized, report = optimize(step, rulesets=["nope"])
-    assert optimized is step and "unknown ruleset" in report.error
+    assert optimized == step.with_batch_rows(report.batch_estimate) and "unknown ruleset" in report.error
 
 
 def test_empty_and_trivial_graphs():
@@ -69,4 +77,4 @@ def test_empty_and_trivial_graphs():
     x = inp("x", ("N", 3))
     for graph in (Graph((x,), (), ()), Graph((x,), (), (x, op("add", x, x)))):
         optimized, report = optimize(graph)
-        assert report.error is None and optimized is graph
+        assert report.error is None and optimized == graph.with_batch_rows(report.batch_estimate)

@@ -31,6 +31,25 @@ def test_printer_is_stable_and_readable():
     assert "update %p0 <- " in text
 
 
+@pytest.mark.parametrize("rows, bucket", [(1, 1), (16, 16), (100, 64), (128, 128), (3000, 2048), (10 ** 9, 1 << 16)])
+def test_a_dynamic_batch_is_priced_at_a_power_of_two_of_rows(rows, bucket):
+    """``with_batch_rows``: the rows rounded down to a power of two (steps traced at batches of one
+    bucket share their code), printed in the graph's text, so part of its fingerprint."""
+    graph = trace_mlp()
+    priced = graph.with_batch_rows(rows)
+    assert graph.batch_rows is None and priced.batch_rows == bucket
+    assert f"// priced at a batch of {bucket} rows" in str(priced) and "priced at" not in str(graph)
+    assert priced.fingerprint() != graph.fingerprint()
+    assert priced.fingerprint() == graph.with_batch_rows(bucket).fingerprint()
+    assert graph.with_batch_rows(None) is graph
+
+
+def test_a_static_batch_is_not_priced_at_rows():
+    x = make_node("input", (), name="x", shape=(4, 3), dtype="float32")
+    graph = Graph((x,), (), (make_node("relu", [x]),))
+    assert graph.with_batch_rows(64) is graph
+
+
 def test_nodes_hash_structurally():
     x = make_node("input", (), name="x", shape=(2, 3), dtype="float32")
     one = make_node("relu", (x,))
