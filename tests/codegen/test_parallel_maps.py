@@ -135,8 +135,8 @@ def test_static_passes_have_at_most_one_block_a_thread(lead, threads, spread, bl
     """With the computing threads given, a pass over a static leading dim is cut into at most
     that many blocks (one task each), so that the caller and each pool thread take one."""
     with ir.Context(), ir.Location.unknown():
-        text = _RANK_4.replace("Lx", lead + "x").replace("ROWS", "16").replace("IN", "d2")
-        module = ir.Module.parse(text.replace("OUTSHAPE", "Lx8x16x16".replace("L", lead)).replace("OUT", "d0, d1, d2, d3"))
+        text = _RANK_4.replace("OUTSHAPE", "Lx8x16x16").replace("Lx", lead + "x").replace("ROWS", "16")
+        module = ir.Module.parse(text.replace("IN", "d2").replace("OUT", "d0, d1, d2, d3"))
         assert spread_maps(module, threads) == spread
         assert module.operation.verify()
         text = str(module)

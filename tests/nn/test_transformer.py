@@ -76,13 +76,13 @@ def test_causal_self_attention_block_equals_pytorch():
         ours(Tensor(np.zeros((2, 4, 6))))
 
 
-@pytest.mark.parametrize("context, width, steps, batch", [
+@pytest.mark.parametrize("context, width, steps, rows", [
     (6, 8, 4, 3),
     # passes large enough for threads (a (33, 33, 48) activation, (33, 2, 33, 33) scores): their
     # static batch of 33 in one block per computing thread (17 and 16 on two)
     (33, 48, 2, 33),
 ])
-def test_compiled_gpt_adam_steps_equal_pytorch_in_float64(context, width, steps, batch):
+def test_compiled_gpt_adam_steps_equal_pytorch_in_float64(context, width, steps, rows):
     np.random.seed(5)
     model = nn.GPT(11, context, n_layer=1, n_head=2, n_embd=width, dtype=np.float64)
     twin = torch_gpt(11, context, 1, 2, width).double()
@@ -97,7 +97,7 @@ def test_compiled_gpt_adam_steps_equal_pytorch_in_float64(context, width, steps,
         return loss
 
     compiled = mlir_nn.jit(step, backend="cpu", dynamic_batch=False, tiered=False)
-    tokens = np.random.default_rng(6).integers(0, 11, (steps, batch, context + 1))
+    tokens = np.random.default_rng(6).integers(0, 11, (steps, rows, context + 1))
     for batch in tokens:  # integer token arrays, fed in the model's dtype
         loss = compiled(batch[:, :-1], batch[:, 1:])
         opt_t.zero_grad()
@@ -109,4 +109,4 @@ def test_compiled_gpt_adam_steps_equal_pytorch_in_float64(context, width, steps,
     for name, value in model.state_dict().items():
         np.testing.assert_allclose(value, theirs[name].numpy(), **TOL, err_msg=name)
     with pytest.raises(ValueError, match=r"take \(step argument idx\): indices must be integers in \[-11, 11\)"):
-        compiled(np.full((batch, context), 11), tokens[0][:, 1:])
+        compiled(np.full((rows, context), 11), tokens[0][:, 1:])
