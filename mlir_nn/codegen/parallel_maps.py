@@ -16,10 +16,10 @@ stayed serial (a fifth of a VGG-small step on one core).
 
 Given the computing threads, a pass over a static leading dim is cut into at most one block a
 thread: the async lowering queues one task a block (on 2 threads it made 8 to 16 of the 8 to 32
-blocks of each pass of the GPT small step: 1245 tasks a step, 3329 in the medium one), and with
-blocks taken first come, first served a row read by one pass may have been written
-by the pass before it, on either core. With one block a thread, the caller runs the first and a pool thread the
-next: 493 and 953 tasks a step; on two cores that share no L3, the small step 17.0 -> 16.8 ms
+blocks of each pass of the GPT steps: 1245 tasks a small step in all, 3329 a medium one), and with
+blocks taken first come, first served a row read by one pass may have been written by the pass
+before it on either core. With one block a thread, the caller runs the first and a pool thread
+the next: 493 and 953 tasks; on two cores that share no L3, the small step 17.0 -> 16.8 ms
 (medians of 4 interleaved fresh-process pairs at real-time priority; fastest steps 16.3 -> 15.3),
 medium 76.7 -> 76.4 ms; interleaved with PyTorch eager (``benchmarks/gpt_step.py``, 5 pairs) small
 17.1 -> 16.7 ms (0.66x -> 0.65x eager).
