@@ -213,7 +213,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
         fuse_elementwise_chains(module)  # one pass per update chain (Adam's)
         hoist_scalar_work(module)  # scalar work (bias corrections) once, not per element
         if threads:
-            spread_maps(module)  # the fused passes in row blocks on threads
+            spread_maps(module, num_threads())  # the fused passes in row blocks, one a thread at most
 
     hooks = {"drop-equivalent-buffer-results": fuse_and_hoist,
              "buffer-results-to-out-params": copy_repeated_results,
@@ -240,7 +240,7 @@ def batch_dims(graph: Graph) -> set[tuple[int, int]]:
 
 
 def _key(graph: Graph, pipeline: Pipeline, threads: bool, opt_level: int) -> str:
-    target = TARGET if threads else f"{TARGET}-serial"
+    target = f"{TARGET}-threads={num_threads()}" if threads else f"{TARGET}-serial"  # (spread_maps' blocks)
     if forced := conv_forms.forced_form():  # the convolutions' code depends on it, not on the graph
         target += f"-conv-form={forced}"
     return cache_key(graph.fingerprint(), pipeline.text, target, code_version(), opt_level)

@@ -14,6 +14,16 @@ since compiled functions prefer no gathers and scatters (``backends.host_cpu``):
 vectorized their tiled loops into them and a VGG step on one thread took 25% longer, so they
 stayed serial (a fifth of a VGG-small step on one core).
 
+Given the computing threads, a pass over a static leading dim is cut into at most one block a
+thread: the async lowering queues one task a block (on 2 threads it made 8 to 16 of the 8 to 32
+blocks of each pass of the GPT steps: 1245 tasks a small step in all, 3329 a medium one), and with
+blocks taken first come, first served a row read by one pass may have been written by the pass
+before it on either core. With one block a thread, the caller runs the first and a pool thread
+the next: 493 and 953 tasks; on two cores that share no L3, the small step 17.0 -> 16.8 ms
+(medians of 4 interleaved fresh-process pairs at real-time priority; fastest steps 16.3 -> 15.3),
+medium 76.7 -> 76.4 ms; interleaved with PyTorch eager (``benchmarks/gpt_step.py``, 5 pairs) small
+17.1 -> 16.7 ms (0.66x -> 0.65x eager).
+
 This runs after ``fuse_updates`` and ``hoist_scalars``, on the fused passes. Tiled on
 tensors, before the pipeline's element-wise fusion, each op of an update chain became a loop
 of its own that nothing could fuse any more: Adam's update of a 512 x 4096 weight was 13
@@ -141,7 +151,7 @@ def _work_per_index(op: ir.Operation, per_row: int) -> int:
     return max(per_row, math.prod(ranges[1:]))
 
 
-def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
+def _task_rows(op: ir.Operation, threads: int | None = None) -> tuple[int, ...] | None:
     """Tile sizes of a task if ``op`` is a large pass to spread, else None: rows (indices of the
     leading dim), or (``_inner_split``) a count of another loop's indices. 2-D: an
     all-parallel generic or a copy (a product's last column panel) whose outputs have a
@@ -154,7 +164,7 @@ def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
     fill is spread only over a dynamic batch: zeroing a product's accumulator serially left
     every row the pool thread then added into in the other core's cache (on a 2-core VM whose
     cores share no L3: 16-64x7-1 at batch 4096, 10.1 -> 8.7 ms; 4.3 -> 3.9 ms where they share
-    one)."""
+    one). With ``threads``, blocks over a static leading dim hold at least 1 / threads of it."""
     if op.name not in _SPREAD_OPS or op.results or any(name.startswith("mlirnn.") for name in op.attributes):
         return None
     outs = list(op.operands)[len(op.opview.inputs):]
@@ -180,14 +190,17 @@ def _task_rows(op: ir.Operation) -> tuple[int, ...] | None:
         rows = -(-PARALLEL_MAP_MIN // _work_per_index(op, per_row))
     else:
         return _inner_split(op)
+    if threads is not None and not ir.ShapedType.is_dynamic_size(shape[0]):
+        rows = max(rows, -(-shape[0] // threads))
     return (rows,) if ir.ShapedType.is_dynamic_size(shape[0]) or shape[0] > rows else None
 
 
-def spread_maps(module: ir.Module) -> int:
-    """Put large passes of ``module`` (bufferized) on threads in blocks of tiles; how many."""
+def spread_maps(module: ir.Module, threads: int | None = None) -> int:
+    """Put large passes of ``module`` (bufferized) on threads in blocks of tiles, with ``threads``
+    (the computing threads) at most that many blocks over a static leading dim; how many."""
     with module.context:
-        found = [(op, rows) for op in collect_ops(module, lambda op: _task_rows(op) is not None)
-                 for rows in [_task_rows(op)]]
+        found = [(op, rows) for op in collect_ops(module, lambda op: _task_rows(op, threads) is not None)
+                 for rows in [_task_rows(op, threads)]]
         if not found:
             return 0
         for op, sizes in found:

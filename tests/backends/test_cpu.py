@@ -488,3 +488,19 @@ def test_a_forced_convolution_form_is_part_of_the_cache_key(monkeypatch, tmp_pat
     clear_memory_cache()
     monkeypatch.setenv(conv_forms.FORM_ENV, "taps")
     assert compile_kernel(graph).source == "disk"
+
+
+def test_the_computing_threads_are_part_of_the_cache_key(monkeypatch, tmp_path):
+    """Passes over a static leading dim are cut into one block a computing thread at most
+    (``parallel_maps``): a step compiled for 2 threads is not reused for 4 (from memory or disk)."""
+    from mlir_nn.backends.thread_pool import ENV
+    from tests.codegen.test_windows import conv_graph
+
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+    graph = conv_graph("float32", 3, (7, 5), 4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    for threads, source in (("2", "compiled"), ("4", "compiled"), ("2", "memory")):
+        monkeypatch.setenv(ENV, threads)
+        assert compile_kernel(graph).source == source, threads
+    clear_memory_cache()
+    monkeypatch.setenv(ENV, "4")
+    assert compile_kernel(graph).source == "disk"

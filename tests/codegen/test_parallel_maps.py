@@ -124,6 +124,25 @@ def test_passes_over_rank_4_buffers_are_spread(lead, read, out, out_shape, sprea
     assert sorted(set(re.findall(r"\(d0 \* \d+\)", text))) == blocks  # each spread pass's block offset
 
 
+@pytest.mark.parametrize("lead, threads, spread, blocks", [
+    ("9", 2, 2, ["(d0 * 5)", "(d0 * 8)"]),  # the generic: 5 and 4 indices, not 4, 4 and 1
+    ("9", 4, 2, ["(d0 * 4)", "(d0 * 8)"]),  # blocks of 3 would be under a task's worth
+    ("9", 1, 0, []),  # one thread: no pass in tasks
+    ("33", 2, 2, ["(d0 * 17)"]),
+    ("?", 2, 2, ["(d0 * 4)", "(d0 * 8)"]),  # a dynamic batch: blocks counted at run time as before
+])
+def test_static_passes_have_at_most_one_block_a_thread(lead, threads, spread, blocks):
+    """With the computing threads given, a pass over a static leading dim is cut into at most
+    that many blocks (one task each), so that the caller and each pool thread take one."""
+    with ir.Context(), ir.Location.unknown():
+        text = _RANK_4.replace("OUTSHAPE", "Lx8x16x16").replace("Lx", lead + "x").replace("ROWS", "16")
+        module = ir.Module.parse(text.replace("IN", "d2").replace("OUT", "d0, d1, d2, d3"))
+        assert spread_maps(module, threads) == spread
+        assert module.operation.verify()
+        text = str(module)
+    assert sorted(set(re.findall(r"\(d0 \* \d+\)", text))) == blocks
+
+
 _ROW_STATS = """
 #in = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
 #out = affine_map<(d0, d1, d2) -> (d0, d1, 0)>

@@ -76,10 +76,16 @@ def test_causal_self_attention_block_equals_pytorch():
         ours(Tensor(np.zeros((2, 4, 6))))
 
 
-def test_compiled_gpt_adam_steps_equal_pytorch_in_float64():
+@pytest.mark.parametrize("context, width, steps, rows", [
+    (6, 8, 4, 3),
+    # passes large enough for threads (a (33, 33, 48) activation, (33, 2, 33, 33) scores): their
+    # static batch of 33 in one block per computing thread (17 and 16 on two)
+    (33, 48, 2, 33),
+])
+def test_compiled_gpt_adam_steps_equal_pytorch_in_float64(context, width, steps, rows):
     np.random.seed(5)
-    model = nn.GPT(11, 6, n_layer=1, n_head=2, n_embd=8, dtype=np.float64)
-    twin = torch_gpt(11, 6, 1, 2, 8).double()
+    model = nn.GPT(11, context, n_layer=1, n_head=2, n_embd=width, dtype=np.float64)
+    twin = torch_gpt(11, context, 1, 2, width).double()
     twin.load_state_dict({k: torch.tensor(v) for k, v in model.state_dict().items()})
     opt, opt_t = Adam(model.parameters(), lr=1e-2), torch.optim.Adam(twin.parameters(), lr=1e-2)
 
@@ -91,7 +97,7 @@ def test_compiled_gpt_adam_steps_equal_pytorch_in_float64():
         return loss
 
     compiled = mlir_nn.jit(step, backend="cpu", dynamic_batch=False, tiered=False)
-    tokens = np.random.default_rng(6).integers(0, 11, (4, 3, 7))
+    tokens = np.random.default_rng(6).integers(0, 11, (steps, rows, context + 1))
     for batch in tokens:  # integer token arrays, fed in the model's dtype
         loss = compiled(batch[:, :-1], batch[:, 1:])
         opt_t.zero_grad()
@@ -103,4 +109,4 @@ def test_compiled_gpt_adam_steps_equal_pytorch_in_float64():
     for name, value in model.state_dict().items():
         np.testing.assert_allclose(value, theirs[name].numpy(), **TOL, err_msg=name)
     with pytest.raises(ValueError, match=r"take \(step argument idx\): indices must be integers in \[-11, 11\)"):
-        compiled(np.full((3, 6), 11), tokens[0][:, 1:])
+        compiled(np.full((rows, context), 11), tokens[0][:, 1:])
