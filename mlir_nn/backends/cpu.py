@@ -147,6 +147,16 @@ def check_environment(compiling: bool = True) -> None:
                               "(use backend='numpy' to run without one)")
 
 
+def prepare_compile() -> None:
+    """Start the C builds that a cold compile's native code needs (the call extension and the
+    task runtime, once per machine and cache folder) in the background, unless the cache holds
+    them: the jit pipeline calls it before the e-graph optimizer, so that ``cc`` runs while
+    egglog and the lowering do (started at the lowering, the task runtime's build kept a
+    16-16-10 SGD step's LLVM stage waiting)."""
+    thin_call.prepare()
+    task_runtime.prepare()
+
+
 def tail_pipeline(pipeline: Pipeline) -> Pipeline:
     """The passes that each chunk of a split step runs by itself (``kernel_split.SPLIT_PASS`` on)."""
     from mlir_nn.backends.kernel_split import SPLIT_PASS
@@ -189,7 +199,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
     threads = threads and any(p.startswith(THREAD_PASS) for p in pipeline.passes)
     # float32 sums accumulate in float64; batched products' loops run as tasks on threads
     module = emit_linalg(graph, wide_sums=True, strided_copies=True, batch_tasks=threads)
-    stages = {"linalg": str(module)}
+    stages = {"linalg": module.operation.get_asm(assume_verified=True)}  # (verified next)
     inline_f32_math(module)  # no libm call per element: loops with exp or erf vectorize
     recompute_cheap_maps(module)  # x * c read again by a later pass: recomputed there, not stored
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
@@ -286,8 +296,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         from mlir_nn.codegen import symbol_name
 
     kernel_pool.start()  # the workers import MLIR while this process lowers
-    thin_call.prepare()  # their compilers run while this one does
-    task_runtime.BUILD.prepare()
+    prepare_compile()  # (started already when the step came through the jit pipeline)
     host_cpu.prepare()  # the target every compiled function is tuned for
     module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads)
     if split is None:

@@ -57,7 +57,12 @@ class StepPipeline:
         return compile_step(self.backend, optimized, traced=traced)
 
     def build(self, graph: Graph, batch_estimate: int | None) -> Built:
-        """Every stage, in order (each through its cache)."""
+        """Every stage, in order (each through its cache); a cpu step first starts the C builds
+        its compile may need (``backends.cpu.prepare_compile``), to run meanwhile."""
+        if self.backend == "cpu":
+            from mlir_nn.backends.cpu import prepare_compile
+
+            prepare_compile()
         optimized, report = self.optimized(graph, batch_estimate)
         return Built(optimized, report, self.lower(optimized, graph))
 

@@ -193,10 +193,10 @@ def _compile_into_caches() -> None:
     """The child process: read (graph, batch estimate, optimize) from stdin, fill the caches
     (and build the cpu backend's call extension, so that the switch does not wait for cc)."""
     from mlir_nn.backends import thin_call
-    from mlir_nn.backends.cpu import compile_kernel
+    from mlir_nn.backends.cpu import compile_kernel, prepare_compile
 
     graph, batch_estimate, optimize = pickle.loads(sys.stdin.buffer.read())
-    thin_call.prepare()
+    prepare_compile()
     if optimize:
         from mlir_nn.egraph.cache import optimize_cached
 
