@@ -155,6 +155,7 @@ def prepare_compile() -> None:
     16-16-10 SGD step's LLVM stage waiting)."""
     thin_call.prepare()
     task_runtime.prepare()
+    kernel_pool.start()
 
 
 def tail_pipeline(pipeline: Pipeline) -> Pipeline:
@@ -333,7 +334,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
         chunks = [Chunk(stages["llvm"], ("_mlir_ciface_" + name,), (), step=name)]
         tail = Pipeline(pipeline.name, ())
     else:
-        tail, count = tail_pipeline(pipeline), max(1, kernel_pool.worker_count())
+        tail, count = tail_pipeline(pipeline), kernel_pool.worker_count() + 1  # the caller builds too
         if use_disk:
             keys = kernel_keys(split, tail, opt_level)
             linked, fresh = kernel_cache.select(split.kernels, kernel_cache.lookup(keys))

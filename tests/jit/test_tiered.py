@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 
 from mlir_nn import jit
+from mlir_nn.backends import kernel_pool
 from mlir_nn.backends.buffered import BufferedExecutable
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.native import OPT_LEVEL
+from mlir_nn.jit import tiered
 from mlir_nn.jit.tiered import (
     ENV,
     FIRST_TIER_ENV,
@@ -200,3 +202,12 @@ def test_the_first_tier_switch(monkeypatch):
     monkeypatch.setenv(FIRST_TIER_ENV, "fast")
     with pytest.raises(ValueError, match="MLIR_NN_FIRST_TIER must be interpreter or native, got 'fast'"):
         jit(lambda x: x)
+
+
+def test_the_compile_process_leaves_a_core_to_the_interpreter_tier(monkeypatch):
+    monkeypatch.delenv(kernel_pool.WORKERS_VARIABLE, raising=False)
+    env = tiered.child_environment()
+    assert env[kernel_pool.WORKERS_VARIABLE] == str(kernel_pool.default_count(beside=1))
+    assert kernel_pool.default_count(beside=1) == max(0, kernel_pool.default_count() - 1)
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "3")
+    assert tiered.child_environment()[kernel_pool.WORKERS_VARIABLE] == "3"
