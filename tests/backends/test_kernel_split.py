@@ -177,6 +177,31 @@ def test_the_calling_process_builds_chunks_while_a_worker_does(monkeypatch, tmp_
     assert 1 <= len(built_here) <= 2
 
 
+def test_an_interrupted_build_stops_the_busy_worker(monkeypatch, tmp_path):
+    """A Ctrl-C while this process builds a chunk: the worker still building one is stopped,
+    so that its answer is never read as a later compile's."""
+    graph = matmul_zoo(7, 5, "float32")
+    *_, split, _ = lower_with_plan(graph, load_pipeline("cpu"))
+    chunks = split.apart(split.kernels, 1)
+    jobs = [Job(chunk, tail_pipeline(load_pipeline("cpu")), tmp_path / f"chunk{i}.o") for i, chunk in enumerate(chunks)]
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "1")
+    kernel_pool.start()
+    (worker,) = [w for w in kernel_pool._WORKERS if w.alive()]
+    original = kernel_build.build
+
+    def interrupted(job):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kernel_build, "build", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        kernel_pool.run(jobs)
+    assert not worker.alive()
+    monkeypatch.setattr(kernel_build, "build", original)
+    kernel_pool.start()
+    texts = kernel_pool.run(jobs)
+    assert [chunk.public[0] in text for chunk, text in zip(chunks, texts)] == [True] * len(jobs)
+
+
 def test_a_dead_worker_costs_only_time(monkeypatch):
     monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "2")
     kernel_pool.start()
