@@ -186,7 +186,7 @@ def test_an_interrupted_build_stops_the_busy_worker(monkeypatch, tmp_path):
     jobs = [Job(chunk, tail_pipeline(load_pipeline("cpu")), tmp_path / f"chunk{i}.o") for i, chunk in enumerate(chunks)]
     monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "1")
     kernel_pool.start()
-    (worker,) = [w for w in kernel_pool._WORKERS if w.alive()]
+    worker = next(w for w in kernel_pool._WORKERS if w.alive())  # the one that gets a job
     original = kernel_build.build
 
     def interrupted(job):
