@@ -147,15 +147,17 @@ def check_environment(compiling: bool = True) -> None:
                               "(use backend='numpy' to run without one)")
 
 
-def prepare_compile() -> None:
+def prepare_compile(workers: bool = True) -> None:
     """Start the C builds that a cold compile's native code needs (the call extension and the
     task runtime, once per machine and cache folder) in the background, unless the cache holds
-    them: the jit pipeline calls it before the e-graph optimizer, so that ``cc`` runs while
-    egglog and the lowering do (started at the lowering, the task runtime's build kept a
-    16-16-10 SGD step's LLVM stage waiting)."""
+    them, and (``workers``) the compile workers (``kernel_pool``): the jit pipeline calls it
+    before the e-graph optimizer, so that ``cc`` runs and the workers import MLIR while egglog
+    and the lowering do (started at the lowering, the task runtime's build kept a 16-16-10 SGD
+    step's LLVM stage waiting, and the worker was not ready when LLVM started)."""
     thin_call.prepare()
     task_runtime.prepare()
-    kernel_pool.start()
+    if workers:
+        kernel_pool.start()
 
 
 def tail_pipeline(pipeline: Pipeline) -> Pipeline:
@@ -296,8 +298,8 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
         from mlir_nn.codegen import symbol_name
 
-    kernel_pool.start()  # the workers import MLIR while this process lowers
-    prepare_compile()  # (started already when the step came through the jit pipeline)
+    prepare_compile()  # the workers import MLIR while this process lowers (started already when
+    # the step came through the jit pipeline), and cc runs
     host_cpu.prepare()  # the target every compiled function is tuned for
     module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads)
     if split is None:
