@@ -31,6 +31,19 @@ def _blocking_compiles():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _verify_every_hook():
+    """Pass pipelines verify the module after each of mlir-nn's hooks too (off by default: a
+    cold compile's time), so that a hook that leaves invalid IR is named where it did."""
+    old = os.environ.get("MLIR_NN_VERIFY")
+    os.environ["MLIR_NN_VERIFY"] = "1"
+    yield
+    if old is None:
+        os.environ.pop("MLIR_NN_VERIFY", None)
+    else:
+        os.environ["MLIR_NN_VERIFY"] = old
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _private_compile_cache(tmp_path_factory):
     """Compiled steps go to a fresh cache folder, never the user's ~/.cache/mlir-nn."""
     old = os.environ.get("MLIR_NN_CACHE_DIR")

@@ -147,6 +147,19 @@ def check_environment(compiling: bool = True) -> None:
                               "(use backend='numpy' to run without one)")
 
 
+def prepare_compile(workers: bool = True) -> None:
+    """Start the C builds that a cold compile's native code needs (the call extension and the
+    task runtime, once per machine and cache folder) in the background, unless the cache holds
+    them, and (``workers``) the compile workers (``kernel_pool``): the jit pipeline calls it
+    before the e-graph optimizer, so that ``cc`` runs and the workers import MLIR while egglog
+    and the lowering do (started at the lowering, the task runtime's build kept a 16-16-10 SGD
+    step's LLVM stage waiting, and the worker was not ready when LLVM started)."""
+    thin_call.prepare()
+    task_runtime.prepare()
+    if workers:
+        kernel_pool.start()
+
+
 def tail_pipeline(pipeline: Pipeline) -> Pipeline:
     """The passes that each chunk of a split step runs by itself (``kernel_split.SPLIT_PASS`` on)."""
     from mlir_nn.backends.kernel_split import SPLIT_PASS
@@ -189,7 +202,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
     threads = threads and any(p.startswith(THREAD_PASS) for p in pipeline.passes)
     # float32 sums accumulate in float64; batched products' loops run as tasks on threads
     module = emit_linalg(graph, wide_sums=True, strided_copies=True, batch_tasks=threads)
-    stages = {"linalg": str(module)}
+    stages = {"linalg": module.operation.get_asm(assume_verified=True)}  # (verified next)
     inline_f32_math(module)  # no libm call per element: loops with exp or erf vectorize
     recompute_cheap_maps(module)  # x * c read again by a later pass: recomputed there, not stored
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
@@ -285,9 +298,8 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
         from mlir_nn.codegen import symbol_name
 
-    kernel_pool.start()  # the workers import MLIR while this process lowers
-    thin_call.prepare()  # their compilers run while this one does
-    task_runtime.BUILD.prepare()
+    prepare_compile()  # the workers import MLIR while this process lowers (started already when
+    # the step came through the jit pipeline), and cc runs
     host_cpu.prepare()  # the target every compiled function is tuned for
     module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads)
     if split is None:
@@ -324,7 +336,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
         chunks = [Chunk(stages["llvm"], ("_mlir_ciface_" + name,), (), step=name)]
         tail = Pipeline(pipeline.name, ())
     else:
-        tail, count = tail_pipeline(pipeline), max(1, kernel_pool.worker_count())
+        tail, count = tail_pipeline(pipeline), kernel_pool.worker_count() + 1  # the caller builds too
         if use_disk:
             keys = kernel_keys(split, tail, opt_level)
             linked, fresh = kernel_cache.select(split.kernels, kernel_cache.lookup(keys))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 
 from mlir import ir
@@ -26,21 +27,34 @@ def _diagnostics(error: Exception) -> str:
 
 
 Hook = Callable[[ir.Module], bool | None]  # True: skip the pass it runs before
+VERIFY_VARIABLE = "MLIR_NN_VERIFY"
+
+
+def verify_hooks() -> bool:
+    """``$MLIR_NN_VERIFY`` is 1: the module is verified after every hook too (debugging and the
+    test suite), not only as ``run_pipeline`` gets it. Anything but 0 or 1 is a ValueError."""
+    text = os.environ.get(VERIFY_VARIABLE, "0").strip() or "0"
+    if text not in ("0", "1"):
+        raise ValueError(f"{VERIFY_VARIABLE} must be 0 or 1 (1: verify the module after every hook of a "
+                         f"pass pipeline), got {os.environ[VERIFY_VARIABLE]!r}")
+    return text == "1"
 
 
 def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook] | None = None) -> tuple[str, ...]:
     """Lower ``module`` in place; the passes run. ``hooks`` maps a pass name to a function
     run on the module right before the first pass whose name starts with it; one that returns
-    True skips that pass. The module is verified before each run of passes (what mlir-nn's
-    code made), not after every pass (MLIR's default: a fifth of the pass time of a deep MLP's
-    step); on failure, a rerun pass by pass on a copy, verifying each, finds the culprit. The
-    copy is a clone taken up front (a tenth of the time of printing the module, which a step
-    of a few hundred kernels took 0.15 s for)."""
+    True skips that pass. The module is verified as it comes (what mlir-nn's code generator
+    made), not after every pass (MLIR's default: a fifth of the pass time of a deep MLP's step),
+    nor after each hook unless ``verify_hooks()`` (25 ms each at 16x256 Adam, five per step); on
+    failure, a rerun pass by pass on a copy, verifying each pass and hook, finds the culprit.
+    The copy is a clone taken up front (a tenth of the time of printing the module, which a
+    step of a few hundred kernels took 0.15 s for)."""
     original = module.operation.clone()
     hooks = hooks or {}
     cuts = sorted({next(i for i, p in enumerate(pipeline.passes) if p.startswith(name)): hook
                    for name, hook in hooks.items() if any(p.startswith(name) for p in pipeline.passes)}.items())
     bounds = [0] + [i for i, _ in cuts] + [len(pipeline.passes)]
+    every = verify_hooks()
     ran: list[str] = []
     try:
         with module.context:
@@ -48,7 +62,8 @@ def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook
                 if k > 0 and cuts[k - 1][1](module) is True:
                     lo += 1
                 if hi > lo:
-                    _verify(module, pipeline, lo)
+                    if k == 0 or every:
+                        _verify(module, pipeline, lo)
                     manager = PassManager.parse("builtin.module(" + ",".join(pipeline.passes[lo:hi]) + ")")
                     manager.enable_verifier(False)
                     manager.run(module.operation)
@@ -65,8 +80,10 @@ def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook
         probe = ir.Module.parse(str(original))
         starts = dict(cuts)
         for i, name in enumerate(pipeline.passes, 1):
-            if i - 1 in starts and starts[i - 1](probe) is True:
-                continue
+            if i - 1 in starts:
+                if starts[i - 1](probe) is True:
+                    continue
+                _verify(probe, pipeline, i - 1)
             try:
                 PassManager.parse("builtin.module(" + name + ")", context).run(probe.operation)
             except ir.MLIRError as error:

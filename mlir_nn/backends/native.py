@@ -104,14 +104,15 @@ def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Seq
                    opt_level: int = OPT_LEVEL) -> None:
     """Compile the LLVM-dialect ``module`` at ``opt_level`` into the object file ``path``.
     ``placeholders`` are functions it calls that other objects define: the JIT, which only
-    compiles here, is told they exist, and the object keeps relocations to them."""
+    compiles here, is told they exist, and the object keeps relocations to them. So are the
+    task runtime's functions that it declares: a cold compile does not wait for the runtime's
+    C build (``task_runtime``), which only loading the linked object needs."""
     with interrupts_deferred():  # never half loaded (see support.interrupts)
         from mlir.execution_engine import ExecutionEngine
 
-    load_task_runtime()
     try:
         engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=runtime_libs(), enable_pic=True)
-        for name in placeholders:
+        for name in [*placeholders, *task_runtime_calls(module)]:
             engine.raw_register_runtime(name, ctypes.c_void_p(_PLACEHOLDER))
         if not engine.raw_lookup(symbol):
             raise NativeError(f"symbol {symbol} not found in the compiled code")
@@ -121,6 +122,16 @@ def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Seq
 
 
 _PLACEHOLDER = 0x1000  # an address the JIT's own link resolves placeholders to; never called
+
+
+def task_runtime_calls(module: ir.Module) -> list[str]:
+    """The functions of the task runtime (MLIR's async runtime API) that ``module`` declares."""
+    from mlir import ir
+
+    declared = (op.operation for op in module.body.operations)
+    names = (ir.StringAttr(op.attributes["sym_name"]).value for op in declared
+             if op.name == "llvm.func" and not op.regions[0].blocks)
+    return [name for name in names if name.startswith(task_runtime.API_PREFIX)]
 
 
 def link_objects(objects: Sequence[Path], path: Path) -> None:

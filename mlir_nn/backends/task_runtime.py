@@ -19,8 +19,15 @@ from mlir_nn.backends.c_build import CBuild
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.thread_pool import num_threads
 
+API_PREFIX = "mlirAsyncRuntim"  # of the functions it defines for MLIR (one is spelled "Runtim")
 BUILD = CBuild(Path(__file__).with_name("task_runtime.c"), "task-runtime", "libmlirnn_tasks.so", "task runtime",
                lambda: ["-pthread"], lambda: [])
+
+def prepare() -> None:
+    """Start building the runtime in the background unless it is loaded or the cache holds it."""
+    if not load.cache_info().currsize:
+        BUILD.prepare()
+
 
 @cache
 def load() -> ctypes.CDLL:

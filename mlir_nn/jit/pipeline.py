@@ -56,8 +56,15 @@ class StepPipeline:
         """Stages 2-4: split at collectives, compile for the backend and load."""
         return compile_step(self.backend, optimized, traced=traced)
 
-    def build(self, graph: Graph, batch_estimate: int | None) -> Built:
-        """Every stage, in order (each through its cache)."""
+    def build(self, graph: Graph, batch_estimate: int | None, cached: bool = False) -> Built:
+        """Every stage, in order (each through its cache); a cpu step first starts the C builds
+        its compile may need and, unless the caches are expected to hold it (``cached``: a
+        tiered step's compile process has filled them), the compile workers
+        (``backends.cpu.prepare_compile``), to start meanwhile."""
+        if self.backend == "cpu":
+            from mlir_nn.backends.cpu import prepare_compile
+
+            prepare_compile(workers=not cached)
         optimized, report = self.optimized(graph, batch_estimate)
         return Built(optimized, report, self.lower(optimized, graph))
 

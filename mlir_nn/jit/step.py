@@ -92,7 +92,7 @@ class CompiledStep:
             if background is None or not (wait or background.done()):
                 return
             background.wait()
-            self._use(self.pipeline.build(self.graph, self._batch_estimate))
+            self._use(self.pipeline.build(self.graph, self._batch_estimate, cached=True))
             self._background = None
 
     def as_text(self, stage: str = "tensor") -> str:

@@ -36,6 +36,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from mlir_nn.backends import kernel_pool
 from mlir_nn.ir import Graph
 
 ENV = "MLIR_NN_TIERED"
@@ -81,6 +82,17 @@ def first_tier_default() -> str:
 MAX_RUNNING = max(2, min(4, len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity") else 2))
 
 
+def child_environment() -> dict[str, str]:
+    """The compile process's environment: this package on its path and, unless the user set
+    ``$MLIR_NN_COMPILE_WORKERS``, its workers leaving a core to this process's interpreter tier."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    if not env.get(kernel_pool.WORKERS_VARIABLE, "").strip():
+        env[kernel_pool.WORKERS_VARIABLE] = str(kernel_pool.default_count(beside=1))
+    return env
+
+
 class BackgroundCompile:
     """A separate process that optimizes and compiles ``graph`` into the disk caches; one still
     running when this process exits is stopped (no orphans; its cache writes are atomic).
@@ -101,13 +113,10 @@ class BackgroundCompile:
     def _start(self) -> None:
         """Start the process (called with ``_QUEUE_LOCK`` held, once)."""
         self._started = True
-        package_root = str(Path(__file__).resolve().parents[2])
-        paths = [package_root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "mlir_nn.jit.tiered"], stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_environment())
         except OSError:  # no process: done() is true at once and the caller compiles in this one
             return
         _RUNNING.add(self)
@@ -193,10 +202,10 @@ def _compile_into_caches() -> None:
     """The child process: read (graph, batch estimate, optimize) from stdin, fill the caches
     (and build the cpu backend's call extension, so that the switch does not wait for cc)."""
     from mlir_nn.backends import thin_call
-    from mlir_nn.backends.cpu import compile_kernel
+    from mlir_nn.backends.cpu import compile_kernel, prepare_compile
 
     graph, batch_estimate, optimize = pickle.loads(sys.stdin.buffer.read())
-    thin_call.prepare()
+    prepare_compile()
     if optimize:
         from mlir_nn.egraph.cache import optimize_cached
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mlir import ir
 
-from mlir_nn.backends import kernel_pool, kernel_split
+from mlir_nn.backends import kernel_build, kernel_pool, kernel_split
 from mlir_nn.backends.cpu import CpuExecutable, clear_memory_cache, compile_kernel, lower_with_plan, tail_pipeline
 from mlir_nn.backends.kernel_build import Job, build, merge_texts
 from mlir_nn.backends.kernel_split import NOALIAS, split_step
@@ -117,7 +117,8 @@ def test_a_value_that_several_pieces_read_stays_in_the_step_and_each_piece_is_a_
             assert "llvm.func" in build(Job(chunk, tail, Path(folder) / f"{i}.o"))
 
 
-def test_merged_llvm_text_has_each_definition_once_and_parses():
+def test_merged_llvm_text_has_each_definition_once_and_parses(monkeypatch):
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "0")  # one chunk: the step keeps its name
     graph = matmul_zoo(7, 13, "float32")
     kernel = compile_kernel(graph, use_disk=False)
     with ir.Context() as context:
@@ -151,6 +152,56 @@ def test_workers_and_the_calling_process_build_the_same_step(monkeypatch):
     _check(graph, here)
 
 
+def test_the_calling_process_builds_chunks_while_a_worker_does(monkeypatch, tmp_path):
+    """One worker, three chunks: every object is built, the texts come back in order, and the
+    caller built some (their objects are written before the worker's answer is read)."""
+    graph = matmul_zoo(13, 7, "float32")
+    *_, split, _ = lower_with_plan(graph, load_pipeline("cpu"))
+    tail = tail_pipeline(load_pipeline("cpu"))
+    chunks = split.apart(split.kernels, 2)
+    assert len(chunks) == 3
+    jobs = [Job(chunk, tail, tmp_path / f"chunk{i}.o") for i, chunk in enumerate(chunks)]
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "1")
+    kernel_pool.start()
+    built_here = []
+    original = kernel_build.build
+
+    def counted(job):
+        built_here.append(job.path)
+        return original(job)
+
+    monkeypatch.setattr(kernel_build, "build", counted)
+    texts = kernel_pool.run(jobs)
+    assert all(job.path.stat().st_size > 0 for job in jobs)
+    assert [chunk.public[0] in text for chunk, text in zip(chunks, texts)] == [True] * 3
+    assert 1 <= len(built_here) <= 2
+
+
+def test_an_interrupted_build_stops_the_busy_worker(monkeypatch, tmp_path):
+    """A Ctrl-C while this process builds a chunk: the worker still building one is stopped,
+    so that its answer is never read as a later compile's."""
+    graph = matmul_zoo(7, 5, "float32")
+    *_, split, _ = lower_with_plan(graph, load_pipeline("cpu"))
+    chunks = split.apart(split.kernels, 1)
+    jobs = [Job(chunk, tail_pipeline(load_pipeline("cpu")), tmp_path / f"chunk{i}.o") for i, chunk in enumerate(chunks)]
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "1")
+    kernel_pool.start()
+    worker = next(w for w in kernel_pool._WORKERS if w.alive())  # the one that gets a job
+    original = kernel_build.build
+
+    def interrupted(job):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kernel_build, "build", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        kernel_pool.run(jobs)
+    assert not worker.alive()
+    monkeypatch.setattr(kernel_build, "build", original)
+    kernel_pool.start()
+    texts = kernel_pool.run(jobs)
+    assert [chunk.public[0] in text for chunk, text in zip(chunks, texts)] == [True] * len(jobs)
+
+
 def test_a_dead_worker_costs_only_time(monkeypatch):
     monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "2")
     kernel_pool.start()
@@ -175,7 +226,7 @@ def test_a_pipeline_without_the_split_pass_is_lowered_whole():
     assert split is None
 
 
-def test_workers_by_default_only_on_cores_beyond_two(monkeypatch):
+def test_workers_by_default_on_the_cores_beyond_the_callers(monkeypatch):
     monkeypatch.delenv(kernel_pool.WORKERS_VARIABLE, raising=False)
     cores = sorted(os.sched_getaffinity(0))
     code = "import os, sys; os.sched_setaffinity(0, set(map(int, sys.argv[1:]))); " \
@@ -185,7 +236,7 @@ def test_workers_by_default_only_on_cores_beyond_two(monkeypatch):
     for allowed in ([cores[0]], cores[:2], cores):
         done = subprocess.run([sys.executable, "-c", code, *map(str, allowed)], capture_output=True, text=True,
                               check=True, env=env)
-        assert int(done.stdout) == max(0, min(kernel_pool.MAX_WORKERS, len(allowed) - 2))
+        assert int(done.stdout) == max(0, min(kernel_pool.MAX_WORKERS, len(allowed) - 1))
 
 
 def test_the_step_is_inlined_into_its_c_interface_and_not_exported():

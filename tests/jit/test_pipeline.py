@@ -27,3 +27,39 @@ def test_a_ctrl_c_anywhere_in_a_cold_compile_leaves_the_process_able_to_compile(
         assert float(loss) >= 0
         outcomes.append(outcome)
     assert outcomes.count("interrupted") >= len(POINTS) - 1, outcomes  # the points do land in the compile
+
+
+_OBSERVED_BUILD = """
+import numpy as np
+import mlir_nn
+from mlir_nn.backends import task_runtime, thin_call
+from mlir_nn.jit import pipeline
+from mlir_nn.losses import mse_loss
+from mlir_nn.nn import MLP
+from mlir_nn.optim import SGD
+from mlir_nn.trainer import train_step
+
+optimized = pipeline.StepPipeline.optimized
+seen = []
+
+def observed(self, graph, batch_estimate):
+    seen.append((task_runtime.BUILD.building(), thin_call.BUILD.building()))
+    return optimized(self, graph, batch_estimate)
+
+pipeline.StepPipeline.optimized = observed
+model = MLP(3, [4, 1])
+step = mlir_nn.jit(train_step(model, SGD(model.parameters(), lr=0.1), mse_loss))
+loss = step(np.ones((5, 3), np.float32), np.ones((5, 1), np.float32))
+print(seen, float(loss))
+"""
+
+
+def test_a_cold_cpu_build_starts_its_c_builds_before_the_optimizer(tmp_path):
+    """cc builds the call extension and the task runtime while egglog and the lowering run,
+    not from the lowering on (the task runtime's build kept small steps' LLVM stage waiting)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MLIR_NN_CACHE_DIR=str(tmp_path), MLIR_NN_TIERED="0")
+    done = subprocess.run([sys.executable, "-c", _OBSERVED_BUILD], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen, loss = done.stdout.rsplit(" ", 1)
+    assert seen == "[(True, True)]" and float(loss) >= 0

@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 
 from mlir_nn import jit
+from mlir_nn.backends import kernel_pool
 from mlir_nn.backends.buffered import BufferedExecutable
+from mlir_nn.backends.cpu import clear_memory_cache
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.native import OPT_LEVEL
+from mlir_nn.jit import tiered
 from mlir_nn.jit.tiered import (
     ENV,
     FIRST_TIER_ENV,
@@ -63,6 +66,22 @@ def test_a_tiered_step_is_interpreted_until_its_compile_is_done_then_native():
     again, _ = _step("cpu", tiered=True)  # both caches hold the step now: native from the first call
     again(*batches[0])
     assert again._last.tier == "cpu"
+
+
+def test_switching_to_the_compiled_step_starts_no_compile_worker(monkeypatch, tmp_path):
+    """The compile process filled the caches: loading its step here needs no worker process."""
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+    clear_memory_cache()
+    step, _ = _step("cpu", tiered=True)
+    x, y = next(_batches(1))
+    step(x, y)
+    compiled = step._last
+    compiled._background.wait(timeout=300)
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "3")
+    alive = sum(w.alive() for w in kernel_pool._WORKERS)
+    compiled.finish_compile()
+    assert compiled.tier == "cpu"
+    assert sum(w.alive() for w in kernel_pool._WORKERS) == alive
 
 
 def test_lower_waits_for_the_compile():
@@ -200,3 +219,12 @@ def test_the_first_tier_switch(monkeypatch):
     monkeypatch.setenv(FIRST_TIER_ENV, "fast")
     with pytest.raises(ValueError, match="MLIR_NN_FIRST_TIER must be interpreter or native, got 'fast'"):
         jit(lambda x: x)
+
+
+def test_the_compile_process_leaves_a_core_to_the_interpreter_tier(monkeypatch):
+    monkeypatch.delenv(kernel_pool.WORKERS_VARIABLE, raising=False)
+    env = tiered.child_environment()
+    assert env[kernel_pool.WORKERS_VARIABLE] == str(kernel_pool.default_count(beside=1))
+    assert kernel_pool.default_count(beside=1) == max(0, kernel_pool.default_count() - 1)
+    monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "3")
+    assert tiered.child_environment()[kernel_pool.WORKERS_VARIABLE] == "3"

@@ -1,0 +1,59 @@
+"""Object files from LLVM-dialect modules: what the JIT that compiles them is told exists."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mlir import ir
+
+from mlir_nn.backends.native import compile_object, task_runtime_calls
+
+ROOT = Path(__file__).resolve().parents[2]
+_CALLS_THE_RUNTIME = """
+llvm.func @mlirAsyncRuntimeCreateToken() -> !llvm.ptr
+llvm.func @mlirAsyncRuntimGetNumWorkerThreads() -> i64
+llvm.func @malloc(i64) -> !llvm.ptr
+llvm.func @f() -> !llvm.ptr {
+  %t = llvm.call @mlirAsyncRuntimeCreateToken() : () -> !llvm.ptr
+  llvm.return %t : !llvm.ptr
+}
+"""
+
+
+def test_the_task_runtime_calls_are_the_declared_async_runtime_functions():
+    with ir.Context():
+        module = ir.Module.parse(_CALLS_THE_RUNTIME)
+        assert task_runtime_calls(module) == ["mlirAsyncRuntimeCreateToken", "mlirAsyncRuntimGetNumWorkerThreads"]
+
+
+def test_compiling_an_object_neither_builds_nor_loads_the_task_runtime(tmp_path):
+    """A cold compile's LLVM stage does not wait for the runtime's C build: a fresh process with
+    an empty cache compiles a function that calls the runtime into an object that still
+    refers to it, and the runtime is neither built nor loaded."""
+    program = f"""
+from pathlib import Path
+from mlir import ir
+from mlir_nn.backends import task_runtime
+from mlir_nn.backends.native import compile_object
+with ir.Context():
+    compile_object(ir.Module.parse({_CALLS_THE_RUNTIME!r}), "f", Path({str(tmp_path / "f.o")!r}))
+assert task_runtime.load.cache_info().currsize == 0
+assert not task_runtime.BUILD.building()
+"""
+    cache = tmp_path / "cache"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MLIR_NN_CACHE_DIR=str(cache))
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (cache / "task-runtime").exists()
+    assert b"mlirAsyncRuntimeCreateToken" in (tmp_path / "f.o").read_bytes()
+
+
+def test_an_object_links_with_functions_defined_elsewhere(tmp_path):
+    with ir.Context():
+        module = ir.Module.parse("llvm.func @g() -> i64\nllvm.func @f() -> i64 {\n"
+                                 "  %x = llvm.call @g() : () -> i64\n  llvm.return %x : i64\n}")
+        compile_object(module, "f", tmp_path / "f.o", placeholders=["g"])
+    assert (tmp_path / "f.o").stat().st_size > 0
