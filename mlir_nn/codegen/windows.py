@@ -14,6 +14,12 @@ Over a static batch with many output pixels, the CPU weight and col2im input gra
 chunk of images (CHUNK_PIXELS), as tasks, so that each chunk's columns stay in cache. The fused ops
 the optimizer's conv rules make (``conv2d_bias``, ``conv2d_weight_update``) are the same
 products with element-wise epilogues.
+
+The forward ops' NHWC forms (``layout="NHWC"``, made by the optimizer's layout rules) have no
+transposes of their own where the loop nest reads NHWC as easily: the GEMM convolution (its im2col
+gathers from the NHWC image, its product rows are the NHWC result) and the max pool; the other
+forms run on the image transposed to NCHW, their result transposed back (``_nchw_inside``), as the
+cost of ``conv_forms`` counts them.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ from mlir_nn.codegen.batched_products import batch_tasks
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.col2im import accumulator_shape, add_columns, cropped_nchw, scatter_columns
 from mlir_nn.codegen.im2col_panels import IM2COL
-from mlir_nn.codegen.maps import dims_map, identity_map, matmul_maps
+from mlir_nn.codegen.maps import dims_map, identity_map, matmul_maps, permutation_map
 from mlir_nn.codegen.tensor_types import tensor_type
-from mlir_nn.ir import Node, conv_forms
+from mlir_nn.ir import Node, conv_forms, make_node
+from mlir_nn.ir.layouts import NCHW, NHWC, TO_NCHW, TO_NHWC, layout_of, nchw_shape, without_layout
 from mlir_nn.ir.shapes import BATCH, Dim, Shape
 from mlir_nn.ir.windows import Axis, axes_of
 from mlir_nn.support.cpu_target import vector_bytes
@@ -120,12 +127,41 @@ _SPLIT_1 = [[0], [1, 2], [3], [4]]  # (N, C, H, W) <-> (N, G, C/G, H, W)
 _SPLIT_0 = [[0, 1], [2], [3], [4]]  # (O, ...) <-> (G, O/G, ...)
 
 
-def _padded(b: FunctionBuilder, x: ir.Value, shape: Shape, ys: Axis, xs: Axis, fill: float) -> ir.Value:
-    """The NCHW input padded to every extent its windows read."""
-    out = tuple(shape[:2]) + (ys.padded, xs.padded)
+def _padded(b: FunctionBuilder, x: ir.Value, shape: Shape, ys: Axis, xs: Axis, fill: float,
+            layout: str = NCHW) -> ir.Value:
+    """The NCHW (or NHWC) input padded to every extent its windows read."""
+    if layout == NHWC:
+        out, offsets = (shape[0], ys.padded, xs.padded, shape[3]), (0, ys.lo, xs.lo, 0)
+    else:
+        out, offsets = tuple(shape[:2]) + (ys.padded, xs.padded), (0, 0, ys.lo, xs.lo)
     if out == tuple(shape):
         return x
-    return place(b, x, shape, out, (0, 0, ys.lo, xs.lo), (1, 1, 1, 1), fill)
+    return place(b, x, shape, out, offsets, (1, 1, 1, 1), fill)
+
+
+def permuted(b: FunctionBuilder, x: ir.Value, shape: Shape, perm: tuple[int, ...]) -> ir.Value:
+    """``x`` transposed: output axis j is input axis perm[j]."""
+    out = tuple(shape[p] for p in perm)
+
+    @linalg.generic([x], [b.empty(out)], [permutation_map(perm), identity_map(len(perm))], [PARALLEL] * len(perm))
+    def result(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return result
+
+
+def _nchw_inside(lower: Rule) -> Rule:
+    """``lower`` (an NCHW op's lowering) for the op's NHWC form: the image operand transposed to
+    NCHW, the NCHW op lowered, its result transposed back."""
+
+    def lowered(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+        x_node = node.inputs[0]
+        image = make_node("transpose", [x_node], perm=TO_NCHW)
+        twin = make_node(node.op, [image, *node.inputs[1:]], **without_layout(node.attr_dict))
+        x = permuted(b, b.tensor_of(xs_[0], x_node.shape), x_node.shape, TO_NCHW)
+        return permuted(b, lower(b, twin, [x, *xs_[1:]]), twin.shape, TO_NHWC)
+
+    return lowered
 
 
 def _window(b: FunctionBuilder, ys: Axis, xs: Axis) -> ir.Value:
@@ -168,7 +204,7 @@ def conv_form(b: FunctionBuilder, node: Node) -> str:
         return "gemm" if int(node.attr("groups")) == 1 else "grouped"
     shape = conv_forms.conv_shape(node.op, [i.shape for i in node.inputs], node.shape, node.attr_dict,
                                   conv_forms.BATCH_ESTIMATE, ir.FloatType(b.element).width // 8)
-    return conv_forms.conv_form(node.op, shape)
+    return conv_forms.conv_form(node.op, shape, layout_of(node.op, node.attr_dict))
 
 
 def _grouped(b: FunctionBuilder, x: ir.Value, shape: Shape, groups: int) -> ir.Value:
@@ -381,13 +417,15 @@ def _rows(n: Dim, *dims: int) -> Dim:
 
 
 def _columns(b: FunctionBuilder, image: ir.Value, shape: Shape, out_hw: tuple[int, int], ys: Axis, xs: Axis,
-             offset: tuple[int, int], stride: tuple[int, int]) -> ir.Value:
-    """(N * P * Q, C * KH * KW): row (n, p, q) holds image[n, :, p * stride + k * dilation + offset, ...]."""
+             offset: tuple[int, int], stride: tuple[int, int], layout: str = NCHW) -> ir.Value:
+    """(N * P * Q, C * KH * KW): row (n, p, q) holds image[n, :, p * stride + k * dilation + offset, ...]
+    (``shape``: the image's NCHW shape; ``layout``: the image's own)."""
     n, c = shape[0], int(shape[1])
     p, q = out_hw
     cols_shape = (n, p, q, c, ys.kernel, xs.kernel)
-    read = _map(6, [_d(0), _d(3), _d(1) * stride[0] + _d(4) * ys.dilation + offset[0],
-                    _d(2) * stride[1] + _d(5) * xs.dilation + offset[1]])
+    rows = _d(1) * stride[0] + _d(4) * ys.dilation + offset[0]
+    columns = _d(2) * stride[1] + _d(5) * xs.dilation + offset[1]
+    read = _map(6, [_d(0), rows, columns, _d(3)] if layout == NHWC else [_d(0), _d(3), rows, columns])
 
     @linalg.generic([image], [b.empty(cols_shape)], [read, identity_map(6)], [PARALLEL] * 6)
     def cols(v: ir.Value, _out: ir.Value) -> ir.Value:
@@ -443,33 +481,49 @@ def _transposed_rows(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
 
 def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     form = conv_form(b, node)
-    if form == "taps":
-        return _conv2d_taps(b, node, xs_)
-    if form == "grouped":
-        return _conv2d_direct(b, node, xs_)
+    layout = layout_of(node.op, node.attr_dict)
+    if form == "gemm":
+        return _conv2d_gemm(b, node, xs_, layout)
+    if layout != NCHW:
+        return _nchw_inside(_conv2d)(b, node, xs_)
+    return _conv2d_taps(b, node, xs_) if form == "taps" else _conv2d_direct(b, node, xs_)
+
+
+def _conv2d_gemm(b: FunctionBuilder, node: Node, xs_: list[Operand], layout: str) -> ir.Value:
+    """im2col + GEMM: the product's rows are the NHWC result, moved to NCHW for an NCHW node."""
     x_node, w_node = node.inputs[:2]
     o, c, kh, kw = (int(d) for d in w_node.shape)
-    ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
-    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
-    cols = _columns(b, x, x_node.shape, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride))
+    image = nchw_shape(x_node.shape, layout)
+    ys, xs = axes_of(node.op, tuple(image[2:]), (kh, kw), node.attr_dict)
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0, layout)
+    cols = _columns(b, x, image, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride), layout)
     w = reshape(b, xs_[1], w_node.shape, (o, c * kh * kw), [[0], [1, 2, 3]])
     nhwc = (x_node.shape[0], ys.out, xs.out, o)
-    return _nchw(b, _product(b, cols, w, (_rows(*nhwc[:3]), o), nhwc[:3], False, True), nhwc)
+    rows = _product(b, cols, w, (_rows(*nhwc[:3]), o), nhwc[:3], False, True)
+    if layout == NHWC:
+        return reshape(b, rows, (_rows(*nhwc[:3]), o), nhwc, [[0, 1, 2], [3]])
+    return _nchw(b, rows, nhwc)
 
 
 def _conv2d_bias(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     """The convolution, then bias and activation as an element-wise epilogue (the tensor-level
     fusion merges it into the pass that moves the product's rows to NCHW)."""
+    layout = layout_of(node.op, node.attr_dict)
+    if layout != NCHW and conv_form(b, node) != "gemm":
+        return _nchw_inside(_conv2d_bias)(b, node, xs_)
     conv = _conv2d(b, node, xs_)
     relu = node.attr("activation") == "relu"
-    bias = reshape(b, b.tensor_of(xs_[2], node.inputs[2].shape), node.inputs[2].shape,
-                   (node.shape[1], 1, 1), [[0, 1, 2]])
+    bias = b.tensor_of(xs_[2], node.inputs[2].shape)
+    per_channel = node.inputs[2].shape  # (O,): along NHWC's last axis
+    if layout == NCHW:
+        per_channel = (node.shape[1], 1, 1)
+        bias = reshape(b, bias, node.inputs[2].shape, per_channel, [[0, 1, 2]])
 
     def epilogue(v: ir.Value, bv: ir.Value) -> ir.Value:
         total = arith.addf(v, bv)
         return arith.maximumf(total, b.scalar(0.0)) if relu else total
 
-    return b.elementwise(node.shape, [conv, bias], [node.shape, (node.shape[1], 1, 1)], epilogue, init=conv)
+    return b.elementwise(node.shape, [conv, bias], [node.shape, per_channel], epilogue, init=conv)
 
 
 def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
@@ -719,8 +773,13 @@ def _pool_out() -> ir.AffineMap:
     return _map(6, [_d(i) for i in range(4)])
 
 
-def _pool_maps(ys: Axis, xs: Axis, offset: tuple[int, int] = (0, 0)) -> tuple[ir.AffineMap, ir.AffineMap]:
-    """(windowed read of a padded image, the window operand) over loops n c oh ow kh kw."""
+def _pool_maps(ys: Axis, xs: Axis, offset: tuple[int, int] = (0, 0),
+               layout: str = NCHW) -> tuple[ir.AffineMap, ir.AffineMap]:
+    """(windowed read of a padded image, the window operand) over loops n c oh ow kh kw (NHWC:
+    n oh ow c kh kw)."""
+    if layout == NHWC:
+        return (_map(6, [_d(0), _windowed(ys, 1, 4, offset[0]), _windowed(xs, 2, 5, offset[1]), _d(3)]),
+                _map(6, [_d(4), _d(5)]))
     return (_map(6, [_d(0), _d(1), _windowed(ys, 2, 4, offset[0]), _windowed(xs, 3, 5, offset[1])]),
             _map(6, [_d(4), _d(5)]))
 
@@ -736,13 +795,14 @@ def _max_or_nan(a: ir.Value, c: ir.Value) -> ir.Value:
 
 def _max_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     x_node = node.inputs[0]
-    ys, xs = _pool_axes(node, x_node.shape[2:])
+    layout = layout_of(node.op, node.attr_dict)
+    ys, xs = _pool_axes(node, nchw_shape(x_node.shape, layout)[2:])
     if b.strided_copies and _tiles(ys) and _tiles(xs):
-        views = _window_views(b, b.tensor_of(xs_[0], x_node.shape), node.shape, ys, xs)
+        views = _window_views(b, b.tensor_of(xs_[0], x_node.shape), node.shape, ys, xs, layout)
         return b.elementwise(node.shape, views, [node.shape] * len(views),
                              lambda *vs: functools.reduce(_max_or_nan, vs))
-    x = _padded(b, xs_[0], x_node.shape, ys, xs, float("-inf"))
-    reads, window = _pool_maps(ys, xs)
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, float("-inf"), layout)
+    reads, window = _pool_maps(ys, xs, layout=layout)
     return b.reduce(node.shape, [x, _window(b, ys, xs)], [reads, window], _pool_out(),
                     _POOL_LOOPS, lambda v, _: v,
                     init=float("-inf"), combine=arith.maximumf)
@@ -822,13 +882,17 @@ def _max_pool2d_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.V
     return _gather_windows(b, node, [(xs_[0], 0.0), (xs_[1], -1.0)], ys, xs, routed)
 
 
-def _window_views(b: FunctionBuilder, x: ir.Value, out_shape: Shape, ys: Axis, xs: Axis) -> list[ir.Value]:
+def _window_views(b: FunctionBuilder, x: ir.Value, out_shape: Shape, ys: Axis, xs: Axis,
+                  layout: str = NCHW) -> list[ir.Value]:
     """Per window position (i, j), in row-major order, the output-shaped strided view of ``x``
-    (N, C, H, W) that it reads, when the windows tile ``x`` (``_tiles``): a pass over the output
-    reading these vectorizes along its rows, where a reduction over each window stayed scalar
-    (LeNet-5's pools, 8% of its step)."""
+    (N, C, H, W, or N, H, W, C) that it reads, when the windows tile ``x`` (``_tiles``): a pass over
+    the output reading these vectorizes along its rows, where a reduction over each window stayed
+    scalar (LeNet-5's pools, 8% of its step)."""
     dynamic, static = _slice_sizes(b, out_shape)
     kind = tensor_type(out_shape, b.dtype)
+    if layout == NHWC:
+        return [tensor.extract_slice(kind, x, [], dynamic, [], [0, i, j, 0], static, [1, ys.stride, xs.stride, 1])
+                for i in range(ys.kernel) for j in range(xs.kernel)]
     return [tensor.extract_slice(kind, x, [], dynamic, [], [0, 0, i, j], static, [1, 1, ys.stride, xs.stride])
             for i in range(ys.kernel) for j in range(xs.kernel)]
 
@@ -875,6 +939,8 @@ def _scaled_by_divisor(b: FunctionBuilder, v: ir.Value, shape: Shape, ys: Axis, 
 
 
 def _avg_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    if layout_of(node.op, node.attr_dict) != NCHW:
+        return _nchw_inside(_avg_pool2d)(b, node, xs_)
     x_node = node.inputs[0]
     ys, xs = _pool_axes(node, x_node.shape[2:])
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)

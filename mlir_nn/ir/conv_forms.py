@@ -16,6 +16,10 @@ to and from pixel rows) at a streaming rate, plus its kernel launches. ``conv_fo
 cheapest available form; the code generator lowers that form and the e-graph's cost model
 prices the node with the same cost, so extraction and lowering agree. The rates are
 calibrated on one core by ``benchmarks/conv_forms.py``.
+
+A forward convolution in NHWC (``layout="NHWC"``, ``mlir_nn.ir.layouts``) saves the GEMM form's move
+of its product rows to NCHW; its other forms run on the image transposed to NCHW and transpose their
+result back, two passes each way more.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from mlir_nn.ir.layouts import NCHW, layout_of, nchw_shape
 from mlir_nn.ir.shapes import BATCH, Shape
 from mlir_nn.ir.windows import Axis, axes_of
 
@@ -92,7 +97,7 @@ def conv_shape(op: str, in_shapes: Sequence[Shape], out_shape: Shape, attrs: dic
         return batch if d == BATCH else int(d)
 
     if op in ("conv2d", "conv2d_bias"):
-        x, w = in_shapes[0], in_shapes[1]
+        x, w = nchw_shape(in_shapes[0], layout_of(op, attrs)), in_shapes[1]
     elif op == "conv2d_input_grad":
         x, w = out_shape, in_shapes[1]
     else:  # weight gradients: (x, g, ...) -> w
@@ -116,16 +121,20 @@ def _taps_fmas(s: ConvShape) -> float:
     return s.fmas / use * looped
 
 
-def forward_costs(s: ConvShape) -> dict[str, float]:
-    """Nanoseconds of each available forward form."""
+def forward_costs(s: ConvShape, layout: str = NCHW) -> dict[str, float]:
+    """Nanoseconds of each available forward form over an image in ``layout``."""
     b = s.itemsize
     pad = (s.image + s.padded) * b if s.padded != s.image else 0
-    costs = {"taps": _ns(_taps_fmas(s), TAPS_FMAS_PER_NS, pad + s.padded * b + s.out * b, 2, b)}
+    nhwc = layout != NCHW
+    # NHWC: the forms other than GEMM transpose the image in and their result out (a launch each)
+    moved = 2 * (s.image + s.out) * b if nhwc else 0
+    costs = {"taps": _ns(_taps_fmas(s), TAPS_FMAS_PER_NS, pad + s.padded * b + s.out * b + moved, 2 + 2 * nhwc, b)}
     if s.groups == 1:
         # columns packed (gathered, then read by the product), product rows written, moved to NCHW
-        costs["gemm"] = _ns(s.fmas, GEMM_FMAS_PER_NS, pad + 2 * s.pixels * s.taps * b + 4 * s.out * b, 3, b)
+        rows = 2 * s.out * b if nhwc else 4 * s.out * b
+        costs["gemm"] = _ns(s.fmas, GEMM_FMAS_PER_NS, pad + 2 * s.pixels * s.taps * b + rows, 3 - nhwc, b)
     else:
-        costs["grouped"] = _ns(s.fmas, GROUPED_FMAS_PER_NS, pad + s.padded * b + s.out * b, 2, b)
+        costs["grouped"] = _ns(s.fmas, GROUPED_FMAS_PER_NS, pad + s.padded * b + s.out * b + moved, 2 + 2 * nhwc, b)
     return costs
 
 
@@ -164,10 +173,11 @@ def input_grad_costs(s: ConvShape) -> dict[str, float]:
     return {"col2im": col2im, "gemm": gemm}
 
 
-def form_costs(op: str, s: ConvShape) -> dict[str, float]:
-    """Nanoseconds of each form available to ``op`` (one of CONV_OPS) on the CPU."""
+def form_costs(op: str, s: ConvShape, layout: str = NCHW) -> dict[str, float]:
+    """Nanoseconds of each form available to ``op`` (one of CONV_OPS) on the CPU, its images in
+    ``layout`` (NHWC: the forward ops only)."""
     if op in ("conv2d", "conv2d_bias"):
-        return forward_costs(s)
+        return forward_costs(s, layout)
     if op == "conv2d_input_grad":
         return input_grad_costs(s)
     return weight_grad_costs(s)
@@ -178,18 +188,18 @@ def forced_form() -> str:
     return os.environ.get(FORM_ENV, "")
 
 
-def conv_form(op: str, s: ConvShape) -> str:
+def conv_form(op: str, s: ConvShape, layout: str = NCHW) -> str:
     """The cheapest CPU form of ``op`` over shape ``s``, or the one ``$MLIR_NN_CONV_FORM`` names where
     that form is available (for calibration)."""
-    costs = form_costs(op, s)
+    costs = form_costs(op, s, layout)
     forced = forced_form()
     return forced if forced in costs else min(costs, key=costs.__getitem__)
 
 
-def conv_cost_ns(op: str, s: ConvShape) -> float:
+def conv_cost_ns(op: str, s: ConvShape, layout: str = NCHW) -> float:
     """Nanoseconds of ``op`` in the form ``conv_form`` picks, with its fused epilogue (bias and
     activation: a pass over the output; the weight update: one over the weight)."""
-    cost = min(form_costs(op, s).values())
+    cost = min(form_costs(op, s, layout).values())
     if op == "conv2d_bias":
         cost += 2 * s.out * s.itemsize / BYTES_PER_NS
     elif op == "conv2d_weight_update":
