@@ -27,6 +27,7 @@ REQUIRED = object()
 TRANSPOSE_FLAGS = (("transpose_a", "bool", False), ("transpose_b", "bool", False))
 CONV = (("stride", "dims", REQUIRED), ("padding", "dims", REQUIRED), ("dilation", "dims", REQUIRED),
         ("groups", "i64", REQUIRED))
+LAYOUT = (("layout", "str", "NCHW"),)  # the forward window ops' image layout
 SPECS: dict[str, tuple[tuple[str, str, Any], ...]] = {
     **{op: () for op in ("add", "sub", "mul", "div", "neg", "relu", "tanh", "sigmoid", "exp", "log", "sqrt",
                          "relu_grad", "tanh_grad", "sigmoid_grad", "mse", "mse_grad")},
@@ -45,8 +46,10 @@ SPECS: dict[str, tuple[tuple[str, str, Any], ...]] = {
     "log_softmax": (("axis", "i64", REQUIRED),),
     "log_softmax_grad": (("axis", "i64", REQUIRED),),
     "softmax_xent_grad": (("scale", "f64", REQUIRED),),
-    "conv2d": CONV,
-    "conv2d_bias": CONV + (("activation", "str", REQUIRED),),
+    "conv2d": CONV + LAYOUT,
+    "conv2d_bias": CONV + (("activation", "str", REQUIRED),) + LAYOUT,
+    "max_pool2d": (("kernel", "dims", REQUIRED), ("stride", "dims", REQUIRED), ("padding", "dims", REQUIRED),
+                   ("dilation", "dims", REQUIRED), ("ceil_mode", "bool", REQUIRED)) + LAYOUT,
     "conv2d_weight_grad": (("kernel", "dims", REQUIRED),) + CONV,
     "conv2d_weight_update": (("kernel", "dims", REQUIRED),) + CONV + (("subtract", "bool", False),),
 }

@@ -191,3 +191,30 @@ def test_lenet_steps_with_tiling_max_pools_equal_pytorch_in_float64(channels, ba
     rng = np.random.default_rng(2)
     data = [(rng.standard_normal((b, channels, 28, 28)), rng.integers(0, 10, b).astype(np.float64)) for b in batches]
     _steps_equal_torch(run, model, twin, topt, data)
+
+
+def vgg(lib, dtype=None):
+    """VGG-small's layout (3x3 convolutions with padding 1, each with ReLU and a 2x2 max pool)."""
+    kw = {} if dtype is None else {"dtype": dtype}
+    return lib.Sequential(lib.Conv2d(3, 16, 3, padding=1, **kw), lib.ReLU(), lib.MaxPool2d(2),
+                          lib.Conv2d(16, 32, 3, padding=1, **kw), lib.ReLU(), lib.MaxPool2d(2),
+                          lib.Conv2d(32, 32, 3, padding=1, **kw), lib.ReLU(), lib.MaxPool2d(2), lib.Flatten(),
+                          lib.Linear(32 * 4 * 4, 10, **kw))
+
+
+def test_vgg_steps_with_nhwc_forward_layers_equal_pytorch_in_float64():
+    """The optimizer's layout rules run a run of VGG-small's forward convolutions and pools in NHWC
+    (the transposes between them cancel; the cost model finds it cheaper); the training steps
+    still equal PyTorch's over several steps."""
+    twin = vgg(torch.nn).double()
+    model = vgg(nn, np.float64)
+    model.load_state_dict({k: v.detach().numpy() for k, v in twin.state_dict().items()})
+    opt = mlir_nn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    topt = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
+    run = mlir_nn.jit(_training_step(model, opt), tiered=False)
+    rng = np.random.default_rng(4)
+    data = [(rng.standard_normal((b, 3, 32, 32)), rng.integers(0, 10, b).astype(np.float64)) for b in (16, 16, 5)]
+    layouts = [n.attr_dict.get("layout", "NCHW") for n in run.lower(*data[0]).optimized_graph.nodes
+               if n.op in ("conv2d_bias", "max_pool2d")]
+    assert layouts.count("NHWC") >= 3, layouts  # at least a conv -> pool -> conv run
+    _steps_equal_torch(run, model, twin, topt, data)
