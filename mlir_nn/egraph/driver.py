@@ -25,6 +25,7 @@ from mlir_nn.egraph.report import Report
 from mlir_nn.egraph.rules import RULESETS
 from mlir_nn.egraph.terms import Term
 from mlir_nn.ir import BATCH, Graph, verify
+from mlir_nn.ir.layouts import NCHW
 
 NodeCost = Callable[[ClassId, ENode], float | None]
 
@@ -169,7 +170,21 @@ def optimize_here(graph: Graph, batch_estimate: int | None = None, *, rulesets: 
 
 def extract_graph(egraph: EGraph, loaded: Loaded,
                   node_costs: Callable[[EClasses], NodeCost]) -> tuple[Graph, EClasses]:
-    """The cheapest program in the e-graph as a Graph, costed by ``node_costs(eclasses)``."""
+    """The cheapest program in the e-graph as a Graph, costed by ``node_costs(eclasses)``.
+
+    Extraction runs twice, with and without the NHWC e-nodes, and keeps the cheaper program: a
+    layout is a choice of many e-classes at once (a run of convolutions and pools, the transposes
+    at its ends), which the extractor's one-class switches cannot undo when its first, tree-cost
+    pick is NHWC where the backward ops' NCHW reads make NCHW cheaper (VGG-small's training step)."""
     eclasses = convert.read_eclasses(egraph, loaded)
-    choice, _ = extract(eclasses, node_costs(eclasses))
+    costs = node_costs(eclasses)
+    choice, total = extract(eclasses, costs)
+    if any(_nhwc(enode) for enode in choice.values()):
+        nchw, nchw_total = extract(eclasses, lambda cid, enode: None if _nhwc(enode) else costs(cid, enode))
+        if nchw_total <= total:
+            choice = nchw
     return convert.build_graph(eclasses, choice, loaded), eclasses
+
+
+def _nhwc(enode: ENode) -> bool:
+    return dict(enode.attrs).get("layout", NCHW) != NCHW
