@@ -17,9 +17,10 @@ cheapest available form; the code generator lowers that form and the e-graph's c
 prices the node with the same cost, so extraction and lowering agree. The rates are
 calibrated on one core by ``benchmarks/conv_forms.py``.
 
-A forward convolution in NHWC (``layout="NHWC"``, ``mlir_nn.ir.layouts``) saves the GEMM form's move
-of its product rows to NCHW; its other forms run on the image transposed to NCHW and transpose their
-result back, two passes each way more.
+A convolution or gradient in NHWC (``layout="NHWC"``, ``mlir_nn.ir.layouts``) saves, in the form
+that computes in NHWC (``NHWC_FORMS``: the GEMMs, col2im), the move between pixel rows and NCHW of
+its output-sized image; its other forms run on images transposed to NCHW and transpose their image
+result back, passes the NCHW op does not make.
 """
 
 from __future__ import annotations
@@ -97,11 +98,12 @@ def conv_shape(op: str, in_shapes: Sequence[Shape], out_shape: Shape, attrs: dic
         return batch if d == BATCH else int(d)
 
     if op in ("conv2d", "conv2d_bias"):
-        x, w = nchw_shape(in_shapes[0], layout_of(op, attrs)), in_shapes[1]
+        x, w = in_shapes[0], in_shapes[1]
     elif op == "conv2d_input_grad":
         x, w = out_shape, in_shapes[1]
     else:  # weight gradients: (x, g, ...) -> w
         x, w = in_shapes[0], out_shape
+    x = nchw_shape(x, layout_of(op, attrs))
     groups = int(attrs.get("groups", 1))
     ys, xs = axes_of(op, (int(x[2]), int(x[3])), (int(w[2]), int(w[3])), attrs)
     return ConvShape(size(x[0]), int(x[1]), int(w[0]), groups, ys, xs, itemsize)
@@ -121,20 +123,16 @@ def _taps_fmas(s: ConvShape) -> float:
     return s.fmas / use * looped
 
 
-def forward_costs(s: ConvShape, layout: str = NCHW) -> dict[str, float]:
-    """Nanoseconds of each available forward form over an image in ``layout``."""
+def forward_costs(s: ConvShape) -> dict[str, float]:
+    """Nanoseconds of each available forward form."""
     b = s.itemsize
     pad = (s.image + s.padded) * b if s.padded != s.image else 0
-    nhwc = layout != NCHW
-    # NHWC: the forms other than GEMM transpose the image in and their result out (a launch each)
-    moved = 2 * (s.image + s.out) * b if nhwc else 0
-    costs = {"taps": _ns(_taps_fmas(s), TAPS_FMAS_PER_NS, pad + s.padded * b + s.out * b + moved, 2 + 2 * nhwc, b)}
+    costs = {"taps": _ns(_taps_fmas(s), TAPS_FMAS_PER_NS, pad + s.padded * b + s.out * b, 2, b)}
     if s.groups == 1:
         # columns packed (gathered, then read by the product), product rows written, moved to NCHW
-        rows = 2 * s.out * b if nhwc else 4 * s.out * b
-        costs["gemm"] = _ns(s.fmas, GEMM_FMAS_PER_NS, pad + 2 * s.pixels * s.taps * b + rows, 3 - nhwc, b)
+        costs["gemm"] = _ns(s.fmas, GEMM_FMAS_PER_NS, pad + 2 * s.pixels * s.taps * b + 4 * s.out * b, 3, b)
     else:
-        costs["grouped"] = _ns(s.fmas, GROUPED_FMAS_PER_NS, pad + s.padded * b + s.out * b + moved, 2 + 2 * nhwc, b)
+        costs["grouped"] = _ns(s.fmas, GROUPED_FMAS_PER_NS, pad + s.padded * b + s.out * b, 2, b)
     return costs
 
 
@@ -173,14 +171,27 @@ def input_grad_costs(s: ConvShape) -> dict[str, float]:
     return {"col2im": col2im, "gemm": gemm}
 
 
+# The forms that compute in NHWC with no transpose (the others run NCHW between transposes): each
+# saves the move of its output-sized operand or result between pixel rows and NCHW
+NHWC_FORMS = {"conv2d": "gemm", "conv2d_bias": "gemm", "conv2d_input_grad": "col2im", "conv2d_weight_grad": "gemm",
+              "conv2d_weight_update": "gemm"}
+
+
 def form_costs(op: str, s: ConvShape, layout: str = NCHW) -> dict[str, float]:
     """Nanoseconds of each form available to ``op`` (one of CONV_OPS) on the CPU, its images in
-    ``layout`` (NHWC: the forward ops only)."""
+    ``layout``."""
     if op in ("conv2d", "conv2d_bias"):
-        return forward_costs(s, layout)
-    if op == "conv2d_input_grad":
-        return input_grad_costs(s)
-    return weight_grad_costs(s)
+        costs = forward_costs(s)
+    elif op == "conv2d_input_grad":
+        costs = input_grad_costs(s)
+    else:
+        costs = weight_grad_costs(s)
+    if layout == NCHW:
+        return costs
+    b = s.itemsize
+    saved = 2 * s.out * b / BYTES_PER_NS + LAUNCH_NS
+    transposes = 2 * (s.image + s.out) * b / BYTES_PER_NS + 2 * LAUNCH_NS  # the image operand in, the image out
+    return {form: ns - saved if form == NHWC_FORMS[op] else ns + transposes for form, ns in costs.items()}
 
 
 def forced_form() -> str:

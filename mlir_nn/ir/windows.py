@@ -4,9 +4,9 @@ Registered into the op registry (``mlir_nn.ir.ops``) when ``mlir_nn.ir`` is impo
 Attributes are resolved ints (the functional layer turns PyTorch's forms into them):
 ``stride``, ``dilation`` and ``kernel`` are (height, width) pairs, ``padding`` is
 (top, bottom, left, right). Gradient ops carry the size they give back (``input_hw`` or
-``kernel``), since a strided window does not determine it. The forward ops conv2d, conv2d_bias,
-max_pool2d and avg_pool2d also take ``layout`` (``mlir_nn.ir.layouts``): "NHWC" makes their
-image operand and result (N, H, W, C) tensors.
+``kernel``), since a strided window does not determine it. The convolutions and the max and
+average pools (and their gradients) also take ``layout`` (``mlir_nn.ir.layouts``): "NHWC" makes
+their image operands and results (N, H, W, C) tensors.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mlir_nn.ir.layouts import NCHW, TO_NCHW, TO_NHWC, in_layout, layout_of, layout_shape, nchw_shape, without_layout
-from mlir_nn.ir.ops import TensorType, register, same_dtype
+from mlir_nn.ir.layouts import in_layouts
+from mlir_nn.ir.ops import Infer, Reference, TensorType, Vjp, register, same_dtype
 from mlir_nn.ir.shapes import BATCH, Shape, ShapeError, fmt_shape
 
 NEG_INF = float("-inf")
@@ -83,6 +83,13 @@ def _image(op: str, t: TensorType, what: str = "input") -> tuple[Any, int, int, 
     return n, int(c), int(h), int(w)
 
 
+def _register(name: str, arity: int, infer: Infer, reference: Reference, vjp: Vjp | None, doc: str,
+              images: tuple[int, ...], image_out: bool = True) -> None:
+    """Register a window op taking either layout (``images``: its image operands)."""
+    register(name, arity, *in_layouts(name, images, image_out, infer, reference, vjp),
+             doc + " Layout: NCHW (default) or NHWC.")
+
+
 # ---------------------------------------------------------------------------- NumPy helpers
 
 
@@ -132,20 +139,11 @@ def conv_geometry(op: str, x: TensorType, w_shape: Shape, attrs: dict[str, Any])
     return axes_of(op, (h, wd), (kh, kw), attrs)
 
 
-def _nchw_type(op: str, t: TensorType, attrs: dict[str, Any]) -> TensorType:
-    """An image operand of an op with ``attrs``, as the NCHW type of the same image."""
-    layout = layout_of(op, attrs)
-    if layout != NCHW and len(t.shape) != 4:
-        raise ShapeError(f"{op}: input must be {layout} (batch, height, width, channels), got {fmt_shape(t.shape)}")
-    return TensorType(nchw_shape(t.shape, layout), t.dtype)
-
-
 def _conv_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     x, w = types
     dtype = same_dtype("conv2d", types)
-    x = _nchw_type("conv2d", x, attrs)
     ys, xs = conv_geometry("conv2d", x, w.shape, attrs)
-    return TensorType(layout_shape((x.shape[0], w.shape[0], ys.out, xs.out), layout_of("conv2d", attrs)), dtype)
+    return TensorType((x.shape[0], w.shape[0], ys.out, xs.out), dtype)
 
 
 def _grouped(a: np.ndarray, groups: int) -> np.ndarray:
@@ -186,10 +184,6 @@ def _conv_attrs(attrs: dict[str, Any]) -> dict[str, Any]:
 
 def _vjp_conv(emit, xs, out, g, attrs):
     x, w = xs
-    if layout_of("conv2d", attrs) != NCHW:  # the NCHW gradients of the transposed image
-        x_nchw = emit("transpose", x, perm=TO_NCHW)
-        dx, dw = _vjp_conv(emit, [x_nchw, w], None, emit("transpose", g, perm=TO_NCHW), without_layout(attrs))
-        return [emit("transpose", dx, perm=TO_NHWC), dw]
     return [emit("conv2d_input_grad", g, w, input_hw=tuple(x.shape[2:]), **_conv_attrs(attrs)),
             emit("conv2d_weight_grad", x, g, kernel=tuple(w.shape[2:]), **_conv_attrs(attrs))]
 
@@ -233,23 +227,22 @@ def _vjp_conv_weight_grad(emit, xs, out, g, attrs):
             emit("conv2d", x, g, **_conv_attrs(attrs))]
 
 
-register("conv2d", 2, _conv_infer, in_layout(lambda a, at: conv2d_reference(a[0], a[1], at)), _vjp_conv,
+_register("conv2d", 2, _conv_infer, lambda a, at, s: conv2d_reference(a[0], a[1], at), _vjp_conv,
          "2-D cross-correlation of NCHW x with weight (out, in/groups, kh, kw): stride, padding "
-         "(top, bottom, left, right), dilation, groups; layout NCHW (default) or NHWC.")
-register("conv2d_input_grad", 2, _conv_input_grad_infer,
+         "(top, bottom, left, right), dilation, groups.", (0,))
+_register("conv2d_input_grad", 2, _conv_input_grad_infer,
          lambda a, at, s: conv2d_input_grad_reference(a[0], a[1], at), _vjp_conv_input_grad,
-         "Gradient of conv2d wrt its input (a transposed convolution). Operands: (grad, weight); input_hw.")
-register("conv2d_weight_grad", 2, _conv_weight_grad_infer,
+         "Gradient of conv2d wrt its input (a transposed convolution). Operands: (grad, weight); input_hw.", (0,))
+_register("conv2d_weight_grad", 2, _conv_weight_grad_infer,
          lambda a, at, s: conv2d_weight_grad_reference(a[0], a[1], at), _vjp_conv_weight_grad,
-         "Gradient of conv2d wrt its weight. Operands: (input, grad); kernel = (kh, kw).")
+         "Gradient of conv2d wrt its weight. Operands: (input, grad); kernel = (kh, kw).", (0, 1), False)
 
 
 def _conv_bias_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     out = _conv_infer(types[:2], attrs)
     same_dtype("conv2d_bias", types)
-    channels = nchw_shape(out.shape, layout_of("conv2d_bias", attrs))[1]
-    if types[2].shape != (channels,):
-        raise ShapeError(f"conv2d_bias: bias has shape {fmt_shape(types[2].shape)}, expected ({channels},) "
+    if types[2].shape != (out.shape[1],):
+        raise ShapeError(f"conv2d_bias: bias has shape {fmt_shape(types[2].shape)}, expected ({out.shape[1]},) "
                          f"for output {fmt_shape(out.shape)}")
     if attrs.get("activation") not in ("none", "relu"):
         raise ValueError(f"conv2d_bias: unknown activation {attrs.get('activation')!r}; expected 'none' or 'relu'")
@@ -261,10 +254,9 @@ def conv2d_bias_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, attrs:
     return np.maximum(out, 0) if attrs["activation"] == "relu" else out
 
 
-register("conv2d_bias", 3, _conv_bias_infer, in_layout(lambda a, at: conv2d_bias_reference(a[0], a[1], a[2], at)),
-         None, "act(conv2d(x, w) + b) with b (out_channels,) broadcast over (N, H, W); act is 'none' or 'relu'; "
-         "layout NCHW or NHWC. "
-         "Made by the optimizer's rules only.")
+_register("conv2d_bias", 3, _conv_bias_infer, lambda a, at, s: conv2d_bias_reference(a[0], a[1], a[2], at), None,
+         "act(conv2d(x, w) + b) with b (out_channels,) broadcast over (N, H, W); act is 'none' or 'relu'. "
+         "Made by the optimizer's rules only.", (0,))
 
 
 def _conv_update_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -285,9 +277,10 @@ def conv2d_weight_update_reference(args: list[np.ndarray], attrs: dict[str, Any]
     return beta * c - product if attrs.get("subtract") else beta * c + product
 
 
-register("conv2d_weight_update", 5, _conv_update_infer, lambda a, at, s: conv2d_weight_update_reference(a, at), None,
+_register("conv2d_weight_update", 5, _conv_update_infer, lambda a, at, s: conv2d_weight_update_reference(a, at), None,
          "beta * c + alpha * conv2d_weight_grad(x, grad) (minus the gradient when subtract), 0-d alpha and beta: "
-         "an optimizer's update folded into the weight gradient, as gemm for products. Made by the optimizer's rules.")
+         "an optimizer's update folded into the weight gradient, as gemm for products. Made by the optimizer's rules.",
+          (0, 1), False)
 
 
 # ---------------------------------------------------------------------------- pooling
@@ -302,15 +295,11 @@ def pool_geometry(op: str, x: TensorType, attrs: dict[str, Any]) -> tuple[Axis, 
     return axes_of(op, (h, w), kernel, attrs)
 
 
-def _pool_infer(op: str, layouts: bool = False):
-    """Rule of a pooling op; ``layouts``: the op takes a layout attribute."""
-
+def _pool_infer(op: str):
     def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-        if not layouts and "layout" in attrs:
-            raise ValueError(f"{op}: takes no layout attribute (NCHW only), got {attrs['layout']!r}")
-        x = _nchw_type(op, types[0], attrs)
+        (x,) = types
         ys, xs = pool_geometry(op, x, attrs)
-        return TensorType(layout_shape(x.shape[:2] + (ys.out, xs.out), layout_of(op, attrs)), x.dtype)
+        return TensorType(x.shape[:2] + (ys.out, xs.out), x.dtype)
 
     return infer
 
@@ -358,10 +347,6 @@ def max_pool_grad_reference(gy: np.ndarray, index: np.ndarray, attrs: dict[str, 
 
 
 def _vjp_max_pool(emit, xs, out, g, attrs):
-    if layout_of("max_pool2d", attrs) != NCHW:  # the NCHW gradient of the transposed image
-        x, y = (emit("transpose", v, perm=TO_NCHW) for v in (xs[0], out))
-        (dx,) = _vjp_max_pool(emit, [x], y, emit("transpose", g, perm=TO_NCHW), without_layout(attrs))
-        return [emit("transpose", dx, perm=TO_NHWC)]
     index = emit("max_pool2d_index", xs[0], out, **attrs)
     return [emit("max_pool2d_grad", g, index, input_hw=tuple(xs[0].shape[2:]), **attrs)]
 
@@ -376,16 +361,14 @@ def _max_pool_index_infer(types: list[TensorType], attrs: dict[str, Any]) -> Ten
     return expected
 
 
-register("max_pool2d", 1, _pool_infer("max_pool2d", layouts=True),
-         in_layout(lambda a, at: max_pool_reference(a[0], at)),
-         _vjp_max_pool, "Maximum over kernel windows of NCHW x (padding reads -inf): stride, padding, dilation, "
-         "ceil_mode; layout NCHW (default) or NHWC.")
-register("max_pool2d_index", 2, _max_pool_index_infer,
+_register("max_pool2d", 1, _pool_infer("max_pool2d"), lambda a, at, s: max_pool_reference(a[0], at), _vjp_max_pool,
+         "Maximum over kernel windows of NCHW x (padding reads -inf): stride, padding, dilation, ceil_mode.", (0,))
+_register("max_pool2d_index", 2, _max_pool_index_infer,
          lambda a, at, s: max_pool_index_reference(a[0], a[1], at), lambda emit, xs, out, g, at: [None, None],
-         "Input position h * W + w of each window's first maximum (PyTorch's ties). Operands: (x, pooled).")
-register("max_pool2d_grad", 2, _pool_grad_infer("max_pool2d_grad", 2),
+         "Input position h * W + w of each window's first maximum (PyTorch's ties). Operands: (x, pooled).", (0, 1))
+_register("max_pool2d_grad", 2, _pool_grad_infer("max_pool2d_grad", 2),
          lambda a, at, s: max_pool_grad_reference(a[0], a[1], at), None,
-         "Backward of max_pool2d: each window's grad added at its first maximum. Operands: (grad, index).")
+         "Backward of max_pool2d: each window's grad added at its first maximum. Operands: (grad, index).", (0, 1))
 
 
 def avg_divisor(ys: Axis, xs: Axis, count_include_pad: bool) -> np.ndarray:
@@ -415,22 +398,13 @@ def avg_pool_grad_reference(gy: np.ndarray, attrs: dict[str, Any]) -> np.ndarray
     return scatter_windows(cols, ys, xs)
 
 
-def _vjp_avg_pool(emit, xs, out, g, attrs):
-    if layout_of("avg_pool2d", attrs) != NCHW:  # the NCHW gradient, transposed
-        (dx,) = _vjp_avg_pool(emit, [emit("transpose", xs[0], perm=TO_NCHW)], None,
-                              emit("transpose", g, perm=TO_NCHW), without_layout(attrs))
-        return [emit("transpose", dx, perm=TO_NHWC)]
-    return [emit("avg_pool2d_grad", g, input_hw=tuple(xs[0].shape[2:]), **attrs)]
-
-
-register("avg_pool2d", 1, _pool_infer("avg_pool2d", layouts=True),
-         in_layout(lambda a, at: avg_pool_reference(a[0], at)),
-         _vjp_avg_pool, "Mean over kernel windows of NCHW x: stride, padding (zeros), ceil_mode, count_include_pad; "
-         "layout NCHW (default) or NHWC.")
-register("avg_pool2d_grad", 1, _pool_grad_infer("avg_pool2d_grad", 1),
+_register("avg_pool2d", 1, _pool_infer("avg_pool2d"), lambda a, at, s: avg_pool_reference(a[0], at),
+         lambda emit, xs, out, g, at: [emit("avg_pool2d_grad", g, input_hw=tuple(xs[0].shape[2:]), **at)],
+         "Mean over kernel windows of NCHW x: stride, padding (zeros), ceil_mode, count_include_pad.", (0,))
+_register("avg_pool2d_grad", 1, _pool_grad_infer("avg_pool2d_grad", 1),
          lambda a, at, s: avg_pool_grad_reference(a[0], at),
          lambda emit, xs, out, g, at: [emit("avg_pool2d", g, **{k: v for k, v in at.items() if k != "input_hw"})],
-         "Backward of avg_pool2d: each window's grad shared over it by the forward's divisor.")
+         "Backward of avg_pool2d: each window's grad shared over it by the forward's divisor.", (0,))
 
 
 def adaptive_bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
