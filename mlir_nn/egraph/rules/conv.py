@@ -28,7 +28,7 @@ stride, padding, dilation, kernel, per_channel, weight_shape = vars_(
 groups = var("groups", i64)
 layout = var("layout", String)
 CONV = Term.conv2d(x, w, stride, padding, dilation, groups, "NCHW")  # the bias and BatchNorm read (O, 1, 1)
-G = Term.conv2d_weight_grad(x, g, kernel, stride, padding, dilation, groups)
+G = Term.conv2d_weight_grad(x, g, kernel, stride, padding, dilation, groups, layout)  # either layout
 ONE = Term.const(1.0, dt)
 SCALAR = Vec[i64]()
 
@@ -50,7 +50,8 @@ def _update(name: str, pattern: Term, alpha: Term, beta: Term, subtract: bool,
     algebra rules would give it, so that the extractor can price the fused term alone)."""
     facts = [eq(e).to(pattern), eq(shape(c)).to(shape(G)), eq(dt).to(dtype(c))]
     facts += [eq(shape(v)).to(SCALAR) for v in scalars]
-    fused = Term.conv2d_weight_update(x, g, c, alpha, beta, kernel, stride, padding, dilation, groups, subtract)
+    fused = Term.conv2d_weight_update(x, g, c, alpha, beta, kernel, stride, padding, dilation, groups, subtract,
+                                      layout)
     actions = [union(e).with_(fused)]
     if alpha is ONE or beta is ONE:
         actions += [set_(shape(ONE)).to(SCALAR), set_(dtype(ONE)).to(dt)]

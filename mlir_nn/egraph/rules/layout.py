@@ -22,13 +22,13 @@ from collections.abc import Callable
 
 from egglog import Bool, String, Vec, eq, i64, rewrite, rule, set_, union, var, vars_
 
-from mlir_nn.egraph.rules.common import P2, a, b, build, dt, e, s, sa, ta, tb, x, y, z
+from mlir_nn.egraph.rules.common import P2, a, b, build, dt, e, g, s, sa, ta, tb, w, x, y, z
 from mlir_nn.egraph.terms import Term, dtype, shape
 
 P_NHWC = Vec[i64](0, 2, 3, 1)  # the perm of the transpose NCHW -> NHWC (T')
 P_NCHW = Vec[i64](0, 3, 1, 2)  # NHWC -> NCHW (T)
 SCALAR = Vec[i64]()
-stride, padding, dilation, kernel, column = vars_("stride padding dilation kernel column", Vec[i64])
+stride, padding, dilation, kernel, column, hw = vars_("stride padding dilation kernel column hw", Vec[i64])
 groups = var("groups", i64)
 activation = var("activation", String)
 ceil_mode = var("ceil_mode", Bool)
@@ -65,6 +65,48 @@ TY, TZ = Term.transpose(y, P_NCHW), Term.transpose(z, P_NCHW)
 PER_CHANNEL = [eq(s).to(shape(y)), eq(shape(b)).to(Vec[i64](s[3])),
                eq(column).to(Vec[i64](s[3], i64(1), i64(1)))]  # b (C,) as (C, 1, 1) over T(y)
 
+def _tiling(image: Vec[i64], pooled: Vec[i64]) -> list:
+    """Facts: the pool's windows tile the NHWC ``image`` into ``pooled`` (the forms of the pooling
+    gradients that read NHWC; other windows would run NCHW between transposes)."""
+    return [eq(kernel).to(stride), eq(padding).to(Vec[i64](0, 0, 0, 0)), eq(dilation).to(Vec[i64](1, 1)),
+            eq(image[1]).to(pooled[1] * kernel[0]), eq(image[2]).to(pooled[2] * kernel[1])]
+
+
+def _index_in_nhwc() -> tuple[str, object]:
+    """max_pool2d_index(x, T(z)) == T(max_pool2d_index_nhwc(T'(x), z)): the argmax positions (values
+    h * W + w in either layout) of an NHWC pool."""
+    image = Term.transpose(x, P_NHWC)
+    inner = Term.max_pool2d_index(image, z, kernel, stride, padding, dilation, ceil_mode, "NHWC")
+    pattern = Term.max_pool2d_index(x, TZ, kernel, stride, padding, dilation, ceil_mode, "NCHW")
+    facts = [eq(e).to(pattern), eq(s).to(shape(x)), eq(sa).to(shape(e)), eq(dt).to(dtype(e)),
+             *_tiling(_nhwc(s), _nhwc(sa))]
+    return ("max_pool2d_index(x, T(z)) = T(max_pool2d_index_nhwc(T'(x), z))",
+            rule(*facts).then(union(e).with_(Term.transpose(inner, P_NCHW)), *_typed(image, _nhwc(s)),
+                              *_typed(inner, _nhwc(sa))))
+
+
+def _pool_grad_in_nhwc() -> tuple[str, object]:
+    """max_pool2d_grad(g, T(i)) == T(max_pool2d_grad_nhwc(T'(g), i))."""
+    grad = Term.transpose(g, P_NHWC)
+    inner = Term.max_pool2d_grad(grad, z, hw, kernel, stride, padding, dilation, ceil_mode, "NHWC")
+    pattern = Term.max_pool2d_grad(g, TZ, hw, kernel, stride, padding, dilation, ceil_mode, "NCHW")
+    facts = [eq(e).to(pattern), eq(s).to(shape(g)), eq(sa).to(shape(e)), eq(dt).to(dtype(e)),
+             *_tiling(_nhwc(sa), _nhwc(s))]
+    return ("max_pool2d_grad(g, T(i)) = T(max_pool2d_grad_nhwc(T'(g), i))",
+            rule(*facts).then(union(e).with_(Term.transpose(inner, P_NCHW)), *_typed(grad, _nhwc(s)),
+                              *_typed(inner, _nhwc(sa))))
+
+
+def _weight_grad_in_nhwc() -> tuple[str, object]:
+    """conv2d_weight_grad(x, T(g)) == conv2d_weight_grad_nhwc(T'(x), g): the weight's shape either way."""
+    image = Term.transpose(x, P_NHWC)
+    pattern = Term.conv2d_weight_grad(x, TZ, kernel, stride, padding, dilation, groups, "NCHW")
+    return ("conv2d_weight_grad(x, T(g)) = conv2d_weight_grad_nhwc(T'(x), g)",
+            rule(eq(e).to(pattern), eq(s).to(shape(x)), eq(sa).to(shape(e)), eq(dt).to(dtype(e))).then(
+                union(e).with_(Term.conv2d_weight_grad(image, z, kernel, stride, padding, dilation, groups, "NHWC")),
+                *_typed(image, _nhwc(s))))
+
+
 RULES = [
     *[(f"op(A^T) @ B = matmul(A, B, transpose_a={not f})",
        rewrite(Term.matmul(Term.transpose(a, P2), b, f, tb)).to(Term.matmul(a, b, not f, tb)))
@@ -81,6 +123,12 @@ RULES = [
     _moved("max_pool2d(T(y)) = T(max_pool2d_nhwc(y))",
            Term.max_pool2d(TY, kernel, stride, padding, dilation, ceil_mode, "NCHW"),
            Term.max_pool2d(y, kernel, stride, padding, dilation, ceil_mode, "NHWC")),
+    _moved("conv2d_input_grad(T(y), W) = T(conv2d_input_grad_nhwc(y, W))",
+           Term.conv2d_input_grad(TY, w, hw, stride, padding, dilation, groups, "NCHW"),
+           Term.conv2d_input_grad(y, w, hw, stride, padding, dilation, groups, "NHWC")),
+    _weight_grad_in_nhwc(),
+    _index_in_nhwc(),
+    _pool_grad_in_nhwc(),
     *[_moved(f"{n}(T(y)) = T({n}(y))", op(TY), op(y)) for n, op in UNARY.items()],
     *[_moved(f"{n}(T(y), T(z)) = T({n}(y, z))", op(TY, TZ), op(y, z), eq(shape(y)).to(shape(z)))
       for n, op in {**BINARY, "relu_grad": Term.relu_grad}.items()],
