@@ -68,6 +68,16 @@ def _image_chain(seed: int):
     outs = [pooled, op("tanh", op("neg", fused)), op("mul", per_channel, op("sub", fused, const(0.5))),
             op("relu_grad", fused, conv2), op("div", const(2.0), op("add", op("exp", conv2), const(1.0))),
             op("sigmoid", op("sub", conv2, per_channel))]
+    # a backward pass: the pool's argmax and routing (tiling windows), input and weight gradients
+    attrs = dict(stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)
+    conv3 = op("conv2d", pooled, w2, **attrs)  # 4 x 4: 2 x 2 windows tile it
+    tiles = dict(kernel=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=False)
+    top = op("max_pool2d", conv3, **tiles)
+    routed = op("max_pool2d_grad", op("tanh", top), op("max_pool2d_index", conv3, top, **tiles),
+                input_hw=conv3.shape[2:], **tiles)
+    masked = op("relu_grad", conv3, routed)
+    outs += [op("conv2d_input_grad", masked, w2, input_hw=pooled.shape[2:], **attrs),
+             op("sub", w2, op("mul", const(0.1), op("conv2d_weight_grad", pooled, masked, kernel=(2, 2), **attrs)))]
     return [x, *outs], [w, w2, bias]
 
 

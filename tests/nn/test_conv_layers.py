@@ -219,3 +219,21 @@ def test_vgg_inference_runs_nhwc_between_two_transposes_and_equals_pytorch_in_fl
     for batch in (16, 1):
         np.testing.assert_allclose(run(x[:batch]).data, twin(torch.from_numpy(x[:batch])).detach().numpy(),
                                    rtol=1e-10, atol=1e-10)
+
+
+def test_vgg_training_steps_run_nhwc_and_equal_pytorch_in_float64():
+    """A training step's backward reads its activations in NHWC too (the input and weight gradients,
+    the pools' argmax and routing): the layout rules run VGG-small's convolutions, pools and their
+    gradients in NHWC, and several steps still equal PyTorch's."""
+    twin = vgg(torch.nn).double()
+    model = vgg(nn, np.float64)
+    model.load_state_dict({k: v.detach().numpy() for k, v in twin.state_dict().items()})
+    opt = mlir_nn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    topt = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
+    run = mlir_nn.jit(_training_step(model, opt), tiered=False)
+    rng = np.random.default_rng(5)
+    data = [(rng.standard_normal((b, 3, 32, 32)), rng.integers(0, 10, b).astype(np.float64)) for b in (16, 16, 5)]
+    nhwc = {n.op for n in run.lower(*data[0]).optimized_graph.nodes if n.attr_dict.get("layout") == "NHWC"}
+    assert {"conv2d_bias", "max_pool2d", "conv2d_input_grad", "max_pool2d_index", "max_pool2d_grad",
+            "conv2d_weight_update"} <= nhwc, nhwc
+    _steps_equal_torch(run, model, twin, topt, data)
