@@ -50,6 +50,8 @@ class CostModel:
             cost_ns = conv_forms.conv_cost_ns(op, shape, layout_of(op, named))
             return self.byte * conv_forms.BYTES_PER_NS * cost_ns + self.launch
         out = numel(out_shape, self.batch)
+        if op == "transpose" and len(out_shape) == 4:  # an image between NCHW and NHWC, priced as the convs' moves
+            return self.byte * conv_forms.BYTES_PER_NS * conv_forms.transpose_ns(out * itemsize) + self.launch
         ins = [numel(s, self.batch) for s in in_shapes if len(s)]  # scalars ride along as arguments
         moved = (sum(ins) + out) * itemsize
         if op in MATMULS:

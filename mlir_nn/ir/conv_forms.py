@@ -19,8 +19,9 @@ calibrated on one core by ``benchmarks/conv_forms.py``.
 
 A convolution or gradient in NHWC (``layout="NHWC"``, ``mlir_nn.ir.layouts``) saves, in the form
 that computes in NHWC (``NHWC_FORMS``: the GEMMs, col2im), the move between pixel rows and NCHW of
-its output-sized image; its other forms run on images transposed to NCHW and transpose their image
-result back, passes the NCHW op does not make.
+its output-sized image (``transpose_ns``: slower than streaming once out of cache), less what its
+im2col loses gathering from few channels; its other forms run on images transposed to NCHW and
+transpose their image result back, passes the NCHW op does not make.
 """
 
 from __future__ import annotations
@@ -46,6 +47,15 @@ GROUPED_FMAS_PER_NS = 10.0  # the generic loop nest: the taps' reduction innermo
 BYTES_PER_NS = 20.0  # bytes streamed per ns (copies, packing, transposes, col2im's adds)
 LAUNCH_NS = 1000.0  # one kernel of the step
 VECTOR_BYTES = 64  # AVX-512
+# An image moved between NCHW and NHWC (or pixel rows), read and written: at BYTES_PER_NS up to
+# TRANSPOSE_CACHED_BYTES, at TRANSPOSE_BYTES_PER_NS beyond (one thread, benchmarks/conv_forms.py
+# --layout both: 16.7 MB took 6.3-9.3 ms, 8.4 MB 2.5 ms, 1.2 MB and less 18-35 bytes/ns)
+TRANSPOSE_BYTES_PER_NS = 5.0
+TRANSPOSE_CACHED_BYTES = 6 << 20
+# An NHWC im2col gathers each column along a row of pixels C values apart (NCHW: contiguous): the
+# share of its bytes' time added per vector of channel bytes short (LeNet-5's 6-channel conv2:
+# forward +40%, weight gradient +13%)
+NHWC_GATHER = {"conv2d": 0.22, "conv2d_bias": 0.22, "conv2d_weight_grad": 0.1, "conv2d_weight_update": 0.1}
 BATCH_ESTIMATE = 64  # a dynamic batch's size for the choice (every term but the launches scales with it)
 
 FORM_ENV = "MLIR_NN_CONV_FORM"
@@ -189,9 +199,15 @@ def form_costs(op: str, s: ConvShape, layout: str = NCHW) -> dict[str, float]:
     if layout == NCHW:
         return costs
     b = s.itemsize
-    saved = 2 * s.out * b / BYTES_PER_NS + LAUNCH_NS
-    transposes = 2 * (s.image + s.out) * b / BYTES_PER_NS + 2 * LAUNCH_NS  # the image operand in, the image out
-    return {form: ns - saved if form == NHWC_FORMS[op] else ns + transposes for form, ns in costs.items()}
+    gather = NHWC_GATHER.get(op, 0.0) * VECTOR_BYTES / (s.c * b) * 2 * s.pixels * s.taps * b / BYTES_PER_NS
+    native = gather - transpose_ns(s.out * b) - LAUNCH_NS
+    transposes = transpose_ns(s.image * b) + transpose_ns(s.out * b) + 2 * LAUNCH_NS  # the image in, the image out
+    return {form: ns + (native if form == NHWC_FORMS[op] else transposes) for form, ns in costs.items()}
+
+
+def transpose_ns(nbytes: float) -> float:
+    """Nanoseconds of moving an image of ``nbytes`` between NCHW and NHWC (a transpose)."""
+    return 2 * nbytes / (BYTES_PER_NS if nbytes <= TRANSPOSE_CACHED_BYTES else TRANSPOSE_BYTES_PER_NS)
 
 
 def forced_form() -> str:

@@ -107,6 +107,16 @@ def _weight_grad_in_nhwc() -> tuple[str, object]:
                 *_typed(image, _nhwc(s))))
 
 
+def _per_channel_sum() -> tuple[str, object]:
+    """sum_to(T(y), (C, 1, 1)) == reshape(sum_to(y, (C,)), (C, 1, 1)): a bias gradient summed from the
+    NHWC gradient (along its last axis), not from a transpose of it."""
+    channels = Vec[i64](s[3])
+    summed = Term.sum_to(y, channels)
+    return ("sum_to(T(y), (C, 1, 1)) = sum_to(y, (C,))",
+            rule(eq(e).to(Term.sum_to(TY, column)), *PER_CHANNEL[:1], eq(column).to(Vec[i64](s[3], i64(1), i64(1))),
+                 eq(dt).to(dtype(e))).then(union(e).with_(Term.reshape(summed, column)), *_typed(summed, channels)))
+
+
 RULES = [
     *[(f"op(A^T) @ B = matmul(A, B, transpose_a={not f})",
        rewrite(Term.matmul(Term.transpose(a, P2), b, f, tb)).to(Term.matmul(a, b, not f, tb)))
@@ -129,6 +139,7 @@ RULES = [
     _weight_grad_in_nhwc(),
     _index_in_nhwc(),
     _pool_grad_in_nhwc(),
+    _per_channel_sum(),
     *[_moved(f"{n}(T(y)) = T({n}(y))", op(TY), op(y)) for n, op in UNARY.items()],
     *[_moved(f"{n}(T(y), T(z)) = T({n}(y, z))", op(TY, TZ), op(y, z), eq(shape(y)).to(shape(z)))
       for n, op in {**BINARY, "relu_grad": Term.relu_grad}.items()],
