@@ -639,27 +639,34 @@ def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir
     """A stride-1 convolution of the spread gradient with the flipped, transposed weight."""
     form = conv_form(b, node)
     layout = layout_of(node.op, node.attr_dict)
-    if layout != NCHW:
-        if form == "col2im":
-            return _conv2d_input_grad_col2im(b, node, xs_, layout)
-        return _nchw_inside(_conv2d_input_grad)(b, node, xs_)
     if form == "grouped":
-        return _conv2d_input_grad_direct(b, node, xs_)
+        return _conv2d_input_grad_direct(b, node, xs_) if layout == NCHW else \
+            _nchw_inside(_conv2d_input_grad)(b, node, xs_)
     if form == "col2im":
-        return _conv2d_input_grad_col2im(b, node, xs_)
-    if not b.strided_copies and int(node.shape[1]) < FEW_CHANNELS and str(b.element) != "f32":
-        return _conv2d_input_grad_gathered(b, node, xs_)  # (CUDA float32 products read the columns in place)
+        return _conv2d_input_grad_col2im(b, node, xs_, layout)
+    if not b.strided_copies and int(nchw_shape(node.shape, layout)[1]) < FEW_CHANNELS and str(b.element) != "f32":
+        # (CUDA float32 products read the columns in place)
+        return _conv2d_input_grad_gathered(b, node, xs_) if layout == NCHW else \
+            _nchw_inside(_conv2d_input_grad)(b, node, xs_)
     g_node, w_node = node.inputs
     o, c, kh, kw = (int(d) for d in w_node.shape)
-    n, _, h, wd = node.shape
+    n, _, h, wd = nchw_shape(node.shape, layout)
     ys, xs = axes_of(node.op, (int(h), int(wd)), (kh, kw), node.attr_dict)
-    spread = _spread_shape(g_node.shape, ys, xs)
-    gz = place(b, xs_[0], g_node.shape, spread, (0, 0, ys.span - 1, xs.span - 1), (1, 1, ys.stride, xs.stride), 0.0)
-    cols = _columns(b, gz, spread, (int(h), int(wd)), ys, xs, (ys.lo, xs.lo), (1, 1))
+    spread = _spread_shape(nchw_shape(g_node.shape, layout), ys, xs)  # NCHW
+    if layout == NHWC:
+        gz = place(b, xs_[0], g_node.shape, (spread[0], spread[2], spread[3], spread[1]),
+                   (0, ys.span - 1, xs.span - 1, 0), (1, ys.stride, xs.stride, 1), 0.0)
+    else:
+        gz = place(b, xs_[0], g_node.shape, spread, (0, 0, ys.span - 1, xs.span - 1), (1, 1, ys.stride, xs.stride),
+                   0.0)
+    cols = _columns(b, gz, spread, (int(h), int(wd)), ys, xs, (ys.lo, xs.lo), (1, 1), layout)
     w = _flipped(b, xs_[1], w_node.shape, (o, kh, kw, c))
     w = reshape(b, w, (o, kh, kw, c), (o * kh * kw, c), [[0, 1, 2], [3]])
     nhwc = (n, int(h), int(wd), c)
-    return _nchw(b, _product(b, cols, w, (_rows(*nhwc[:3]), c), nhwc[:3], False, False), nhwc)
+    rows = _product(b, cols, w, (_rows(*nhwc[:3]), c), nhwc[:3], False, False)
+    if layout == NHWC:
+        return reshape(b, rows, (_rows(*nhwc[:3]), c), nhwc, [[0, 1, 2], [3]])
+    return _nchw(b, rows, nhwc)
 
 
 # CUDA float64: an input gradient with fewer input channels is a narrow product, summed back as a gather

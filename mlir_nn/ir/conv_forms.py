@@ -181,10 +181,12 @@ def input_grad_costs(s: ConvShape) -> dict[str, float]:
     return {"col2im": col2im, "gemm": gemm}
 
 
-# The forms that compute in NHWC with no transpose (the others run NCHW between transposes): each
-# saves the move of its output-sized operand or result between pixel rows and NCHW
-NHWC_FORMS = {"conv2d": "gemm", "conv2d_bias": "gemm", "conv2d_input_grad": "col2im", "conv2d_weight_grad": "gemm",
-              "conv2d_weight_update": "gemm"}
+# The forms that compute in NHWC with no transpose (the others run NCHW between transposes), each with
+# the image whose move between pixel rows and NCHW it saves: the output-sized one ("out": the result,
+# or the output gradient read), or the input-sized one (the input gradient's GEMM rows)
+NHWC_FORMS = {"conv2d": {"gemm": "out"}, "conv2d_bias": {"gemm": "out"},
+              "conv2d_input_grad": {"col2im": "out", "gemm": "image"}, "conv2d_weight_grad": {"gemm": "out"},
+              "conv2d_weight_update": {"gemm": "out"}}
 
 
 def form_costs(op: str, s: ConvShape, layout: str = NCHW) -> dict[str, float]:
@@ -200,9 +202,10 @@ def form_costs(op: str, s: ConvShape, layout: str = NCHW) -> dict[str, float]:
         return costs
     b = s.itemsize
     gather = NHWC_GATHER.get(op, 0.0) * VECTOR_BYTES / (s.c * b) * 2 * s.pixels * s.taps * b / BYTES_PER_NS
-    native = gather - transpose_ns(s.out * b) - LAUNCH_NS
     transposes = transpose_ns(s.image * b) + transpose_ns(s.out * b) + 2 * LAUNCH_NS  # the image in, the image out
-    return {form: ns + (native if form == NHWC_FORMS[op] else transposes) for form, ns in costs.items()}
+    native = NHWC_FORMS[op]
+    return {form: ns + (gather - transpose_ns({"out": s.out, "image": s.image}[native[form]] * b) - LAUNCH_NS
+                        if form in native else transposes) for form, ns in costs.items()}
 
 
 def transpose_ns(nbytes: float) -> float:
