@@ -17,6 +17,7 @@ from mlir.dialects import arith, linalg, tensor
 
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder
 from mlir_nn.codegen.maps import dims_map, identity_map
+from mlir_nn.ir.layouts import NCHW, nchw_shape
 from mlir_nn.ir.shapes import Dim, Shape
 from mlir_nn.ir.windows import Axis
 
@@ -39,10 +40,10 @@ def _tap(b: FunctionBuilder, cols: ir.Value, cols_shape: Shape, k: int, m: int) 
 
 
 def scatter_columns(b: FunctionBuilder, cols: ir.Value, cols_shape: Shape, ys: Axis, xs: Axis,
-                    out_shape: Shape) -> ir.Value:
-    """Sum columns (N, P, Q, KH, KW, C) into the (N, C, H, W) image their windows cover."""
+                    out_shape: Shape, layout: str = NCHW) -> ir.Value:
+    """Sum columns (N, P, Q, KH, KW, C) into the (N, C, H, W) (or NHWC) image their windows cover."""
     acc = b.filled(accumulator_shape(cols_shape, ys, xs), 0.0)
-    return cropped_nchw(b, add_columns(b, cols, cols_shape, acc, ys, xs), ys, xs, out_shape)
+    return cropped(b, add_columns(b, cols, cols_shape, acc, ys, xs), ys, xs, out_shape, layout)
 
 
 def accumulator_shape(cols_shape: Shape, ys: Axis, xs: Axis) -> tuple[Dim, ...]:
@@ -100,17 +101,21 @@ def _row_runs(b: FunctionBuilder, cols: ir.Value, cols_shape: Shape, acc: ir.Val
     return tensor.expand_shape(kind, added, [[0], [1], [2, 3]], _dynamic(sizes), _static(sizes))
 
 
-def cropped_nchw(b: FunctionBuilder, acc: ir.Value, ys: Axis, xs: Axis, out_shape: Shape) -> ir.Value:
-    """The padded NHWC accumulator's (H, W) interior (a view) copied to NCHW. The crop is a slice,
-    not an offset in the copy's map: linalg takes each loop's extent from the first operand
-    that indexes it plainly, which would be the padded accumulator."""
-    n, c, h, w = out_shape
+def cropped(b: FunctionBuilder, acc: ir.Value, ys: Axis, xs: Axis, out_shape: Shape, layout: str = NCHW) -> ir.Value:
+    """The padded NHWC accumulator's (H, W) interior (a view) copied to NCHW (or NHWC, where an
+    accumulator without padding is the result itself). The crop is a slice, not an offset in the
+    copy's map: linalg takes each loop's extent from the first operand that indexes it plainly,
+    which would be the padded accumulator."""
+    n, c, h, w = nchw_shape(out_shape, layout)
+    if layout != NCHW and (ys.padded, xs.padded) == (h, w):
+        return acc
     sizes = b.sizes((n, h, w, c))
     kind = ir.RankedTensorType.get(_static(sizes), b.element)
     interior = tensor.extract_slice(kind, acc, [], _dynamic(sizes), [], [0, ys.lo, xs.lo, 0], _static(sizes),
                                     [1] * 4)
+    read = identity_map(4) if layout != NCHW else dims_map(4, [0, 2, 3, 1])
 
-    @linalg.generic([interior], [b.empty(out_shape)], [dims_map(4, [0, 2, 3, 1]), identity_map(4)], [PARALLEL] * 4)
+    @linalg.generic([interior], [b.empty(out_shape)], [read, identity_map(4)], [PARALLEL] * 4)
     def result(v: ir.Value, _out: ir.Value) -> ir.Value:
         return v
 

@@ -14,6 +14,12 @@ Over a static batch with many output pixels, the CPU weight and col2im input gra
 chunk of images (CHUNK_PIXELS), as tasks, so that each chunk's columns stay in cache. The fused ops
 the optimizer's conv rules make (``conv2d_bias``, ``conv2d_weight_update``) are the same
 products with element-wise epilogues.
+
+The forward ops' NHWC forms (``layout="NHWC"``, made by the optimizer's layout rules) have no
+transposes of their own where the loop nest reads NHWC as easily: the GEMM convolution (its im2col
+gathers from the NHWC image, its product rows are the NHWC result) and the max pool; the other
+forms run on the image transposed to NCHW, their result transposed back (``_nchw_inside``), as the
+cost of ``conv_forms`` counts them.
 """
 
 from __future__ import annotations
@@ -28,11 +34,12 @@ from mlir.dialects import arith, linalg, scf, tensor
 from mlir_nn.codegen.batch_split import partials_added
 from mlir_nn.codegen.batched_products import batch_tasks
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
-from mlir_nn.codegen.col2im import accumulator_shape, add_columns, cropped_nchw, scatter_columns
+from mlir_nn.codegen.col2im import accumulator_shape, add_columns, cropped, scatter_columns
 from mlir_nn.codegen.im2col_panels import IM2COL
-from mlir_nn.codegen.maps import dims_map, identity_map, matmul_maps
+from mlir_nn.codegen.maps import dims_map, identity_map, matmul_maps, permutation_map
 from mlir_nn.codegen.tensor_types import tensor_type
-from mlir_nn.ir import Node, conv_forms
+from mlir_nn.ir import Node, conv_forms, make_node
+from mlir_nn.ir.layouts import NCHW, NHWC, TO_NCHW, TO_NHWC, layout_of, nchw_shape, without_layout
 from mlir_nn.ir.shapes import BATCH, Dim, Shape
 from mlir_nn.ir.windows import Axis, axes_of
 from mlir_nn.support.cpu_target import vector_bytes
@@ -120,12 +127,43 @@ _SPLIT_1 = [[0], [1, 2], [3], [4]]  # (N, C, H, W) <-> (N, G, C/G, H, W)
 _SPLIT_0 = [[0, 1], [2], [3], [4]]  # (O, ...) <-> (G, O/G, ...)
 
 
-def _padded(b: FunctionBuilder, x: ir.Value, shape: Shape, ys: Axis, xs: Axis, fill: float) -> ir.Value:
-    """The NCHW input padded to every extent its windows read."""
-    out = tuple(shape[:2]) + (ys.padded, xs.padded)
+def _padded(b: FunctionBuilder, x: ir.Value, shape: Shape, ys: Axis, xs: Axis, fill: float,
+            layout: str = NCHW) -> ir.Value:
+    """The NCHW (or NHWC) input padded to every extent its windows read."""
+    if layout == NHWC:
+        out, offsets = (shape[0], ys.padded, xs.padded, shape[3]), (0, ys.lo, xs.lo, 0)
+    else:
+        out, offsets = tuple(shape[:2]) + (ys.padded, xs.padded), (0, 0, ys.lo, xs.lo)
     if out == tuple(shape):
         return x
-    return place(b, x, shape, out, (0, 0, ys.lo, xs.lo), (1, 1, 1, 1), fill)
+    return place(b, x, shape, out, offsets, (1, 1, 1, 1), fill)
+
+
+def permuted(b: FunctionBuilder, x: ir.Value, shape: Shape, perm: tuple[int, ...]) -> ir.Value:
+    """``x`` transposed: output axis j is input axis perm[j]."""
+    out = tuple(shape[p] for p in perm)
+
+    @linalg.generic([x], [b.empty(out)], [permutation_map(perm), identity_map(len(perm))], [PARALLEL] * len(perm))
+    def result(v: ir.Value, _out: ir.Value) -> ir.Value:
+        return v
+
+    return result
+
+
+def _nchw_inside(lower: Rule, images: tuple[int, ...] = (0,), image_out: bool = True) -> Rule:
+    """``lower`` (an NCHW op's lowering) for the op's NHWC form: the image operands (``images``)
+    transposed to NCHW, the NCHW op lowered, its result transposed back when an image."""
+
+    def lowered(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+        inputs, operands = list(node.inputs), list(xs_)
+        for i in images:
+            operands[i] = permuted(b, b.tensor_of(xs_[i], inputs[i].shape), inputs[i].shape, TO_NCHW)
+            inputs[i] = make_node("transpose", [inputs[i]], perm=TO_NCHW)
+        twin = make_node(node.op, inputs, **without_layout(node.attr_dict))
+        result = lower(b, twin, operands)
+        return permuted(b, result, twin.shape, TO_NHWC) if image_out else result
+
+    return lowered
 
 
 def _window(b: FunctionBuilder, ys: Axis, xs: Axis) -> ir.Value:
@@ -168,7 +206,7 @@ def conv_form(b: FunctionBuilder, node: Node) -> str:
         return "gemm" if int(node.attr("groups")) == 1 else "grouped"
     shape = conv_forms.conv_shape(node.op, [i.shape for i in node.inputs], node.shape, node.attr_dict,
                                   conv_forms.BATCH_ESTIMATE, ir.FloatType(b.element).width // 8)
-    return conv_forms.conv_form(node.op, shape)
+    return conv_forms.conv_form(node.op, shape, layout_of(node.op, node.attr_dict))
 
 
 def _grouped(b: FunctionBuilder, x: ir.Value, shape: Shape, groups: int) -> ir.Value:
@@ -381,13 +419,15 @@ def _rows(n: Dim, *dims: int) -> Dim:
 
 
 def _columns(b: FunctionBuilder, image: ir.Value, shape: Shape, out_hw: tuple[int, int], ys: Axis, xs: Axis,
-             offset: tuple[int, int], stride: tuple[int, int]) -> ir.Value:
-    """(N * P * Q, C * KH * KW): row (n, p, q) holds image[n, :, p * stride + k * dilation + offset, ...]."""
+             offset: tuple[int, int], stride: tuple[int, int], layout: str = NCHW) -> ir.Value:
+    """(N * P * Q, C * KH * KW): row (n, p, q) holds image[n, :, p * stride + k * dilation + offset, ...]
+    (``shape``: the image's NCHW shape; ``layout``: the image's own)."""
     n, c = shape[0], int(shape[1])
     p, q = out_hw
     cols_shape = (n, p, q, c, ys.kernel, xs.kernel)
-    read = _map(6, [_d(0), _d(3), _d(1) * stride[0] + _d(4) * ys.dilation + offset[0],
-                    _d(2) * stride[1] + _d(5) * xs.dilation + offset[1]])
+    rows = _d(1) * stride[0] + _d(4) * ys.dilation + offset[0]
+    columns = _d(2) * stride[1] + _d(5) * xs.dilation + offset[1]
+    read = _map(6, [_d(0), rows, columns, _d(3)] if layout == NHWC else [_d(0), _d(3), rows, columns])
 
     @linalg.generic([image], [b.empty(cols_shape)], [read, identity_map(6)], [PARALLEL] * 6)
     def cols(v: ir.Value, _out: ir.Value) -> ir.Value:
@@ -443,53 +483,80 @@ def _transposed_rows(b: FunctionBuilder, x: ir.Value, shape: Shape) -> ir.Value:
 
 def _conv2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     form = conv_form(b, node)
-    if form == "taps":
-        return _conv2d_taps(b, node, xs_)
-    if form == "grouped":
-        return _conv2d_direct(b, node, xs_)
+    layout = layout_of(node.op, node.attr_dict)
+    if form == "gemm":
+        return _conv2d_gemm(b, node, xs_, layout)
+    if layout != NCHW:
+        return _nchw_inside(_conv2d)(b, node, xs_)
+    return _conv2d_taps(b, node, xs_) if form == "taps" else _conv2d_direct(b, node, xs_)
+
+
+def _conv2d_gemm(b: FunctionBuilder, node: Node, xs_: list[Operand], layout: str) -> ir.Value:
+    """im2col + GEMM: the product's rows are the NHWC result, moved to NCHW for an NCHW node."""
     x_node, w_node = node.inputs[:2]
     o, c, kh, kw = (int(d) for d in w_node.shape)
-    ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
-    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
-    cols = _columns(b, x, x_node.shape, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride))
+    image = nchw_shape(x_node.shape, layout)
+    ys, xs = axes_of(node.op, tuple(image[2:]), (kh, kw), node.attr_dict)
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0, layout)
+    cols = _columns(b, x, image, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride), layout)
     w = reshape(b, xs_[1], w_node.shape, (o, c * kh * kw), [[0], [1, 2, 3]])
     nhwc = (x_node.shape[0], ys.out, xs.out, o)
-    return _nchw(b, _product(b, cols, w, (_rows(*nhwc[:3]), o), nhwc[:3], False, True), nhwc)
+    rows = _product(b, cols, w, (_rows(*nhwc[:3]), o), nhwc[:3], False, True)
+    if layout == NHWC:
+        return reshape(b, rows, (_rows(*nhwc[:3]), o), nhwc, [[0, 1, 2], [3]])
+    return _nchw(b, rows, nhwc)
 
 
 def _conv2d_bias(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     """The convolution, then bias and activation as an element-wise epilogue (the tensor-level
     fusion merges it into the pass that moves the product's rows to NCHW)."""
+    layout = layout_of(node.op, node.attr_dict)
+    if layout != NCHW and conv_form(b, node) != "gemm":
+        return _nchw_inside(_conv2d_bias)(b, node, xs_)
     conv = _conv2d(b, node, xs_)
     relu = node.attr("activation") == "relu"
-    bias = reshape(b, b.tensor_of(xs_[2], node.inputs[2].shape), node.inputs[2].shape,
-                   (node.shape[1], 1, 1), [[0, 1, 2]])
+    bias = b.tensor_of(xs_[2], node.inputs[2].shape)
+    per_channel = node.inputs[2].shape  # (O,): along NHWC's last axis
+    if layout == NCHW:
+        per_channel = (node.shape[1], 1, 1)
+        bias = reshape(b, bias, node.inputs[2].shape, per_channel, [[0, 1, 2]])
 
     def epilogue(v: ir.Value, bv: ir.Value) -> ir.Value:
         total = arith.addf(v, bv)
         return arith.maximumf(total, b.scalar(0.0)) if relu else total
 
-    return b.elementwise(node.shape, [conv, bias], [node.shape, (node.shape[1], 1, 1)], epilogue, init=conv)
+    return b.elementwise(node.shape, [conv, bias], [node.shape, per_channel], epilogue, init=conv)
 
 
 def _conv2d_weight_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     form = conv_form(b, node)
+    layout = layout_of(node.op, node.attr_dict)
+    if layout != NCHW and form != "gemm":
+        return _nchw_inside(_conv2d_weight_grad, (0, 1), image_out=False)(b, node, xs_)
     if form == "taps":
         return _conv2d_weight_grad_taps(b, node, xs_)
     if form == "grouped":
         return _conv2d_weight_grad_direct(b, node, xs_)
     x_node, g_node = node.inputs[:2]
     o, c, kh, kw = (int(d) for d in node.shape)
-    ys, xs = axes_of(node.op, tuple(x_node.shape[2:]), (kh, kw), node.attr_dict)
-    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
-    grad = _pixel_rows(b, xs_[1], g_node.shape)
+    image = nchw_shape(x_node.shape, layout)
+    ys, xs = axes_of(node.op, tuple(image[2:]), (kh, kw), node.attr_dict)
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0, layout)
+    grad = _image_rows(b, xs_[1], g_node.shape, layout)
     images = chunk_images(x_node.shape[0], ys.out * xs.out) if b.strided_copies else None
     if images is not None:
-        flat = _weight_grad_in_chunks(b, x, grad, x_node.shape, (o, c * kh * kw), ys, xs, images)
+        flat = _weight_grad_in_chunks(b, x, grad, image, (o, c * kh * kw), ys, xs, images, layout)
     else:
-        cols = _columns(b, x, x_node.shape, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride))
+        cols = _columns(b, x, image, (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride), layout)
         flat = _product(b, grad, cols, (o, c * kh * kw), (o,), True, False)
     return reshape(b, flat, (o, c * kh * kw), node.shape, [[0], [1, 2, 3]])
+
+
+def _image_rows(b: FunctionBuilder, x: ir.Value, shape: Shape, layout: str) -> ir.Value:
+    """An image as (N * H * W, C) pixel rows: a view of an NHWC image, made once from an NCHW one."""
+    if layout == NCHW:
+        return _pixel_rows(b, x, shape)
+    return reshape(b, x, shape, (_rows(*shape[:3]), shape[3]), [[0, 1, 2], [3]])
 
 
 # CPU weight and col2im input gradients over a static batch with more than 2 * CHUNK_PIXELS output
@@ -509,7 +576,7 @@ def chunk_images(n: Dim, pixels: int) -> int | None:
 
 
 def _weight_grad_in_chunks(b: FunctionBuilder, x: ir.Value, grad: ir.Value, x_shape: Shape, out: tuple[int, int],
-                           ys: Axis, xs: Axis, images: int) -> ir.Value:
+                           ys: Axis, xs: Axis, images: int, layout: str = NCHW) -> ir.Value:
     """grad^T @ columns summed over chunks of ``images`` images: each chunk's columns (gathered from its
     slice of the padded input ``x``) are written just before its product reads them, in cache, where the
     whole batch's columns streamed from memory (VGG-small's second convolution at batch 128: 32768
@@ -527,10 +594,10 @@ def _weight_grad_in_chunks(b: FunctionBuilder, x: ir.Value, grad: ir.Value, x_sh
         loop = scf.ForOp(first, arith.addi(first, b.index(chunks // tasks)), b.index(1), [acc])
         with ir.InsertionPoint(loop.body):
             image = arith.muli(loop.induction_variable, b.index(images))
-            kind = ir.RankedTensorType.get([images, c, height, width], b.element)
-            part = tensor.extract_slice(kind, x, [image], [], [], [dynamic, 0, 0, 0], [images, c, height, width],
-                                        [1] * 4)
-            cols = _columns(b, part, (images, c), (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride))
+            sizes = [images, c, height, width] if layout == NCHW else [images, height, width, c]
+            part = tensor.extract_slice(ir.RankedTensorType.get(sizes, b.element), x, [image], [], [],
+                                        [dynamic, 0, 0, 0], sizes, [1] * 4)
+            cols = _columns(b, part, (images, c), (ys.out, xs.out), ys, xs, (0, 0), (ys.stride, xs.stride), layout)
             rows = tensor.extract_slice(ir.RankedTensorType.get([pixels, out[0]], b.element), grad,
                                         [arith.muli(image, b.index(ys.out * xs.out))], [], [], [dynamic, 0],
                                         [pixels, out[0]], [1, 1])
@@ -571,23 +638,35 @@ def _conv2d_weight_update(b: FunctionBuilder, node: Node, xs_: list[Operand]) ->
 def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     """A stride-1 convolution of the spread gradient with the flipped, transposed weight."""
     form = conv_form(b, node)
+    layout = layout_of(node.op, node.attr_dict)
     if form == "grouped":
-        return _conv2d_input_grad_direct(b, node, xs_)
+        return _conv2d_input_grad_direct(b, node, xs_) if layout == NCHW else \
+            _nchw_inside(_conv2d_input_grad)(b, node, xs_)
     if form == "col2im":
-        return _conv2d_input_grad_col2im(b, node, xs_)
-    if not b.strided_copies and int(node.shape[1]) < FEW_CHANNELS and str(b.element) != "f32":
-        return _conv2d_input_grad_gathered(b, node, xs_)  # (CUDA float32 products read the columns in place)
+        return _conv2d_input_grad_col2im(b, node, xs_, layout)
+    if not b.strided_copies and int(nchw_shape(node.shape, layout)[1]) < FEW_CHANNELS and str(b.element) != "f32":
+        # (CUDA float32 products read the columns in place)
+        return _conv2d_input_grad_gathered(b, node, xs_) if layout == NCHW else \
+            _nchw_inside(_conv2d_input_grad)(b, node, xs_)
     g_node, w_node = node.inputs
     o, c, kh, kw = (int(d) for d in w_node.shape)
-    n, _, h, wd = node.shape
+    n, _, h, wd = nchw_shape(node.shape, layout)
     ys, xs = axes_of(node.op, (int(h), int(wd)), (kh, kw), node.attr_dict)
-    spread = _spread_shape(g_node.shape, ys, xs)
-    gz = place(b, xs_[0], g_node.shape, spread, (0, 0, ys.span - 1, xs.span - 1), (1, 1, ys.stride, xs.stride), 0.0)
-    cols = _columns(b, gz, spread, (int(h), int(wd)), ys, xs, (ys.lo, xs.lo), (1, 1))
+    spread = _spread_shape(nchw_shape(g_node.shape, layout), ys, xs)  # NCHW
+    if layout == NHWC:
+        gz = place(b, xs_[0], g_node.shape, (spread[0], spread[2], spread[3], spread[1]),
+                   (0, ys.span - 1, xs.span - 1, 0), (1, ys.stride, xs.stride, 1), 0.0)
+    else:
+        gz = place(b, xs_[0], g_node.shape, spread, (0, 0, ys.span - 1, xs.span - 1), (1, 1, ys.stride, xs.stride),
+                   0.0)
+    cols = _columns(b, gz, spread, (int(h), int(wd)), ys, xs, (ys.lo, xs.lo), (1, 1), layout)
     w = _flipped(b, xs_[1], w_node.shape, (o, kh, kw, c))
     w = reshape(b, w, (o, kh, kw, c), (o * kh * kw, c), [[0, 1, 2], [3]])
     nhwc = (n, int(h), int(wd), c)
-    return _nchw(b, _product(b, cols, w, (_rows(*nhwc[:3]), c), nhwc[:3], False, False), nhwc)
+    rows = _product(b, cols, w, (_rows(*nhwc[:3]), c), nhwc[:3], False, False)
+    if layout == NHWC:
+        return reshape(b, rows, (_rows(*nhwc[:3]), c), nhwc, [[0, 1, 2], [3]])
+    return _nchw(b, rows, nhwc)
 
 
 # CUDA float64: an input gradient with fewer input channels is a narrow product, summed back as a gather
@@ -596,27 +675,27 @@ def _conv2d_input_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir
 FEW_CHANNELS = 16
 
 
-def _conv2d_input_grad_col2im(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+def _conv2d_input_grad_col2im(b: FunctionBuilder, node: Node, xs_: list[Operand], layout: str = NCHW) -> ir.Value:
     """The wide product (N * P * Q, O) @ weight (O, KH * KW * C), then col2im: each kernel tap's
     columns added into the strided window of the image it covers (``codegen.col2im``)."""
     g_node, w_node = node.inputs
     o, c, kh, kw = (int(d) for d in w_node.shape)
-    n, _, h, wd = node.shape
+    n, _, h, wd = nchw_shape(node.shape, layout)
     ys, xs = axes_of(node.op, (int(h), int(wd)), (kh, kw), node.attr_dict)
     p, q = ys.out, xs.out
-    grad = _pixel_rows(b, xs_[0], g_node.shape)
+    grad = _image_rows(b, xs_[0], g_node.shape, layout)
     w = _taps_last_channel(b, xs_[1], w_node.shape)
     images = chunk_images(n, p * q)
     if images is not None:
-        return _input_grad_in_chunks(b, grad, w, (int(n), p, q, kh, kw, c), ys, xs, images, node.shape)
+        return _input_grad_in_chunks(b, grad, w, (int(n), p, q, kh, kw, c), ys, xs, images, node.shape, layout)
     flat = _product(b, grad, w, (_rows(n, p, q), kh * kw * c), (n, p, q), False, False)
     cols_shape = (n, p, q, kh, kw, c)
     cols = reshape(b, flat, (_rows(n, p, q), kh * kw * c), cols_shape, [[0, 1, 2], [3, 4, 5]])
-    return scatter_columns(b, cols, cols_shape, ys, xs, node.shape)
+    return scatter_columns(b, cols, cols_shape, ys, xs, node.shape, layout)
 
 
 def _input_grad_in_chunks(b: FunctionBuilder, grad: ir.Value, w: ir.Value, cols_shape: tuple[int, ...], ys: Axis,
-                          xs: Axis, images: int, out_shape: Shape) -> ir.Value:
+                          xs: Axis, images: int, out_shape: Shape, layout: str = NCHW) -> ir.Value:
     """The col2im input gradient over chunks of ``images`` images (``chunk_images``): each chunk's
     columns, grad rows @ ``w``, are added into its images as soon as the product has written them, in
     cache, where the whole batch's columns streamed through memory (VGG-small's second convolution at
@@ -667,7 +746,7 @@ def _input_grad_in_chunks(b: FunctionBuilder, grad: ir.Value, w: ir.Value, cols_
                 tensor.parallel_insert_slice(done, forall.inner_iter_args[0], [first], [], [], [dynamic, 0, 0, 0],
                                              [per_task, *acc_shape[1:]], [1] * 4)
         acc = forall.results[0]
-    return cropped_nchw(b, acc, ys, xs, out_shape)
+    return cropped(b, acc, ys, xs, out_shape, layout)
 
 
 def _conv2d_input_grad_gathered(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
@@ -719,8 +798,13 @@ def _pool_out() -> ir.AffineMap:
     return _map(6, [_d(i) for i in range(4)])
 
 
-def _pool_maps(ys: Axis, xs: Axis, offset: tuple[int, int] = (0, 0)) -> tuple[ir.AffineMap, ir.AffineMap]:
-    """(windowed read of a padded image, the window operand) over loops n c oh ow kh kw."""
+def _pool_maps(ys: Axis, xs: Axis, offset: tuple[int, int] = (0, 0),
+               layout: str = NCHW) -> tuple[ir.AffineMap, ir.AffineMap]:
+    """(windowed read of a padded image, the window operand) over loops n c oh ow kh kw (NHWC:
+    n oh ow c kh kw)."""
+    if layout == NHWC:
+        return (_map(6, [_d(0), _windowed(ys, 1, 4, offset[0]), _windowed(xs, 2, 5, offset[1]), _d(3)]),
+                _map(6, [_d(4), _d(5)]))
     return (_map(6, [_d(0), _d(1), _windowed(ys, 2, 4, offset[0]), _windowed(xs, 3, 5, offset[1])]),
             _map(6, [_d(4), _d(5)]))
 
@@ -736,13 +820,14 @@ def _max_or_nan(a: ir.Value, c: ir.Value) -> ir.Value:
 
 def _max_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     x_node = node.inputs[0]
-    ys, xs = _pool_axes(node, x_node.shape[2:])
+    layout = layout_of(node.op, node.attr_dict)
+    ys, xs = _pool_axes(node, nchw_shape(x_node.shape, layout)[2:])
     if b.strided_copies and _tiles(ys) and _tiles(xs):
-        views = _window_views(b, b.tensor_of(xs_[0], x_node.shape), node.shape, ys, xs)
+        views = _window_views(b, b.tensor_of(xs_[0], x_node.shape), node.shape, ys, xs, layout)
         return b.elementwise(node.shape, views, [node.shape] * len(views),
                              lambda *vs: functools.reduce(_max_or_nan, vs))
-    x = _padded(b, xs_[0], x_node.shape, ys, xs, float("-inf"))
-    reads, window = _pool_maps(ys, xs)
+    x = _padded(b, xs_[0], x_node.shape, ys, xs, float("-inf"), layout)
+    reads, window = _pool_maps(ys, xs, layout=layout)
     return b.reduce(node.shape, [x, _window(b, ys, xs)], [reads, window], _pool_out(),
                     _POOL_LOOPS, lambda v, _: v,
                     init=float("-inf"), combine=arith.maximumf)
@@ -751,9 +836,12 @@ def _max_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
 def _max_pool2d_index(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     """Smallest row-major input position in each window holding the window's maximum."""
     x_node = node.inputs[0]
-    ys, xs = _pool_axes(node, x_node.shape[2:])
+    layout = layout_of(node.op, node.attr_dict)
+    ys, xs = _pool_axes(node, nchw_shape(x_node.shape, layout)[2:])
     if b.strided_copies and _tiles(ys) and _tiles(xs):
-        return _first_max_of_views(b, node, xs_, ys, xs)
+        return _first_max_of_views(b, node, xs_, ys, xs, layout)
+    if layout != NCHW:
+        return _nchw_inside(_max_pool2d_index, (0, 1))(b, node, xs_)
     x = _padded(b, xs_[0], x_node.shape, ys, xs, float("-inf"))
     reads, window = _pool_maps(ys, xs)
     out = _pool_out()
@@ -767,15 +855,17 @@ def _max_pool2d_index(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.
                     init=float("inf"), combine=arith.minimumf)
 
 
-def _first_max_of_views(b: FunctionBuilder, node: Node, xs_: list[Operand], ys: Axis, xs: Axis) -> ir.Value:
+def _first_max_of_views(b: FunctionBuilder, node: Node, xs_: list[Operand], ys: Axis, xs: Axis,
+                        layout: str = NCHW) -> ir.Value:
     """``_max_pool2d_index`` when the windows tile the input: one pass over the output reading
     each window position's strided view (``_window_views``), the first position (row-major)
     whose value is the maximum kept; it vectorizes along the output rows, where the reduction
     over each window stayed scalar (5% of LeNet-5's step at batch 256)."""
     x_node = node.inputs[0]
-    views = _window_views(b, b.tensor_of(xs_[0], x_node.shape), node.shape, ys, xs)
+    views = _window_views(b, b.tensor_of(xs_[0], x_node.shape), node.shape, ys, xs, layout)
     offsets = [i * xs.size + j for i in range(ys.kernel) for j in range(xs.kernel)]
-    row = ((2, ys.stride * xs.size), (3, xs.stride))
+    h, w = (2, 3) if layout == NCHW else (1, 2)  # the loops of the output's rows and columns
+    row = ((h, ys.stride * xs.size), (w, xs.stride))
 
     def first(*values: ir.Value) -> ir.Value:
         *window, best = values
@@ -812,23 +902,31 @@ def _gather_windows(b: FunctionBuilder, node: Node, parts: list[tuple[ir.Value, 
 
 def _max_pool2d_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
     ys, xs = _pool_axes(node, node.attr("input_hw"))
+    layout = layout_of(node.op, node.attr_dict)
+    h, w = (2, 3) if layout == NCHW else (1, 2)  # the loops of the input's rows and columns
 
     def routed(g: ir.Value, index: ir.Value, _w: ir.Value) -> ir.Value:
-        here = _as_float(b, _affine_index(b, ((2, xs.size), (3, 1)), 0))
+        here = _as_float(b, _affine_index(b, ((h, xs.size), (w, 1)), 0))
         return arith.select(arith.cmpf(arith.CmpFPredicate.OEQ, index, here), g, b.scalar(0.0))
 
     if all(_tiles(a) for a in (ys, xs)):  # each input position lies in exactly one window: no sum
-        return _per_tile(b, node, xs_, ys, xs, lambda g, index: routed(g, index, None))
+        return _per_tile(b, node, xs_, ys, xs, lambda g, index: routed(g, index, None), layout)
+    if layout != NCHW:
+        return _nchw_inside(_max_pool2d_grad, (0, 1))(b, node, xs_)
     return _gather_windows(b, node, [(xs_[0], 0.0), (xs_[1], -1.0)], ys, xs, routed)
 
 
-def _window_views(b: FunctionBuilder, x: ir.Value, out_shape: Shape, ys: Axis, xs: Axis) -> list[ir.Value]:
+def _window_views(b: FunctionBuilder, x: ir.Value, out_shape: Shape, ys: Axis, xs: Axis,
+                  layout: str = NCHW) -> list[ir.Value]:
     """Per window position (i, j), in row-major order, the output-shaped strided view of ``x``
-    (N, C, H, W) that it reads, when the windows tile ``x`` (``_tiles``): a pass over the output
-    reading these vectorizes along its rows, where a reduction over each window stayed scalar
-    (LeNet-5's pools, 8% of its step)."""
+    (N, C, H, W, or N, H, W, C) that it reads, when the windows tile ``x`` (``_tiles``): a pass over
+    the output reading these vectorizes along its rows, where a reduction over each window stayed
+    scalar (LeNet-5's pools, 8% of its step)."""
     dynamic, static = _slice_sizes(b, out_shape)
     kind = tensor_type(out_shape, b.dtype)
+    if layout == NHWC:
+        return [tensor.extract_slice(kind, x, [], dynamic, [], [0, i, j, 0], static, [1, ys.stride, xs.stride, 1])
+                for i in range(ys.kernel) for j in range(xs.kernel)]
     return [tensor.extract_slice(kind, x, [], dynamic, [], [0, 0, i, j], static, [1, 1, ys.stride, xs.stride])
             for i in range(ys.kernel) for j in range(xs.kernel)]
 
@@ -839,11 +937,14 @@ def _tiles(a: Axis) -> bool:
 
 
 def _per_tile(b: FunctionBuilder, node: Node, xs_: list[Operand], ys: Axis, xs: Axis,
-              fn: Callable[..., ir.Value]) -> ir.Value:
+              fn: Callable[..., ir.Value], layout: str = NCHW) -> ir.Value:
     """A pooling gradient when the windows tile the input: each input position reads its one window's
     operands (maps with floordiv) and gets ``fn`` of them."""
-    read = _map(4, [_d(0), _d(1), ir.AffineExpr.get_floor_div(_d(2), ir.AffineConstantExpr.get(ys.kernel)),
-                    ir.AffineExpr.get_floor_div(_d(3), ir.AffineConstantExpr.get(xs.kernel))])
+    h, w = (2, 3) if layout == NCHW else (1, 2)
+    read = [_d(i) for i in range(4)]
+    read[h] = ir.AffineExpr.get_floor_div(_d(h), ir.AffineConstantExpr.get(ys.kernel))
+    read[w] = ir.AffineExpr.get_floor_div(_d(w), ir.AffineConstantExpr.get(xs.kernel))
+    read = _map(4, read)
     operands = [b.tensor_of(v, node.inputs[0].shape) for v in xs_]
 
     @linalg.generic(operands, [b.empty(node.shape)], [read] * len(operands) + [identity_map(4)], [PARALLEL] * 4)
@@ -875,6 +976,8 @@ def _scaled_by_divisor(b: FunctionBuilder, v: ir.Value, shape: Shape, ys: Axis, 
 
 
 def _avg_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    if layout_of(node.op, node.attr_dict) != NCHW:
+        return _nchw_inside(_avg_pool2d)(b, node, xs_)
     x_node = node.inputs[0]
     ys, xs = _pool_axes(node, x_node.shape[2:])
     x = _padded(b, xs_[0], x_node.shape, ys, xs, 0.0)
@@ -885,6 +988,8 @@ def _avg_pool2d(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
 
 
 def _avg_pool2d_grad(b: FunctionBuilder, node: Node, xs_: list[Operand]) -> ir.Value:
+    if layout_of(node.op, node.attr_dict) != NCHW:
+        return _nchw_inside(_avg_pool2d_grad)(b, node, xs_)
     ys, xs = _pool_axes(node, node.attr("input_hw"))
     share = _scaled_by_divisor(b, xs_[0], node.inputs[0].shape, ys, xs, bool(node.attr("count_include_pad")))
     if all(_tiles(a) for a in (ys, xs)):

@@ -32,10 +32,12 @@ DIGEST_SIZE = 32
 
 @cache
 def optimizer_digest() -> str:
-    """sha256 of every source file of the optimizer, of the op registry and of the convolution forms' cost."""
+    """sha256 of every source file of the optimizer, of the op registry (its window ops and their
+    layouts included) and of the convolution forms' cost."""
     package = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")) + [package.parent / "ir" / name for name in ("ops.py", "conv_forms.py")]:
+    ir_files = ("ops.py", "windows.py", "layouts.py", "conv_forms.py")
+    for path in sorted(package.rglob("*.py")) + [package.parent / "ir" / name for name in ir_files]:
         digest.update(str(path.relative_to(package.parent)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

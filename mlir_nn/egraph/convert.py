@@ -27,6 +27,9 @@ REQUIRED = object()
 TRANSPOSE_FLAGS = (("transpose_a", "bool", False), ("transpose_b", "bool", False))
 CONV = (("stride", "dims", REQUIRED), ("padding", "dims", REQUIRED), ("dilation", "dims", REQUIRED),
         ("groups", "i64", REQUIRED))
+LAYOUT = (("layout", "str", "NCHW"),)  # the window ops' image layout
+POOL = (("kernel", "dims", REQUIRED), ("stride", "dims", REQUIRED), ("padding", "dims", REQUIRED),
+        ("dilation", "dims", REQUIRED), ("ceil_mode", "bool", REQUIRED))
 SPECS: dict[str, tuple[tuple[str, str, Any], ...]] = {
     **{op: () for op in ("add", "sub", "mul", "div", "neg", "relu", "tanh", "sigmoid", "exp", "log", "sqrt",
                          "relu_grad", "tanh_grad", "sigmoid_grad", "mse", "mse_grad")},
@@ -45,10 +48,14 @@ SPECS: dict[str, tuple[tuple[str, str, Any], ...]] = {
     "log_softmax": (("axis", "i64", REQUIRED),),
     "log_softmax_grad": (("axis", "i64", REQUIRED),),
     "softmax_xent_grad": (("scale", "f64", REQUIRED),),
-    "conv2d": CONV,
-    "conv2d_bias": CONV + (("activation", "str", REQUIRED),),
-    "conv2d_weight_grad": (("kernel", "dims", REQUIRED),) + CONV,
-    "conv2d_weight_update": (("kernel", "dims", REQUIRED),) + CONV + (("subtract", "bool", False),),
+    "conv2d": CONV + LAYOUT,
+    "conv2d_bias": CONV + (("activation", "str", REQUIRED),) + LAYOUT,
+    "max_pool2d": POOL + LAYOUT,
+    "max_pool2d_index": POOL + LAYOUT,
+    "max_pool2d_grad": (("input_hw", "dims", REQUIRED),) + POOL + LAYOUT,
+    "conv2d_input_grad": (("input_hw", "dims", REQUIRED),) + CONV + LAYOUT,
+    "conv2d_weight_grad": (("kernel", "dims", REQUIRED),) + CONV + LAYOUT,
+    "conv2d_weight_update": (("kernel", "dims", REQUIRED),) + CONV + (("subtract", "bool", False),) + LAYOUT,
 }
 LEAVES = ("input", "param")
 

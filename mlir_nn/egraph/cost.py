@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.ir import Graph, conv_forms
+from mlir_nn.ir.layouts import layout_of
 from mlir_nn.ir.shapes import Shape, numel
 
 FREE = ("leaf", "input", "param", "const", "reshape")  # no kernel: data already there, or a view
@@ -46,8 +47,11 @@ class CostModel:
         if op in conv_forms.CONV_OPS:
             named = dict(attrs["opaque"]) if "opaque" in attrs else attrs  # (an op the rules do not rewrite)
             shape = conv_forms.conv_shape(op, in_shapes, out_shape, named, self.batch, itemsize)
-            return self.byte * conv_forms.BYTES_PER_NS * conv_forms.conv_cost_ns(op, shape) + self.launch
+            cost_ns = conv_forms.conv_cost_ns(op, shape, layout_of(op, named))
+            return self.byte * conv_forms.BYTES_PER_NS * cost_ns + self.launch
         out = numel(out_shape, self.batch)
+        if op == "transpose" and len(out_shape) == 4:  # an image between NCHW and NHWC, priced as the convs' moves
+            return self.byte * conv_forms.BYTES_PER_NS * conv_forms.transpose_ns(out * itemsize) + self.launch
         ins = [numel(s, self.batch) for s in in_shapes if len(s)]  # scalars ride along as arguments
         moved = (sum(ins) + out) * itemsize
         if op in MATMULS:

@@ -1,8 +1,9 @@
 """``optimize``: load a graph into egglog, saturate within limits, extract, verify.
 
-Saturation runs one iteration of every selected ruleset at a time, from Python, so the
-iteration, e-node and time limits are checked between iterations; hitting one stops the
-run and is reported (the e-graph so far is still extracted: every e-graph is sound).
+Saturation runs one iteration of every selected ruleset at a time (a few, while the e-graph is far
+below its e-node budget), from Python, so the iteration, e-node and time limits are checked between
+them; hitting one stops the run and is reported (the e-graph so far is still extracted: every
+e-graph is sound).
 Any failure (an egglog error, a graph that does not verify) is reported and the input
 graph is returned unchanged. So is the input when the optimized graph is not cheaper.
 """
@@ -25,6 +26,7 @@ from mlir_nn.egraph.report import Report
 from mlir_nn.egraph.rules import RULESETS
 from mlir_nn.egraph.terms import Term
 from mlir_nn.ir import BATCH, Graph, verify
+from mlir_nn.ir.layouts import NCHW
 
 NodeCost = Callable[[ClassId, ENode], float | None]
 
@@ -59,8 +61,11 @@ def _count(egraph: EGraph) -> int:
     return sum(n for fn, n in egraph.all_function_sizes() if str(fn).startswith(Term.__name__ + "."))
 
 
+BATCH_MAX = 4  # saturation iterations per egglog call at most
+
+
 def saturate(egraph: EGraph, names: list[str], limits: Limits, report: Report, traced_nodes: int) -> None:
-    """Run the rulesets one iteration at a time until saturated or a limit is hit."""
+    """Run the rulesets an iteration (or a few) at a time until saturated or a limit is hit."""
     budget = limits.node_budget(traced_nodes)
     modules = [RULESETS[n] for n in names]
     rule_names = {rule.decl: name for m in modules for name, rule in m.RULES}
@@ -69,20 +74,27 @@ def saturate(egraph: EGraph, names: list[str], limits: Limits, report: Report, t
         schedule = schedule + m.RULESET
     start = time.perf_counter()
     report.stop_reason = "saturated"
+    batch = 1
     while True:
         if report.iterations >= limits.iterations:
             report.stop_reason = "iteration limit"
             break
-        result = egraph.run(schedule)
-        report.iterations += 1
+        # iterations per egglog call (each call costs ~6 ms besides its matching): 1 at first, then
+        # doubling up to BATCH_MAX while the e-graph is far below its budget (the layout rules move
+        # a transpose one op per iteration: VGG-small's step saturates in 10)
+        batch = min(batch, limits.iterations - report.iterations)
+        result = egraph.run(schedule * batch if batch > 1 else schedule)
+        report.iterations += batch
         for decl, n in result.num_matches_per_rule.items():
             if n and decl in rule_names:
                 report.rules_applied[rule_names[decl]] = report.rules_applied.get(rule_names[decl], 0) + n
         if not result.updated:
             break
-        if _count(egraph) > budget:
+        nodes = _count(egraph)
+        if nodes > budget:
             report.stop_reason = "node limit"
             break
+        batch = min(2 * batch, BATCH_MAX) if nodes * 4 < budget else 1
         if time.perf_counter() - start > limits.seconds:
             report.stop_reason = "time limit"
             break
@@ -169,7 +181,21 @@ def optimize_here(graph: Graph, batch_estimate: int | None = None, *, rulesets: 
 
 def extract_graph(egraph: EGraph, loaded: Loaded,
                   node_costs: Callable[[EClasses], NodeCost]) -> tuple[Graph, EClasses]:
-    """The cheapest program in the e-graph as a Graph, costed by ``node_costs(eclasses)``."""
+    """The cheapest program in the e-graph as a Graph, costed by ``node_costs(eclasses)``.
+
+    Extraction runs twice, with and without the NHWC e-nodes, and keeps the cheaper program: a
+    layout is a choice of many e-classes at once (a run of convolutions and pools, the transposes
+    at its ends), which the extractor's one-class switches cannot undo when its first, tree-cost
+    pick is NHWC where the backward ops' NCHW reads make NCHW cheaper (VGG-small's training step)."""
     eclasses = convert.read_eclasses(egraph, loaded)
-    choice, _ = extract(eclasses, node_costs(eclasses))
+    costs = node_costs(eclasses)
+    choice, total = extract(eclasses, costs)
+    if any(_nhwc(enode) for enode in choice.values()):
+        nchw, nchw_total = extract(eclasses, lambda cid, enode: None if _nhwc(enode) else costs(cid, enode))
+        if nchw_total <= total:
+            choice = nchw
     return convert.build_graph(eclasses, choice, loaded), eclasses
+
+
+def _nhwc(enode: ENode) -> bool:
+    return dict(enode.attrs).get("layout", NCHW) != NCHW

@@ -16,6 +16,12 @@ to and from pixel rows) at a streaming rate, plus its kernel launches. ``conv_fo
 cheapest available form; the code generator lowers that form and the e-graph's cost model
 prices the node with the same cost, so extraction and lowering agree. The rates are
 calibrated on one core by ``benchmarks/conv_forms.py``.
+
+A convolution or gradient in NHWC (``layout="NHWC"``, ``mlir_nn.ir.layouts``) saves, in the form
+that computes in NHWC (``NHWC_FORMS``: the GEMMs, col2im), the move between pixel rows and NCHW of
+its output-sized image (``transpose_ns``: slower than streaming once out of cache), less what its
+im2col loses gathering from few channels; its other forms run on images transposed to NCHW and
+transpose their image result back, passes the NCHW op does not make.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from mlir_nn.ir.layouts import NCHW, layout_of, nchw_shape
 from mlir_nn.ir.shapes import BATCH, Shape
 from mlir_nn.ir.windows import Axis, axes_of
 
@@ -40,6 +47,15 @@ GROUPED_FMAS_PER_NS = 10.0  # the generic loop nest: the taps' reduction innermo
 BYTES_PER_NS = 20.0  # bytes streamed per ns (copies, packing, transposes, col2im's adds)
 LAUNCH_NS = 1000.0  # one kernel of the step
 VECTOR_BYTES = 64  # AVX-512
+# An image moved between NCHW and NHWC (or pixel rows), read and written: at BYTES_PER_NS up to
+# TRANSPOSE_CACHED_BYTES, at TRANSPOSE_BYTES_PER_NS beyond (one thread, benchmarks/conv_forms.py
+# --layout both: 16.7 MB took 6.3-9.3 ms, 8.4 MB 2.5 ms, 1.2 MB and less 18-35 bytes/ns)
+TRANSPOSE_BYTES_PER_NS = 5.0
+TRANSPOSE_CACHED_BYTES = 6 << 20
+# An NHWC im2col gathers each column along a row of pixels C values apart (NCHW: contiguous): the
+# share of its bytes' time added per vector of channel bytes short (LeNet-5's 6-channel conv2:
+# forward +40%, weight gradient +13%)
+NHWC_GATHER = {"conv2d": 0.22, "conv2d_bias": 0.22, "conv2d_weight_grad": 0.1, "conv2d_weight_update": 0.1}
 BATCH_ESTIMATE = 64  # a dynamic batch's size for the choice (every term but the launches scales with it)
 
 FORM_ENV = "MLIR_NN_CONV_FORM"
@@ -97,6 +113,7 @@ def conv_shape(op: str, in_shapes: Sequence[Shape], out_shape: Shape, attrs: dic
         x, w = out_shape, in_shapes[1]
     else:  # weight gradients: (x, g, ...) -> w
         x, w = in_shapes[0], out_shape
+    x = nchw_shape(x, layout_of(op, attrs))
     groups = int(attrs.get("groups", 1))
     ys, xs = axes_of(op, (int(x[2]), int(x[3])), (int(w[2]), int(w[3])), attrs)
     return ConvShape(size(x[0]), int(x[1]), int(w[0]), groups, ys, xs, itemsize)
@@ -164,13 +181,36 @@ def input_grad_costs(s: ConvShape) -> dict[str, float]:
     return {"col2im": col2im, "gemm": gemm}
 
 
-def form_costs(op: str, s: ConvShape) -> dict[str, float]:
-    """Nanoseconds of each form available to ``op`` (one of CONV_OPS) on the CPU."""
+# The forms that compute in NHWC with no transpose (the others run NCHW between transposes), each with
+# the image whose move between pixel rows and NCHW it saves: the output-sized one ("out": the result,
+# or the output gradient read), or the input-sized one (the input gradient's GEMM rows)
+NHWC_FORMS = {"conv2d": {"gemm": "out"}, "conv2d_bias": {"gemm": "out"},
+              "conv2d_input_grad": {"col2im": "out", "gemm": "image"}, "conv2d_weight_grad": {"gemm": "out"},
+              "conv2d_weight_update": {"gemm": "out"}}
+
+
+def form_costs(op: str, s: ConvShape, layout: str = NCHW) -> dict[str, float]:
+    """Nanoseconds of each form available to ``op`` (one of CONV_OPS) on the CPU, its images in
+    ``layout``."""
     if op in ("conv2d", "conv2d_bias"):
-        return forward_costs(s)
-    if op == "conv2d_input_grad":
-        return input_grad_costs(s)
-    return weight_grad_costs(s)
+        costs = forward_costs(s)
+    elif op == "conv2d_input_grad":
+        costs = input_grad_costs(s)
+    else:
+        costs = weight_grad_costs(s)
+    if layout == NCHW:
+        return costs
+    b = s.itemsize
+    gather = NHWC_GATHER.get(op, 0.0) * VECTOR_BYTES / (s.c * b) * 2 * s.pixels * s.taps * b / BYTES_PER_NS
+    transposes = transpose_ns(s.image * b) + transpose_ns(s.out * b) + 2 * LAUNCH_NS  # the image in, the image out
+    native = NHWC_FORMS[op]
+    return {form: ns + (gather - transpose_ns({"out": s.out, "image": s.image}[native[form]] * b) - LAUNCH_NS
+                        if form in native else transposes) for form, ns in costs.items()}
+
+
+def transpose_ns(nbytes: float) -> float:
+    """Nanoseconds of moving an image of ``nbytes`` between NCHW and NHWC (a transpose)."""
+    return 2 * nbytes / (BYTES_PER_NS if nbytes <= TRANSPOSE_CACHED_BYTES else TRANSPOSE_BYTES_PER_NS)
 
 
 def forced_form() -> str:
@@ -178,18 +218,18 @@ def forced_form() -> str:
     return os.environ.get(FORM_ENV, "")
 
 
-def conv_form(op: str, s: ConvShape) -> str:
+def conv_form(op: str, s: ConvShape, layout: str = NCHW) -> str:
     """The cheapest CPU form of ``op`` over shape ``s``, or the one ``$MLIR_NN_CONV_FORM`` names where
     that form is available (for calibration)."""
-    costs = form_costs(op, s)
+    costs = form_costs(op, s, layout)
     forced = forced_form()
     return forced if forced in costs else min(costs, key=costs.__getitem__)
 
 
-def conv_cost_ns(op: str, s: ConvShape) -> float:
+def conv_cost_ns(op: str, s: ConvShape, layout: str = NCHW) -> float:
     """Nanoseconds of ``op`` in the form ``conv_form`` picks, with its fused epilogue (bias and
     activation: a pass over the output; the weight update: one over the weight)."""
-    cost = min(form_costs(op, s).values())
+    cost = min(form_costs(op, s, layout).values())
     if op == "conv2d_bias":
         cost += 2 * s.out * s.itemsize / BYTES_PER_NS
     elif op == "conv2d_weight_update":

@@ -4,7 +4,9 @@ Registered into the op registry (``mlir_nn.ir.ops``) when ``mlir_nn.ir`` is impo
 Attributes are resolved ints (the functional layer turns PyTorch's forms into them):
 ``stride``, ``dilation`` and ``kernel`` are (height, width) pairs, ``padding`` is
 (top, bottom, left, right). Gradient ops carry the size they give back (``input_hw`` or
-``kernel``), since a strided window does not determine it.
+``kernel``), since a strided window does not determine it. The convolutions and the max and
+average pools (and their gradients) also take ``layout`` (``mlir_nn.ir.layouts``): "NHWC" makes
+their image operands and results (N, H, W, C) tensors.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from mlir_nn.ir.ops import TensorType, register, same_dtype
+from mlir_nn.ir.layouts import in_layouts
+from mlir_nn.ir.ops import Infer, Reference, TensorType, Vjp, register, same_dtype
 from mlir_nn.ir.shapes import BATCH, Shape, ShapeError, fmt_shape
 
 NEG_INF = float("-inf")
@@ -78,6 +81,13 @@ def _image(op: str, t: TensorType, what: str = "input") -> tuple[Any, int, int, 
         raise ShapeError(f"{op}: {what} must be NCHW (batch, channels, height, width), got {fmt_shape(t.shape)}")
     n, c, h, w = t.shape
     return n, int(c), int(h), int(w)
+
+
+def _register(name: str, arity: int, infer: Infer, reference: Reference, vjp: Vjp | None, doc: str,
+              images: tuple[int, ...], image_out: bool = True) -> None:
+    """Register a window op taking either layout (``images``: its image operands)."""
+    register(name, arity, *in_layouts(name, images, image_out, infer, reference, vjp),
+             doc + " Layout: NCHW (default) or NHWC.")
 
 
 # ---------------------------------------------------------------------------- NumPy helpers
@@ -217,15 +227,15 @@ def _vjp_conv_weight_grad(emit, xs, out, g, attrs):
             emit("conv2d", x, g, **_conv_attrs(attrs))]
 
 
-register("conv2d", 2, _conv_infer, lambda a, at, s: conv2d_reference(a[0], a[1], at), _vjp_conv,
+_register("conv2d", 2, _conv_infer, lambda a, at, s: conv2d_reference(a[0], a[1], at), _vjp_conv,
          "2-D cross-correlation of NCHW x with weight (out, in/groups, kh, kw): stride, padding "
-         "(top, bottom, left, right), dilation, groups.")
-register("conv2d_input_grad", 2, _conv_input_grad_infer,
+         "(top, bottom, left, right), dilation, groups.", (0,))
+_register("conv2d_input_grad", 2, _conv_input_grad_infer,
          lambda a, at, s: conv2d_input_grad_reference(a[0], a[1], at), _vjp_conv_input_grad,
-         "Gradient of conv2d wrt its input (a transposed convolution). Operands: (grad, weight); input_hw.")
-register("conv2d_weight_grad", 2, _conv_weight_grad_infer,
+         "Gradient of conv2d wrt its input (a transposed convolution). Operands: (grad, weight); input_hw.", (0,))
+_register("conv2d_weight_grad", 2, _conv_weight_grad_infer,
          lambda a, at, s: conv2d_weight_grad_reference(a[0], a[1], at), _vjp_conv_weight_grad,
-         "Gradient of conv2d wrt its weight. Operands: (input, grad); kernel = (kh, kw).")
+         "Gradient of conv2d wrt its weight. Operands: (input, grad); kernel = (kh, kw).", (0, 1), False)
 
 
 def _conv_bias_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -244,9 +254,9 @@ def conv2d_bias_reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, attrs:
     return np.maximum(out, 0) if attrs["activation"] == "relu" else out
 
 
-register("conv2d_bias", 3, _conv_bias_infer, lambda a, at, s: conv2d_bias_reference(a[0], a[1], a[2], at), None,
+_register("conv2d_bias", 3, _conv_bias_infer, lambda a, at, s: conv2d_bias_reference(a[0], a[1], a[2], at), None,
          "act(conv2d(x, w) + b) with b (out_channels,) broadcast over (N, H, W); act is 'none' or 'relu'. "
-         "Made by the optimizer's rules only.")
+         "Made by the optimizer's rules only.", (0,))
 
 
 def _conv_update_infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -267,9 +277,10 @@ def conv2d_weight_update_reference(args: list[np.ndarray], attrs: dict[str, Any]
     return beta * c - product if attrs.get("subtract") else beta * c + product
 
 
-register("conv2d_weight_update", 5, _conv_update_infer, lambda a, at, s: conv2d_weight_update_reference(a, at), None,
+_register("conv2d_weight_update", 5, _conv_update_infer, lambda a, at, s: conv2d_weight_update_reference(a, at), None,
          "beta * c + alpha * conv2d_weight_grad(x, grad) (minus the gradient when subtract), 0-d alpha and beta: "
-         "an optimizer's update folded into the weight gradient, as gemm for products. Made by the optimizer's rules.")
+         "an optimizer's update folded into the weight gradient, as gemm for products. Made by the optimizer's rules.",
+          (0, 1), False)
 
 
 # ---------------------------------------------------------------------------- pooling
@@ -350,14 +361,14 @@ def _max_pool_index_infer(types: list[TensorType], attrs: dict[str, Any]) -> Ten
     return expected
 
 
-register("max_pool2d", 1, _pool_infer("max_pool2d"), lambda a, at, s: max_pool_reference(a[0], at), _vjp_max_pool,
-         "Maximum over kernel windows of NCHW x (padding reads -inf): stride, padding, dilation, ceil_mode.")
-register("max_pool2d_index", 2, _max_pool_index_infer,
+_register("max_pool2d", 1, _pool_infer("max_pool2d"), lambda a, at, s: max_pool_reference(a[0], at), _vjp_max_pool,
+         "Maximum over kernel windows of NCHW x (padding reads -inf): stride, padding, dilation, ceil_mode.", (0,))
+_register("max_pool2d_index", 2, _max_pool_index_infer,
          lambda a, at, s: max_pool_index_reference(a[0], a[1], at), lambda emit, xs, out, g, at: [None, None],
-         "Input position h * W + w of each window's first maximum (PyTorch's ties). Operands: (x, pooled).")
-register("max_pool2d_grad", 2, _pool_grad_infer("max_pool2d_grad", 2),
+         "Input position h * W + w of each window's first maximum (PyTorch's ties). Operands: (x, pooled).", (0, 1))
+_register("max_pool2d_grad", 2, _pool_grad_infer("max_pool2d_grad", 2),
          lambda a, at, s: max_pool_grad_reference(a[0], a[1], at), None,
-         "Backward of max_pool2d: each window's grad added at its first maximum. Operands: (grad, index).")
+         "Backward of max_pool2d: each window's grad added at its first maximum. Operands: (grad, index).", (0, 1))
 
 
 def avg_divisor(ys: Axis, xs: Axis, count_include_pad: bool) -> np.ndarray:
@@ -387,13 +398,13 @@ def avg_pool_grad_reference(gy: np.ndarray, attrs: dict[str, Any]) -> np.ndarray
     return scatter_windows(cols, ys, xs)
 
 
-register("avg_pool2d", 1, _pool_infer("avg_pool2d"), lambda a, at, s: avg_pool_reference(a[0], at),
+_register("avg_pool2d", 1, _pool_infer("avg_pool2d"), lambda a, at, s: avg_pool_reference(a[0], at),
          lambda emit, xs, out, g, at: [emit("avg_pool2d_grad", g, input_hw=tuple(xs[0].shape[2:]), **at)],
-         "Mean over kernel windows of NCHW x: stride, padding (zeros), ceil_mode, count_include_pad.")
-register("avg_pool2d_grad", 1, _pool_grad_infer("avg_pool2d_grad", 1),
+         "Mean over kernel windows of NCHW x: stride, padding (zeros), ceil_mode, count_include_pad.", (0,))
+_register("avg_pool2d_grad", 1, _pool_grad_infer("avg_pool2d_grad", 1),
          lambda a, at, s: avg_pool_grad_reference(a[0], at),
          lambda emit, xs, out, g, at: [emit("avg_pool2d", g, **{k: v for k, v in at.items() if k != "input_hw"})],
-         "Backward of avg_pool2d: each window's grad shared over it by the forward's divisor.")
+         "Backward of avg_pool2d: each window's grad shared over it by the forward's divisor.", (0,))
 
 
 def adaptive_bounds(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ import pytest
 from mlir_nn.backends import get_backend
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen.windows import CHUNK_PIXELS, TAP_SUMS_MAX, chunk_images
-from mlir_nn.ir import Graph, make_node
+from mlir_nn.ir import Graph, conv_forms, make_node
 
 TOL = {"float32": dict(rtol=2e-4, atol=2e-5), "float64": dict(rtol=1e-9, atol=1e-11)}
 
@@ -375,7 +375,6 @@ def test_weight_gradients_over_a_static_batch_sum_chunks_of_images(dtype, case, 
     product over chunks of images (their columns gathered per chunk, in cache), in tasks: the
     chunks as ``chunk_images`` counts them, the result as the reference's. (The GEMM form is forced,
     its kernels cached apart: the cost picks the tap sum for most of these few-output products.)"""
-    from mlir_nn.ir import conv_forms
 
     monkeypatch.setenv(conv_forms.FORM_ENV, "gemm")
     monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
@@ -432,3 +431,94 @@ def test_col2im_input_gradients_over_a_static_batch_run_in_chunks_of_images(dtyp
     one = input_grad_graph(dtype, 1, *case[1:])  # one image: one product
     assert "scf.for " not in get_backend("cpu").compile(one).stages["linalg"]
     check(one, 1)
+
+
+NHWC_CASES = [  # batch, channels, image, out channels, kernel, stride, padding, groups
+    (1, 1, (13, 13), 3, (5, 5), (1, 1), (0, 0, 0, 0), 1),
+    (7, 3, (5, 7), 5, (3, 3), (2, 2), (1, 1, 1, 1), 1),
+    (7, 5, (13, 13), 5, (3, 3), (1, 1), (1, 1, 1, 1), 5),  # depthwise
+    (2, 4, (7, 6), 6, (3, 2), (2, 1), (1, 2, 0, 1), 2),
+]
+
+
+def nhwc_graph(dtype, c, hw, o, kernel, stride, padding, groups, batch="N"):
+    """The window ops and their gradients in NHWC over NHWC inputs."""
+    x = _leaf("input", "x", (batch,) + hw + (c,), dtype)
+    w = _leaf("param", "w", (o, c // groups) + kernel, dtype)
+    bias = _leaf("param", "b", (o,), dtype)
+    attrs = dict(stride=stride, padding=padding, dilation=(1, 1), groups=groups, layout="NHWC")
+    y = make_node("conv2d", [x, w], **attrs)
+    g = _leaf("input", "g", y.shape, dtype)
+    lr = _leaf("param", "lr", (), dtype)
+    grads = (make_node("conv2d_input_grad", [g, w], input_hw=hw, **attrs),
+             make_node("conv2d_weight_grad", [x, g], kernel=kernel, **attrs),
+             make_node("conv2d_weight_update", [x, g, w, lr, make_node("const", [], value=0.75, dtype=dtype)],
+                       kernel=kernel, subtract=True, **attrs))
+    pool = dict(kernel=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=False, layout="NHWC")
+    odd = dict(pool, kernel=(3, 2), stride=(2, 1), padding=(1, 1, 0, 1))
+    avg = dict(kernel=(3, 2), stride=(2, 1), padding=(1, 1, 0, 1), ceil_mode=True, count_include_pad=False,
+               layout="NHWC")
+    outs = (y, make_node("conv2d_bias", [x, w, bias], activation="relu", **attrs), *grads)
+    for at in (odd, pool) if hw[0] % 2 == 0 and hw[1] % 2 == 0 else (odd,):
+        pooled = make_node("max_pool2d", [x], **at)
+        index = make_node("max_pool2d_index", [x, pooled], **at)
+        outs += (pooled, index, make_node("max_pool2d_grad", [op_like(pooled, "gp"), index], input_hw=hw, **at))
+    averaged = make_node("avg_pool2d", [x], **avg)
+    outs += (averaged, make_node("avg_pool2d_grad", [op_like(averaged, "ga")], input_hw=hw, **avg))
+    inputs = (x, g) + tuple(n for n in _leaves(outs) if n.op == "input" and n.attr("name") in ("gp", "ga"))
+    return Graph(inputs, (w, bias, lr), outs, name="nhwc")
+
+
+def op_like(node, name):
+    """An input of ``node``'s shape and dtype (a gradient for it)."""
+    return _leaf("input", name, node.shape, node.dtype)
+
+
+def _leaves(outs):
+    seen = {}
+    for out in outs:
+        for i in out.inputs:
+            seen.setdefault(i, None)
+    return list(seen)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("form", ["gemm", "taps", "col2im"])
+@pytest.mark.parametrize("case", NHWC_CASES)
+def test_nhwc_window_ops_equal_the_reference(dtype, form, case, monkeypatch):
+    """The NHWC forms of the convolutions, pools and their gradients (the layout rules' ops) in
+    every form, against the reference (the NCHW op between transposes), at odd sizes and batch 1."""
+    monkeypatch.setenv(conv_forms.FORM_ENV, form)
+    batch, *shape = case
+    check(nhwc_graph(dtype, *shape), batch, ties=True)
+    check(nhwc_graph(dtype, *shape), batch, seed=1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_nhwc_gradients_over_a_static_batch_run_in_chunks(dtype, monkeypatch):
+    """The NHWC weight and col2im input gradients over enough pixels of a static batch to run per
+    chunk of images, each chunk's slice of the NHWC image read in place."""
+    monkeypatch.setenv(conv_forms.FORM_ENV, "gemm")
+    graph = nhwc_graph(dtype, 5, (33, 31), 6, (3, 3), (1, 1), (1, 1, 1, 1), 1, batch=3)
+    assert chunk_images(3, 33 * 31) == 1
+    tol = dict(rtol=2e-4, atol=1e-3) if dtype == "float32" else None  # sums of 3000 products of about 100
+    check(graph, 3, tol=tol)
+    monkeypatch.setenv(conv_forms.FORM_ENV, "col2im")
+    check(graph, 3, seed=2, tol=tol)
+
+
+def test_nhwc_gemm_convolution_and_tiling_pool_move_no_image_to_nchw():
+    """An NHWC GEMM convolution's product rows are its result and its im2col reads the NHWC image:
+    no NCHW tensor of its input or output is made; the tiling max pool reads strided NHWC views."""
+    x = _leaf("input", "x", ("N", 12, 12, 8), "float32")
+    w = _leaf("param", "w", (16, 8, 3, 3), "float32")
+    y = make_node("conv2d", [x, w], stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1, layout="NHWC")
+    z = make_node("max_pool2d", [y], kernel=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0), dilation=(1, 1),
+                  ceil_mode=False, layout="NHWC")
+    graph = Graph((x,), (w,), (z,), name="nhwc_gemm")
+    assert conv_forms.conv_form("conv2d", conv_forms.conv_shape("conv2d", [x.shape, w.shape], y.shape, y.attr_dict,
+                                                                64, 4), "NHWC") == "gemm"
+    text = get_backend("cpu").compile(graph).stages["linalg"]
+    assert "x8x12x12xf32>" not in text and "x16x10x10xf32>" not in text
+    assert text.count("[1, 2, 2, 1] : tensor<?x10x10x16xf32>") == 4
+    check(graph, 3)

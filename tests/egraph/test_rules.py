@@ -51,6 +51,37 @@ def layout_graph(seed: int):
     return graph_of([sq], [a, b], outs)
 
 
+def images_graph(seed: int):
+    """Convolutions, pools, element-wise ops and a backward pass on NCHW images, for the rules that
+    compute them in NHWC and move transposes through them."""
+    c, o = _dims(seed + 7, 2)
+    x, w, w2 = inp("x", ("N", c, 7, 6)), par("wi", (o, c, 3, 2)), par("wi2", (o, o, 2, 2))
+    bias = par("bi", (o,))
+    conv = op("conv2d", x, w, stride=(1, 1), padding=(1, 0, 1, 0), dilation=(1, 1), groups=1)
+    per_channel = op("reshape", bias, shape=(o, 1, 1))
+    pooled = op("max_pool2d", op("relu", op("add", conv, per_channel)), kernel=(2, 2), stride=(2, 2),
+                padding=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=True)
+    fused = op("conv2d_bias", pooled, w2, bias, stride=(1, 1), padding=(0, 1, 1, 0), dilation=(1, 1), groups=1,
+               activation="none")
+    conv2 = op("conv2d", pooled, w2, stride=(1, 1), padding=(0, 1, 1, 0), dilation=(1, 1), groups=1)
+    outs = [pooled, op("tanh", op("neg", fused)), op("mul", per_channel, op("sub", fused, const(0.5))),
+            op("relu_grad", fused, conv2), op("div", const(2.0), op("add", op("exp", conv2), const(1.0))),
+            op("sigmoid", op("sub", conv2, per_channel))]
+    # a backward pass: the pool's argmax and routing (tiling windows), input and weight gradients
+    attrs = dict(stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)
+    conv3 = op("conv2d", pooled, w2, **attrs)  # 4 x 4: 2 x 2 windows tile it
+    tiles = dict(kernel=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=False)
+    top = op("max_pool2d", conv3, **tiles)
+    routed = op("max_pool2d_grad", op("tanh", top), op("max_pool2d_index", conv3, top, **tiles),
+                input_hw=conv3.shape[2:], **tiles)
+    masked = op("relu_grad", conv3, routed)
+    outs += [op("conv2d_input_grad", masked, w2, input_hw=pooled.shape[2:], **attrs),
+             op("sub", w2, op("mul", const(0.1), op("conv2d_weight_grad", pooled, masked, kernel=(2, 2), **attrs))),
+             op("sum_to", masked, shape=(o, 1, 1)),
+             op("relu", op("transpose", op("transpose", x, perm=(0, 2, 3, 1)), perm=(0, 3, 1, 2)))]
+    return graph_of([x], [w, w2, bias], outs)
+
+
 def fusion_graph(seed: int):
     k, n = _dims(seed, 2)
     x, w, b, b2, g = inp("x", ("N", k)), par("w", (k, n)), par("b", (n,)), par("b2", (1, n)), inp("g", ("N", k))
@@ -152,7 +183,8 @@ def _batch_norm_eval(y, mean, var, gamma, beta):
 
 
 BUILDERS = {"algebra": algebra_graph, "layout": layout_graph, "fusion": fusion_graph, "mse": mse_graph,
-            "update": update_graph, "classification": classification_graph, "conv": conv_graph}
+            "update": update_graph, "classification": classification_graph, "conv": conv_graph,
+            "images": images_graph}
 
 
 @pytest.mark.parametrize("ruleset", list(BUILDERS))
@@ -260,3 +292,37 @@ def test_weight_gradient_updates_are_folded():
     assert updates["w"].op == updates["buf"].op == "conv2d_weight_update" and report.cost_after < report.cost_before
     assert updates["w"].attr("subtract") and not updates["buf"].attr("subtract")
     assert_same(graph, optimized, batch=2)
+
+
+def _conv_relu(x, o, pool: bool):
+    """F.conv2d(x, W, b, padding=1).relu(), then a 2x2 max pool when ``pool``, as they trace."""
+    w, b = par(f"w{o}_{x.shape[1]}", (o, x.shape[1], 3, 3)), par(f"b{o}_{x.shape[1]}", (o,))
+    y = op("conv2d", x, w, stride=(1, 1), padding=(1, 1, 1, 1), dilation=(1, 1), groups=1)
+    y = op("relu", op("add", y, op("reshape", b, shape=(o, 1, 1))))
+    if pool:
+        y = op("max_pool2d", y, kernel=(2, 2), stride=(2, 2), padding=(0, 0, 0, 0), dilation=(1, 1), ceil_mode=False)
+    return y, [w, b]
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_convolutions_run_nhwc_where_their_transposes_cancel_only(chain):
+    """conv -> relu -> pool -> conv -> relu -> pool -> flatten: the cost model picks the NHWC program
+    (its GEMM convolutions' rows need no move to NCHW; the transposes between them cancel, one
+    is left at each end); a lone convolution stays NCHW (its transposes would cost more than the
+    move they save)."""
+    x = inp("x", ("N", 16, 16, 16))
+    y, params = _conv_relu(x, 32, pool=chain)
+    if chain:
+        y, more = _conv_relu(y, 32, pool=True)
+        params += more
+        y = op("reshape", y, shape=("N", 32 * 4 * 4))
+    graph = graph_of([x], params, [y])
+    optimized, report = optimize(graph, batch_estimate=128)
+    layouts = [n.attr_dict.get("layout", "NCHW") for n in optimized.nodes if n.op in ("conv2d_bias", "max_pool2d")]
+    perms = [n.attr("perm") for n in optimized.nodes if n.op == "transpose"]
+    if chain:
+        assert layouts == ["NHWC"] * 4 and perms == [(0, 2, 3, 1), (0, 3, 1, 2)]
+    else:
+        assert layouts == ["NCHW"] and perms == []
+    assert report.rules_applied.get("conv2d_bias(x) = T(conv2d_bias_nhwc(T'(x)))")
+    assert_same(graph, optimized, batch=3)

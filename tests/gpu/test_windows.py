@@ -4,7 +4,7 @@ equal to the NumPy reference."""
 import pytest
 
 from mlir_nn.gpu.simt_check import check_graph
-from tests.codegen.test_windows import adaptive_and_pad_graph, conv_graph, pool_graph
+from tests.codegen.test_windows import adaptive_and_pad_graph, conv_graph, nhwc_graph, pool_graph
 
 GRAPHS = {
     "conv_strided_dilated": (lambda: conv_graph("float32", 2, (5, 4), 3, (3, 2), (2, 1), (1, 1, 0, 1), (1, 2), 1), 2),
@@ -13,6 +13,9 @@ GRAPHS = {
     "pooling": (lambda: pool_graph("float32", 2, (5, 6), (3, 2), (2, 1), (1, 1, 1, 1), (1, 1), True, True), 3),
     "pooling_tiles": (lambda: pool_graph("float32", 2, (6, 8), (2, 2), (2, 2), (0, 0, 0, 0), (1, 1), False, True), 2),
     "adaptive_and_pad": (lambda: adaptive_and_pad_graph("float32", 2, (5, 7), (3, 2)), 2),
+    # the layout rules' NHWC forms: convolutions, pools and their gradients
+    "nhwc": (lambda: nhwc_graph("float32", 3, (6, 8), 5, (3, 3), (2, 1), (1, 1, 1, 1), 1), 2),
+    "nhwc_grouped": (lambda: nhwc_graph("float64", 4, (5, 6), 4, (3, 2), (1, 1), (1, 1, 0, 1), 2), 1),
 }
 
 

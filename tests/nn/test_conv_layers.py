@@ -191,3 +191,49 @@ def test_lenet_steps_with_tiling_max_pools_equal_pytorch_in_float64(channels, ba
     rng = np.random.default_rng(2)
     data = [(rng.standard_normal((b, channels, 28, 28)), rng.integers(0, 10, b).astype(np.float64)) for b in batches]
     _steps_equal_torch(run, model, twin, topt, data)
+
+
+def vgg(lib, dtype=None):
+    """VGG-small's layout (3x3 convolutions with padding 1, each with ReLU and a 2x2 max pool)."""
+    kw = {} if dtype is None else {"dtype": dtype}
+    return lib.Sequential(lib.Conv2d(3, 16, 3, padding=1, **kw), lib.ReLU(), lib.MaxPool2d(2),
+                          lib.Conv2d(16, 32, 3, padding=1, **kw), lib.ReLU(), lib.MaxPool2d(2),
+                          lib.Conv2d(32, 32, 3, padding=1, **kw), lib.ReLU(), lib.MaxPool2d(2), lib.Flatten(),
+                          lib.Linear(32 * 4 * 4, 10, **kw))
+
+
+def test_vgg_inference_runs_nhwc_between_two_transposes_and_equals_pytorch_in_float64():
+    """Without a backward pass to read NCHW activations, the layout rules' NHWC program is the
+    cheapest: VGG-small's forward from its second convolution on runs NHWC, one transpose in and
+    one out; the result equals PyTorch's."""
+    twin = vgg(torch.nn).double()
+    model = vgg(nn, np.float64)
+    model.load_state_dict({k: v.detach().numpy() for k, v in twin.state_dict().items()})
+    run = mlir_nn.jit(lambda x: model(x), tiered=False)
+    x = np.random.default_rng(4).standard_normal((16, 3, 32, 32))
+    nodes = run.lower(x).optimized_graph.nodes
+    # the first convolution's 3 input channels: its tap sum in NCHW beats a transpose and NHWC
+    assert [n.attr_dict.get("layout") for n in nodes if n.op in ("conv2d_bias", "max_pool2d")] == \
+        [None, None] + ["NHWC"] * 4
+    assert [n.attr("perm") for n in nodes if n.op == "transpose"] == [(0, 2, 3, 1), (0, 3, 1, 2)]
+    for batch in (16, 1):
+        np.testing.assert_allclose(run(x[:batch]).data, twin(torch.from_numpy(x[:batch])).detach().numpy(),
+                                   rtol=1e-10, atol=1e-10)
+
+
+def test_vgg_training_steps_run_nhwc_and_equal_pytorch_in_float64():
+    """A training step's backward reads its activations in NHWC too (the input and weight gradients,
+    the pools' argmax and routing): the layout rules run VGG-small's convolutions, pools and their
+    gradients in NHWC, and several steps still equal PyTorch's."""
+    twin = vgg(torch.nn).double()
+    model = vgg(nn, np.float64)
+    model.load_state_dict({k: v.detach().numpy() for k, v in twin.state_dict().items()})
+    opt = mlir_nn.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    topt = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
+    run = mlir_nn.jit(_training_step(model, opt), tiered=False)
+    rng = np.random.default_rng(5)
+    data = [(rng.standard_normal((b, 3, 32, 32)), rng.integers(0, 10, b).astype(np.float64)) for b in (16, 16, 5)]
+    nhwc = {n.op for n in run.lower(*data[0]).optimized_graph.nodes if n.attr_dict.get("layout") == "NHWC"}
+    assert {"conv2d_bias", "max_pool2d", "conv2d_input_grad", "max_pool2d_index", "max_pool2d_grad",
+            "conv2d_weight_update"} <= nhwc, nhwc
+    _steps_equal_torch(run, model, twin, topt, data)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from mlir_nn.egraph.rules import algebra, classification, conv, fusion, layout, mse, update
+from mlir_nn.egraph.rules import algebra, classification, conv, fusion, images, layout, mse, update
 
 RULESETS: dict[str, ModuleType] = {
     "algebra": algebra, "layout": layout, "fusion": fusion, "mse": mse, "update": update,
-    "classification": classification, "conv": conv,
+    "classification": classification, "conv": conv, "images": images,
 }
 
 __all__ = ["RULESETS"]

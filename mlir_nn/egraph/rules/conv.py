@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from egglog import Vec, eq, i64, rewrite, rule, set_, union, var, vars_
+from egglog import String, Vec, eq, i64, rewrite, rule, set_, union, var, vars_
 
 from mlir_nn.egraph.rules.common import a, b, build, c, dt, e, g, k, p, s, sa, w, x, y
 from mlir_nn.egraph.terms import Term, dtype, shape
@@ -26,8 +26,9 @@ from mlir_nn.egraph.terms import Term, dtype, shape
 stride, padding, dilation, kernel, per_channel, weight_shape = vars_(
     "stride padding dilation kernel per_channel weight_shape", Vec[i64])
 groups = var("groups", i64)
-CONV = Term.conv2d(x, w, stride, padding, dilation, groups)
-G = Term.conv2d_weight_grad(x, g, kernel, stride, padding, dilation, groups)
+layout = var("layout", String)
+CONV = Term.conv2d(x, w, stride, padding, dilation, groups, "NCHW")  # the bias and BatchNorm read (O, 1, 1)
+G = Term.conv2d_weight_grad(x, g, kernel, stride, padding, dilation, groups, layout)  # either layout
 ONE = Term.const(1.0, dt)
 SCALAR = Vec[i64]()
 
@@ -38,8 +39,8 @@ def _bias(add: Term) -> object:
                 eq(sa).to(Vec[i64](s[1], i64(1), i64(1))))
 
 
-def _fused(activation: str) -> Term:
-    return Term.conv2d_bias(x, w, b, stride, padding, dilation, groups, activation)
+def _fused(activation: str, image_layout: object = "NCHW") -> Term:
+    return Term.conv2d_bias(x, w, b, stride, padding, dilation, groups, activation, image_layout)
 
 
 def _update(name: str, pattern: Term, alpha: Term, beta: Term, subtract: bool,
@@ -49,7 +50,8 @@ def _update(name: str, pattern: Term, alpha: Term, beta: Term, subtract: bool,
     algebra rules would give it, so that the extractor can price the fused term alone)."""
     facts = [eq(e).to(pattern), eq(shape(c)).to(shape(G)), eq(dt).to(dtype(c))]
     facts += [eq(shape(v)).to(SCALAR) for v in scalars]
-    fused = Term.conv2d_weight_update(x, g, c, alpha, beta, kernel, stride, padding, dilation, groups, subtract)
+    fused = Term.conv2d_weight_update(x, g, c, alpha, beta, kernel, stride, padding, dilation, groups, subtract,
+                                      layout)
     actions = [union(e).with_(fused)]
     if alpha is ONE or beta is ONE:
         actions += [set_(shape(ONE)).to(SCALAR), set_(dtype(ONE)).to(dt)]
@@ -87,7 +89,7 @@ def _folded_batch_norm(biased: bool) -> tuple[str, object]:
     built = [(Term.add(var, eps), channels), (std, channels), (scale, channels), (bias, channels), (eps, SCALAR),
              (scale4, Vec[i64](s[1], i64(1), i64(1), i64(1))), (weight, weight_shape)]
     built += [(t, channels) for t in inner]
-    actions = [union(e).with_(Term.conv2d_bias(x, weight, bias, stride, padding, dilation, groups, "none"))]
+    actions = [union(e).with_(Term.conv2d_bias(x, weight, bias, stride, padding, dilation, groups, "none", "NCHW"))]
     for term, term_shape in built:
         actions += [set_(shape(term)).to(term_shape), set_(dtype(term)).to(dt)]
     name = ("BatchNorm(conv2d_bias(x, W, b)) = conv2d_bias(x, W * scale, (b - mean) * scale + beta)" if biased else
@@ -100,7 +102,8 @@ RULES = [
      _bias(Term.add(CONV, Term.reshape(b, sa))).then(union(e).with_(_fused("none")))),
     ("b + conv2d(x, W) = conv2d_bias(x, W, b)",
      _bias(Term.add(Term.reshape(b, sa), CONV)).then(union(e).with_(_fused("none")))),
-    ("relu(conv2d_bias(x, W, b)) = conv2d_bias(x, W, b, relu)", rewrite(Term.relu(_fused("none"))).to(_fused("relu"))),
+    ("relu(conv2d_bias(x, W, b)) = conv2d_bias(x, W, b, relu)",
+     rewrite(Term.relu(_fused("none", layout))).to(_fused("relu", layout))),
     _folded_batch_norm(biased=True),
     _folded_batch_norm(biased=False),
     _update("C - s*dW = conv2d_weight_update(s, 1, subtract)", Term.sub(c, Term.mul(a, G)), a, ONE, True, (a,)),
