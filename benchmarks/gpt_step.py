@@ -40,6 +40,9 @@ sys.path.insert(0, str(ROOT))
 CONFIGS = {"small": dict(n_layer=2, n_head=4, n_embd=64), "medium": dict(n_layer=4, n_head=4, n_embd=128),
            "tiny": dict(n_layer=1, n_head=2, n_embd=16)}  # tiny: the smoke test's
 VOCAB, BLOCK = 96, 64
+# pause before each burst: the last contender's threads (PyTorch's, OpenBLAS's) spin on after it and
+# take a core from the next one's second thread
+SETTLE_S = 0.3
 
 
 def torch_gpt(vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int) -> object:
@@ -170,9 +173,11 @@ def jax_variant(config: dict, state: dict, x: np.ndarray, y: np.ndarray) -> dict
 
 
 def measure(variants: dict[str, Callable[[], object]], rounds: int, burst: int) -> dict[str, float]:
+    """Median seconds a step of each variant, round-robin bursts, each after a pause (SETTLE_S)."""
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, run in variants.items():
+            time.sleep(SETTLE_S)
             start = time.perf_counter()
             for _ in range(burst):
                 run()
