@@ -149,6 +149,13 @@ def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[
     return isolation.on_this_thread(lambda: optimize_here(graph, batch_estimate, **options))
 
 
+def default_rulesets(graph: Graph) -> list[str]:
+    """Every ruleset, less those whose ``NEEDS_OPS`` the graph has none of."""
+    ops = {n.op for n in graph.nodes}
+    needs = {name: getattr(module, "NEEDS_OPS", None) for name, module in RULESETS.items()}
+    return [name for name, ops_needed in needs.items() if ops_needed is None or ops & ops_needed]
+
+
 def optimize_here(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[str] | None = None,
                   limits: Limits = Limits(), cost_model: CostModel | None = None) -> tuple[Graph, Report]:
     """``optimize`` in the calling thread, with no locking."""
@@ -156,7 +163,7 @@ def optimize_here(graph: Graph, batch_estimate: int | None = None, *, rulesets: 
     model = cost_model or CostModel(batch=batch_estimate or default_batch(graph))
     report = Report(nodes_before=len(graph.compute_nodes), cost_before=model.graph_cost(graph),
                     kernels_before=model.kernels(graph), batch_estimate=model.batch)
-    names = list(RULESETS) if rulesets is None else rulesets
+    names = default_rulesets(graph) if rulesets is None else rulesets
     try:
         egraph, loaded = build_egraph(graph, names, limits, report)
         itemsize = max(np.dtype(n.dtype).itemsize for n in graph.nodes) if graph.nodes else 4
