@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 
 from mlir import ir
 from mlir.passmanager import PassManager
 
 from mlir_nn.support.pipelines import Pipeline
+from mlir_nn.support.switches import switch
 
 
 class LoweringError(RuntimeError):
@@ -33,11 +33,7 @@ VERIFY_VARIABLE = "MLIR_NN_VERIFY"
 def verify_hooks() -> bool:
     """``$MLIR_NN_VERIFY`` is 1: the module is verified after every hook too (debugging and the
     test suite), not only as ``run_pipeline`` gets it. Anything but 0 or 1 is a ValueError."""
-    text = os.environ.get(VERIFY_VARIABLE, "0").strip() or "0"
-    if text not in ("0", "1"):
-        raise ValueError(f"{VERIFY_VARIABLE} must be 0 or 1 (1: verify the module after every hook of a "
-                         f"pass pipeline), got {os.environ[VERIFY_VARIABLE]!r}")
-    return text == "1"
+    return switch(VERIFY_VARIABLE, False, "1: verify the module after every hook of a pass pipeline")
 
 
 def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook] | None = None) -> tuple[str, ...]:

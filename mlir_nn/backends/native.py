@@ -126,11 +126,10 @@ _PLACEHOLDER = 0x1000  # an address the JIT's own link resolves placeholders to;
 
 def task_runtime_calls(module: ir.Module) -> list[str]:
     """The functions of the task runtime (MLIR's async runtime API) that ``module`` declares."""
-    from mlir import ir
+    from mlir_nn.codegen.walk import symbol
 
     declared = (op.operation for op in module.body.operations)
-    names = (ir.StringAttr(op.attributes["sym_name"]).value for op in declared
-             if op.name == "llvm.func" and not op.regions[0].blocks)
+    names = (symbol(op) for op in declared if op.name == "llvm.func" and not op.regions[0].blocks)
     return [name for name in names if name.startswith(task_runtime.API_PREFIX)]
 
 

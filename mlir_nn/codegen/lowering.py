@@ -16,12 +16,12 @@ from mlir.dialects import arith, linalg, math, tensor
 from mlir_nn.codegen import philox
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.joined_slices import joined
-from mlir_nn.codegen.maps import dims_map, identity_map, permutation_map, reduction_map
+from mlir_nn.codegen.maps import dims_map, identity_map, reduction_map
 from mlir_nn.codegen.reshapes import view_reshape
 from mlir_nn.codegen.row_ops import ROW_LOWERINGS, Rows
 from mlir_nn.codegen.sequence import SEQUENCE_LOWERINGS
 from mlir_nn.codegen.tensor_types import tensor_type
-from mlir_nn.codegen.windows import WINDOW_LOWERINGS
+from mlir_nn.codegen.windows import WINDOW_LOWERINGS, permuted
 from mlir_nn.ir import Node
 from mlir_nn.ir.ops import sum_to_axes
 
@@ -83,14 +83,7 @@ def _fused_matmul(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value
 def _transpose(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:
     x = b.tensor_of(xs[0], node.inputs[0].shape)
     b.source_of_transpose[node] = x
-    rank = len(node.shape)
-
-    @linalg.generic([x], [b.empty(node.shape)], [permutation_map(tuple(node.attr("perm"))), identity_map(rank)],
-                    [PARALLEL] * rank)
-    def result(v: ir.Value, _out: ir.Value) -> ir.Value:
-        return v
-
-    return result
+    return permuted(b, x, node.inputs[0].shape, tuple(node.attr("perm")))
 
 
 def _reshape(b: FunctionBuilder, node: Node, xs: list[Operand]) -> ir.Value:

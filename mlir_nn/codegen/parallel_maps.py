@@ -199,8 +199,8 @@ def spread_maps(module: ir.Module, threads: int | None = None) -> int:
     """Put large passes of ``module`` (bufferized) on threads in blocks of tiles, with ``threads``
     (the computing threads) at most that many blocks over a static leading dim; how many."""
     with module.context:
-        found = [(op, rows) for op in collect_ops(module, lambda op: _task_rows(op, threads) is not None)
-                 for rows in [_task_rows(op, threads)]]
+        found = [(op, rows) for op in collect_ops(module, lambda op: op.name in _SPREAD_OPS)
+                 if (rows := _task_rows(op, threads)) is not None]
         if not found:
             return 0
         for op, sizes in found:

@@ -38,6 +38,7 @@ from typing import Any
 
 from mlir_nn.backends import kernel_pool
 from mlir_nn.ir import Graph
+from mlir_nn.support.switches import switch
 
 ENV = "MLIR_NN_TIERED"
 FIRST_TIER_ENV = "MLIR_NN_FIRST_TIER"
@@ -65,10 +66,7 @@ def from_caches(graph: Graph, batch_estimate: int | None, optimize: bool) -> tup
 
 def tiered_default() -> bool:
     """``MLIR_NN_TIERED``: 1 (the default) or 0."""
-    value = os.environ.get(ENV, "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return switch(ENV, True)
 
 
 def first_tier_default() -> str:
