@@ -35,11 +35,12 @@ module attributes {transform.with_named_sequence} {
         in %root : (!transform.any_op) -> !transform.any_op
     %pack_row_chunks, %pack_row_forall = transform.structured.tile_using_forall %pack_parallel_rows
         tile_sizes [0, {pack_task_rows}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    // (a batch's rows in groups: tasks of groups, so that each thread copies rows it wrote)
+    // (a batch's rows in groups: one block of groups a computing thread, or tasks of a few groups,
+    // so that each thread copies rows it wrote)
     %pack_parallel_groups = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_parallel_groups}
         in %root : (!transform.any_op) -> !transform.any_op
     %pack_group_chunks, %pack_group_forall = transform.structured.tile_using_forall %pack_parallel_groups
-        tile_sizes [0, {pack_task_groups}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+        {pack_group_tasks} : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     %pack_rows_a = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.pack_rows_a} in %root
         : (!transform.any_op) -> !transform.any_op
     // (several rows per vector op, masked at a dynamic end: single rows would fold into copies;

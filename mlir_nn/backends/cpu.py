@@ -208,7 +208,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]
     write_updates_in_place(module, fn, len(graph.outputs), [slot[name] for name, _ in graph.updates])
-    rewrite_matmuls(module, threads, graph.batch_rows)
+    rewrite_matmuls(module, threads, graph.batch_rows, num_threads() if threads else None)
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
     plans: list[MemoryPlan] = []

@@ -158,8 +158,11 @@ K_RANGES_PARTIALS_BYTES = 1 << 19
 # weight gradient)
 PARTIALS_SUM = "mlirnn.partials_sum"
 _DYNAMIC = ir.ShapedType.get_dynamic_size()
-# A batch's rows copied in groups (``_pack_row_groups``) spread over the groups, in tasks of
-# PACK_TASK_ROWS rows: each thread copies the rows it wrote itself
+# A batch's rows copied in groups (``_pack_row_groups``) spread over the groups, one block of them
+# a computing thread when their count is known (the passes before split the batch's rows the same
+# way: each thread copies the rows it wrote itself), else in tasks of PACK_TASK_ROWS rows. Tasks of
+# 256 rows left a batch of 256 one task: 128-512-512-512-1 SGD at batch 256 was 2-3% slower on two
+# cores that share an L3, 4-5% on two that do not (one process alternating both builds)
 PACK_PARALLEL_GROUPS = "mlirnn.pack_parallel_groups"
 # Small products whose inner two loops have static sizes: vector code per outer iteration.
 SMALL_VECTOR = "mlirnn.small_vector"
@@ -1456,7 +1459,8 @@ def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
 
 def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
                    chunks: Iterable[tuple[str, tuple[int, ...]]] = (),
-                   splits: Iterable[tuple[int, int]] = (), small_tasks: Iterable[int] = ()) -> str:
+                   splits: Iterable[tuple[int, int]] = (), small_tasks: Iterable[int] = (),
+                   thread_count: int | None = None) -> str:
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn, "tn_narrow": tn // 2,
@@ -1464,7 +1468,8 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
              "small_rows": SMALL_ROW_BLOCK, "small_k_step": SMALL_K_STEP,
              "row_block_k_step": ROW_BLOCK_K_STEP, "pack_task_rows": PACK_TASK_ROWS,
-             "pack_task_groups": PACK_TASK_ROWS // PACK_ROWS_STEP}
+             "pack_group_tasks": (f"num_threads [0, {thread_count}]" if thread_count
+                                  else f"tile_sizes [0, {PACK_TASK_ROWS // PACK_ROWS_STEP}]")}
     text = (shipped_dir() / SCHEDULE).read_text()
     for name, value in sizes.items():
         text = text.replace("{" + name + "}", str(value))
@@ -1561,9 +1566,9 @@ def _schedule_tags(module: ir.Module) -> _Tags:
     return tags
 
 
-def _apply_schedule(module: ir.Module, itemsize: int) -> None:
+def _apply_schedule(module: ir.Module, itemsize: int, thread_count: int | None) -> None:
     tags = _schedule_tags(module)
-    text = _schedule_text(itemsize, tags.tasks, tags.chunks, tags.splits, tags.small_tasks)
+    text = _schedule_text(itemsize, tags.tasks, tags.chunks, tags.splits, tags.small_tasks, thread_count)
     schedule = ir.Module.parse(text, module.context)
     entry = next(op for op in schedule.body.operations
                  if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")
@@ -1573,12 +1578,14 @@ def _apply_schedule(module: ir.Module, itemsize: int) -> None:
         raise RuntimeError(f"codegen: the CPU matmul schedule {SCHEDULE} failed: {error}") from None
 
 
-def rewrite_matmuls(module: ir.Module, threads: bool = True, batch_rows: int | None = None) -> tuple[int, int]:
+def rewrite_matmuls(module: ir.Module, threads: bool = True, batch_rows: int | None = None,
+                    thread_count: int | None = None) -> tuple[int, int]:
     """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts (a product with a
     short k is looped: one element-wise pass, ``short_products``). With ``threads``,
     products with enough work spread their blocks over threads, unless they run in a task
     already (large element-wise ops go on threads after bufferization: ``parallel_maps``).
-    ``batch_rows``: the rows a dynamic batch is priced at (``product_plan``)."""
+    ``batch_rows``: the rows a dynamic batch is priced at (``product_plan``). ``thread_count``: the
+    threads the step computes on, when known (a batch's row groups packed in one block a thread)."""
     matmuls = collect_linalg_ops(module, lambda op: op.name == "linalg.matmul")
     blocked, itemsize = 0, 4
     with module.context:
@@ -1615,6 +1622,6 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True, batch_rows: int | N
         drop_im2col_tags(module)
         sums = tag_row_sums(module, threads)
         if matmuls or sums:
-            _apply_schedule(module, itemsize)
+            _apply_schedule(module, itemsize, thread_count)
             start_accumulators_at_zero(module)
     return blocked, len(matmuls) - blocked

@@ -19,6 +19,7 @@ from mlir import ir
 
 from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, compile_kernel, lower
 from mlir_nn.backends.reference import evaluate
+from mlir_nn.backends.thread_pool import ENV as NUM_THREADS_ENV
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.batch_split import TASKS_MAX
 from mlir_nn.codegen.cpu_matmul import (
@@ -759,23 +760,32 @@ def test_a_short_last_column_panel_runs_in_blocks_one_register_wide(dtype, extra
     _assert_matches_reference(zoo, CpuBackend().compile(zoo), BATCHES, dtype)
 
 
-@pytest.mark.parametrize("width", [64, 100])
-def test_a_batchs_row_groups_are_packed_in_tasks_of_rows(width):
+@pytest.mark.parametrize("width, thread_count", [(64, None), (100, None), (64, 2), (100, 3)])
+def test_a_batchs_row_groups_are_packed_in_a_block_a_thread(width, thread_count, monkeypatch):
     """x^T @ g over a dynamic batch (a 64- or 100-wide layer's weight gradient): the rows the
-    batch's groups copy into g's few panels are spread over the groups, PACK_TASK_ROWS rows a
-    task, so that each thread packs rows it wrote itself; a task of panels held the whole
-    packing on one core (on two cores that share no L3, 2.5 of a 16-64x7-1 step's 9 ms). It
-    matches the reference with one group, a partial group, and a partial last task."""
+    batch's groups copy into g's few panels are spread over the groups, so that each thread packs
+    rows it wrote itself; a task of panels held the whole packing on one core (on two cores that
+    share no L3, 2.5 of a 16-64x7-1 step's 9 ms). Given the computing threads, one block of groups
+    a thread, as the passes before split the batch (tasks of PACK_TASK_ROWS rows left a batch of
+    256 one task); else tasks of PACK_TASK_ROWS rows. It matches the reference with no whole group,
+    one group, fewer groups than threads, a partial last block and a partial last task."""
     x = make_node("input", [], name="x", shape=("N", width), dtype="float32")
     g = make_node("input", [], name="g", shape=("N", width), dtype="float32")
     graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
     module = emit_linalg(graph)
     with use_rates(NO_LOOPS):  # 64 wide: vector sums over the batch by default
-        rewrite_matmuls(module, threads=True)
-        executable = CpuBackend().compile(graph)
+        rewrite_matmuls(module, threads=True, thread_count=thread_count)
     groups = PACK_TASK_ROWS // PACK_ROWS_STEP
-    assert f"(d0 * {groups})" in str(module)  # a task's first group
-    rows = (1, PACK_ROWS_STEP - 1, PACK_ROWS_STEP, PACK_TASK_ROWS + 3, 3 * PACK_TASK_ROWS + PACK_ROWS_STEP + 5)
+    blocks = re.findall(r"scf.forall \(%\w+\) in \((\d+)\)", str(module))
+    if thread_count is None:
+        assert f"(d0 * {groups})" in str(module)  # a task's first group
+    else:
+        assert f"(d0 * {groups})" not in str(module) and str(thread_count) in blocks
+    rows = (1, PACK_ROWS_STEP - 1, PACK_ROWS_STEP, 2 * PACK_ROWS_STEP + 1, PACK_TASK_ROWS + 3,
+            3 * PACK_TASK_ROWS + PACK_ROWS_STEP + 5)
+    monkeypatch.setenv(NUM_THREADS_ENV, str(thread_count or 2))  # the backend's count: one block a thread
+    with use_rates(NO_LOOPS):
+        executable = CpuBackend().compile(graph)
     _assert_matches_reference(graph, executable, rows)
 
 
