@@ -282,10 +282,12 @@ def cached_kernel(graph: Graph, pipeline: Pipeline | None = None, threads: bool 
 
 
 def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: bool = True,
-                   threads: bool = True, opt_level: int = OPT_LEVEL) -> Kernel:
+                   threads: bool = True, opt_level: int = OPT_LEVEL, workers: bool = True) -> Kernel:
     """Native code for ``graph`` from the memory cache, the disk cache, or a fresh compile.
     ``threads=False`` builds every product to run on the calling thread; ``opt_level`` is
-    LLVM's (0: the quick tier's fast instruction selection, ``mlir_nn.jit.tiered``)."""
+    LLVM's (0: the quick tier's fast instruction selection, ``mlir_nn.jit.tiered``);
+    ``workers=False`` starts no compile workers (a pipeline without the split pass has one
+    module to compile, in this process)."""
     pipeline = pipeline or load_pipeline(TARGET)
     key = _key(graph, pipeline, threads, opt_level)
     if key in _MEMORY:
@@ -298,7 +300,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
         from mlir_nn.codegen import symbol_name
 
-    prepare_compile()  # the workers import MLIR while this process lowers (started already when
+    prepare_compile(workers)  # the workers import MLIR while this process lowers (started already when
     # the step came through the jit pipeline), and cc runs
     host_cpu.prepare()  # the target every compiled function is tuned for
     module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads)
@@ -354,7 +356,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     timings["llvm"] = time.perf_counter() - start
     start = time.perf_counter()
     link_objects([job.path for job in jobs] + [stored.path for stored in linked], library)
-    native = load_shared_object(library, name)
+    native = load_shared_object(library, name, tasks=task_runtime.API_PREFIX in stages["llvm"])
     timings["link"] = time.perf_counter() - start
     return native
 

@@ -51,13 +51,18 @@ class CompiledStep:
         if built is not None:
             self._use(built)
         elif tiers:  # see mlir_nn.jit.tiered
-            if self.first_tier == "native":  # compiled first, so its compile has this process's cores
-                self._use(pipeline.quick(graph, batch_estimate))
+            # started first: the optimized code is compiled meanwhile on another core
+            self._background = BackgroundCompile(graph, batch_estimate, pipeline.optimize)
+            if self.first_tier == "native":
+                try:
+                    self._use(pipeline.quick(graph))
+                except BaseException:
+                    self._background.cancel()
+                    raise
             else:
                 self.optimized_graph, self.optimize_report = graph, None
                 self.executable: Executable = BufferedExecutable(graph)
                 self.stages: dict[str, str] = {"tensor": str(graph)}
-            self._background = BackgroundCompile(graph, batch_estimate, pipeline.optimize)
             self.run_plain: PlainCall | None = None  # every call goes through run, which switches tiers
         else:
             self._use(pipeline.build(graph, batch_estimate))

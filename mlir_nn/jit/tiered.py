@@ -44,6 +44,7 @@ ENV = "MLIR_NN_TIERED"
 FIRST_TIER_ENV = "MLIR_NN_FIRST_TIER"
 FIRST_TIERS = ("interpreter", "native")
 QUICK_OPT_LEVEL = 0  # LLVM's -O level of the native first tier
+QUICK_PIPELINE = "cpu_quick"  # its pass pipeline (passes/cpu_quick.pipeline)
 
 
 def from_caches(graph: Graph, batch_estimate: int | None, optimize: bool) -> tuple[Graph, Any, Any] | None:
