@@ -14,12 +14,12 @@ graph at once, without egglog or MLIR, on the reference ops with planned buffers
 (``mlir_nn.backends.buffered``): its first call took 0.04-0.2 s on the MLPs of
 ``benchmarks/compile_time.py``, and an Adam step of the 784-256-64-16-64-256-784
 autoencoder (batch 128, one BLAS thread) 7 ms against 3.9 ms for -O0 native code.
-``native`` compiles the optimized graph in this process with LLVM at ``QUICK_OPT_LEVEL``
-(0: fast instruction selection, no IR optimization) and runs the first calls on that
-until the optimized code is ready; only then does the compile process start, so that the
-quick compile has this process's cores. It waits for egglog and the MLIR passes (the
-autoencoder's first call came after 5.3-7.6 s, 2 cores at a load of 3.5-4.4) and delays
-the optimized code by as much, so it is no longer the default for any step.
+``native`` compiles the traced graph in this process, without egglog, with
+``QUICK_PIPELINE`` (no threads, so no split into kernels and no compile workers) and LLVM
+at ``QUICK_OPT_LEVEL`` (0: fast instruction selection, no IR optimization), and runs the
+first calls on that until the optimized code is ready; the compile process starts first and
+builds the optimized code on another core meanwhile. Measured figures are in the history
+of this file and in ``benchmarks/compile_time.py --first-tier native``.
 
 ``jit(..., tiered=False)`` or ``MLIR_NN_TIERED=0`` compiles before the first call instead.
 """
