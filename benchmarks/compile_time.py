@@ -7,8 +7,9 @@
    (the tier is printed with it): ``interpreter`` (the default, as for users) runs the
    traced graph on the reference ops at once while another process optimizes and compiles
    it; ``native`` (``MLIR_NN_FIRST_TIER=native``) first compiles the traced graph in this
-   process with few passes and LLVM at -O0 while another process compiles the optimized code; ``off`` (``MLIR_NN_TIERED=0``) compiles the optimized code
-   before the first call. "optimized" is when the step runs the optimized code (the time
+   process with few passes and LLVM at -O0, then starts the process that compiles the
+   optimized code; ``off`` (``MLIR_NN_TIERED=0``) compiles the optimized code before the
+   first call. "optimized" is when the step runs the optimized code (the time
    from the first call until ``lower`` has waited for it). mlir-nn's first call is also
    given per stage when it compiled (egraph, codegen, passes, llvm, link; imports: of egglog,
    MLIR and the package's compile modules, which those stages' clocks leave out; "other" is

@@ -122,22 +122,23 @@ def compile_lowered(module: ir.Module, job: Job) -> str:
     """Compile ``module``, ``job``'s chunk with its tail already run, into ``job.path``; returns
     its LLVM-dialect text. A step lowered whole (no split) comes here straight from the lowering,
     in its own context: no print and parse between them (a 4x256 Adam MLP step's 25k lines)."""
-    if job.chunk.step:
-        pass_pointers(module, job.chunk.step)
-    internal = localize(module, job.chunk.public)
-    mark_kernels(module, job.chunk.kernels)
-    inline_step(module, job.chunk.step)
-    tune_for_host(module)
-    text = module.operation.get_asm(assume_verified=True)  # (str() verifies it first: 10% more)
-    try:
-        compile_object(module, job.chunk.public[0], job.path, job.chunk.calls, job.opt_level)
-    except NativeError:
-        # ops the passes left unlowered, named (checked only here: a walk of every op in
-        # Python, 35 ms of a 16x256 Adam step's build)
-        check_lowered_to_llvm(module, job.tail)
-        raise
-    # a step's only chunk keeps its names (0.7 s of matching for the autoencoder)
-    return text if job.chunk.whole else rename(text, internal, job.chunk.public[0])
+    with module.context:
+        if job.chunk.step:
+            pass_pointers(module, job.chunk.step)
+        internal = localize(module, job.chunk.public)
+        mark_kernels(module, job.chunk.kernels)
+        inline_step(module, job.chunk.step)
+        tune_for_host(module)
+        text = module.operation.get_asm(assume_verified=True)  # (str() verifies it first: 10% more)
+        try:
+            compile_object(module, job.chunk.public[0], job.path, job.chunk.calls, job.opt_level)
+        except NativeError:
+            # ops the passes left unlowered, named (checked only here: a walk of every op in
+            # Python, 35 ms of a 16x256 Adam step's build)
+            check_lowered_to_llvm(module, job.tail)
+            raise
+        # a step's only chunk keeps its names (0.7 s of matching for the autoencoder)
+        return text if job.chunk.whole else rename(text, internal, job.chunk.public[0])
 
 
 def warm_up() -> None:

@@ -51,18 +51,13 @@ class CompiledStep:
         if built is not None:
             self._use(built)
         elif tiers:  # see mlir_nn.jit.tiered
-            # started first: the optimized code is compiled meanwhile on another core
-            self._background = BackgroundCompile(graph, batch_estimate, pipeline.optimize)
-            if self.first_tier == "native":
-                try:
-                    self._use(pipeline.quick(graph))
-                except BaseException:
-                    self._background.cancel()
-                    raise
+            if self.first_tier == "native":  # compiled first, so that its compile has this machine's cores
+                self._use(pipeline.quick(graph))
             else:
                 self.optimized_graph, self.optimize_report = graph, None
                 self.executable: Executable = BufferedExecutable(graph)
                 self.stages: dict[str, str] = {"tensor": str(graph)}
+            self._background = BackgroundCompile(graph, batch_estimate, pipeline.optimize)
             self.run_plain: PlainCall | None = None  # every call goes through run, which switches tiers
         else:
             self._use(pipeline.build(graph, batch_estimate))

@@ -17,9 +17,10 @@ autoencoder (batch 128, one BLAS thread) 7 ms against 3.9 ms for -O0 native code
 ``native`` compiles the traced graph in this process, without egglog, with
 ``QUICK_PIPELINE`` (no threads, so no split into kernels and no compile workers) and LLVM
 at ``QUICK_OPT_LEVEL`` (0: fast instruction selection, no IR optimization), and runs the
-first calls on that until the optimized code is ready; the compile process starts first and
-builds the optimized code on another core meanwhile. Measured figures are in the history
-of this file and in ``benchmarks/compile_time.py --first-tier native``.
+first calls on that until the optimized code is ready; only then does the compile process
+start, so that the quick compile has the machine's cores (started with it, on 2 cores at a
+load of 4-7, it doubled the quick first call, 1.2 -> 2.6 s at 1x16 Adam, and brought the
+optimized code no sooner, fresh processes interleaved).
 
 ``jit(..., tiered=False)`` or ``MLIR_NN_TIERED=0`` compiles before the first call instead.
 """
