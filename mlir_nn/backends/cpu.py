@@ -168,7 +168,7 @@ def tail_pipeline(pipeline: Pipeline) -> Pipeline:
     return Pipeline(pipeline.name, pipeline.passes[cut:])
 
 
-def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
+def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm_text: bool = True
                     ) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None, Split | None,
                                tuple[str, ...]]:
     """``lower`` and the step's memory plan (None when the pipeline has no ``PLAN_PASS``).
@@ -176,7 +176,8 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
     passes. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
     argument and an input check guards the body (``memory_plan``, ``input_guard``). A
     pipeline with ``kernel_split.SPLIT_PASS`` stops there: the step is split into kernels
-    (the fifth item; ``stages`` then has no "llvm" text yet), else that item is None. The
+    (the fifth item; ``stages`` then has no "llvm" text yet), else that item is None (and
+    ``stages`` has the "llvm" text unless ``llvm_text`` is off: the compile prints it). The
     last item lists the passes run: ``PLAN_PASS`` is skipped when the plan left no heap buffer
     (``memory_plan.needs_deallocation``; it took 0.3 to 0.5 s of a deep MLP's build)."""
     with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
@@ -241,7 +242,8 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True
         split = split_step(module)
     else:
         scalarize_lane_loads(module)
-        stages["llvm"] = str(module)
+        if llvm_text:
+            stages["llvm"] = str(module)
     timings["passes"] = time.perf_counter() - start
     return module, stages, timings, plans[-1] if plans else None, split, passes
 
@@ -282,10 +284,12 @@ def cached_kernel(graph: Graph, pipeline: Pipeline | None = None, threads: bool 
 
 
 def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: bool = True,
-                   threads: bool = True, opt_level: int = OPT_LEVEL) -> Kernel:
+                   threads: bool = True, opt_level: int = OPT_LEVEL, workers: bool = True) -> Kernel:
     """Native code for ``graph`` from the memory cache, the disk cache, or a fresh compile.
     ``threads=False`` builds every product to run on the calling thread; ``opt_level`` is
-    LLVM's (0: the quick tier's fast instruction selection, ``mlir_nn.jit.tiered``)."""
+    LLVM's (0: the quick tier's fast instruction selection, ``mlir_nn.jit.tiered``);
+    ``workers=False`` starts no compile workers (a pipeline without the split pass has one
+    module to compile, in this process)."""
     pipeline = pipeline or load_pipeline(TARGET)
     key = _key(graph, pipeline, threads, opt_level)
     if key in _MEMORY:
@@ -298,13 +302,13 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
         from mlir_nn.codegen import symbol_name
 
-    prepare_compile()  # the workers import MLIR while this process lowers (started already when
+    prepare_compile(workers)  # the workers import MLIR while this process lowers (started already when
     # the step came through the jit pipeline), and cc runs
     host_cpu.prepare()  # the target every compiled function is tuned for
-    module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads)
-    if split is None:
-        check_lowered_to_llvm(module, pipeline)
+    module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads, llvm_text=False)
     if plan is None:
+        if split is None:  # what it left unlowered, named first (else checked only if LLVM fails)
+            check_lowered_to_llvm(module, pipeline)
         raise LoweringError(f"pipeline {pipeline.name} has no {PLAN_PASS} pass: the cpu backend places the "
                             "step's buffers in its workspace and checks its inputs right before that pass")
     with tempfile.TemporaryDirectory() as tmp:
@@ -324,7 +328,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     """Compile the lowered step (in chunks on the workers when it was split), link ``library``
     and load it; adds the "llvm" stage and the time of each part. With ``use_disk`` a split
     step links the kernels it finds in the kernel cache and stores the ones it compiles."""
-    from mlir_nn.backends.kernel_build import Job, kernels_only, merge_texts
+    from mlir_nn.backends.kernel_build import Job, compile_lowered, kernels_only, merge_texts
     from mlir_nn.backends.kernel_split import Chunk
     from mlir_nn.codegen import symbol_name
 
@@ -332,9 +336,11 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     start = time.perf_counter()
     linked: list[kernel_cache.StoredObject] = []  # cached objects of kernels
     keys: dict[str, str] = {}  # kernel -> its key in the kernel cache
-    if split is None:  # a pipeline without the split pass: lowered whole already
-        chunks = [Chunk(stages["llvm"], ("_mlir_ciface_" + name,), (), step=name)]
-        tail = Pipeline(pipeline.name, ())
+    if split is None:  # a pipeline without the split pass: lowered whole already, compiled here as it is
+        job = Job(Chunk("", ("_mlir_ciface_" + name,), (), step=name), pipeline, library.parent / "chunk0.o",
+                  opt_level)
+        stages["llvm"] = compile_lowered(module, job)
+        jobs = [job]
     else:
         tail, count = tail_pipeline(pipeline), kernel_pool.worker_count() + 1  # the caller builds too
         if use_disk:
@@ -345,16 +351,15 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
             chunks = split.chunks(1) if count == 1 and not linked else split.apart(fresh, count)
         else:
             chunks = split.chunks(count)
-    jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o", opt_level) for i, chunk in enumerate(chunks)]
-    texts = kernel_pool.run(jobs)
-    if split is not None:
+        jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o", opt_level) for i, chunk in enumerate(chunks)]
+        texts = kernel_pool.run(jobs)
         stages["llvm"] = merge_texts(texts + [kernels_only(s.text, s.kernels & split.kernels.keys()) for s in linked])
         if use_disk:
             _store_kernels(jobs, texts, keys, name)
     timings["llvm"] = time.perf_counter() - start
     start = time.perf_counter()
     link_objects([job.path for job in jobs] + [stored.path for stored in linked], library)
-    native = load_shared_object(library, name)
+    native = load_shared_object(library, name, tasks=task_runtime.API_PREFIX in stages["llvm"])
     timings["link"] = time.perf_counter() - start
     return native
 

@@ -185,9 +185,11 @@ def localize_symbols(source: Path, target: Path, symbols: Sequence[str]) -> None
         raise NativeError(f"objcopy of {source.name} failed: {result.stderr.strip()}")
 
 
-def load_shared_object(path: Path, name: str) -> NativeFunction:
-    """Load a shared object written by ``link_objects``."""
-    load_task_runtime()
+def load_shared_object(path: Path, name: str, tasks: bool = True) -> NativeFunction:
+    """Load a shared object written by ``link_objects``; ``tasks``: it may call the task runtime,
+    which is loaded first (code without parallel loops need not wait for its C build)."""
+    if tasks:
+        load_task_runtime()
     try:
         library = ctypes.CDLL(str(path))
         address = ctypes.cast(getattr(library, packed_symbol(name)), ctypes.c_void_p).value

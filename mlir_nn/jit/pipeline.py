@@ -8,8 +8,9 @@
 
 ``StepPipeline.build`` runs them once, in that order. Tiers are this pipeline's policy
 for when the result is needed: a cpu step whose compiled form is not in the disk caches
-yet starts on a first tier (the reference ops in planned buffers, or ``quick``: native
-code compiled with little LLVM work) while a separate process builds it (``mlir_nn.jit.tiered``).
+yet starts on a first tier (the reference ops in planned buffers, or ``quick``: the traced
+graph compiled to native code with few passes and little LLVM work) while a separate process
+builds it (``mlir_nn.jit.tiered``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 from mlir_nn.backends import Executable
 from mlir_nn.distributed.split import compile_step, has_collectives
 from mlir_nn.ir import Graph
-from mlir_nn.jit.tiered import FIRST_TIERS, QUICK_OPT_LEVEL, from_caches
+from mlir_nn.jit.tiered import FIRST_TIERS, QUICK_OPT_LEVEL, QUICK_PIPELINE, from_caches
+from mlir_nn.support.pipelines import load_pipeline
 
 
 @dataclass(frozen=True)
@@ -68,15 +70,16 @@ class StepPipeline:
         optimized, report = self.optimized(graph, batch_estimate)
         return Built(optimized, report, self.lower(optimized, graph))
 
-    def quick(self, graph: Graph, batch_estimate: int | None) -> Built:
-        """The native first tier of a cpu step: the optimized graph, lowered as ``build`` does
-        but compiled by LLVM at ``QUICK_OPT_LEVEL``; kept in memory only (the disk caches get
-        the optimized code)."""
+    def quick(self, graph: Graph) -> Built:
+        """The native first tier of a cpu step: the traced graph (no e-graph optimizer), lowered
+        by ``QUICK_PIPELINE`` (one module, no threads, no compile workers) and compiled by LLVM
+        at ``QUICK_OPT_LEVEL`` in this process; kept in memory only (the disk caches get the
+        optimized code)."""
         from mlir_nn.backends.cpu import CpuExecutable, compile_kernel
 
-        optimized, report = self.optimized(graph, batch_estimate)
-        kernel = compile_kernel(optimized, use_disk=False, opt_level=QUICK_OPT_LEVEL)
-        return Built(optimized, report, CpuExecutable(optimized, kernel))
+        kernel = compile_kernel(graph, load_pipeline(QUICK_PIPELINE), use_disk=False, opt_level=QUICK_OPT_LEVEL,
+                                workers=False)
+        return Built(graph, None, CpuExecutable(graph, kernel))
 
     def check(self, compiling: bool) -> None:
         """Fail at a step's first call on what would otherwise fail calls later: the cpu

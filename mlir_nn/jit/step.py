@@ -51,8 +51,8 @@ class CompiledStep:
         if built is not None:
             self._use(built)
         elif tiers:  # see mlir_nn.jit.tiered
-            if self.first_tier == "native":  # compiled first, so its compile has this process's cores
-                self._use(pipeline.quick(graph, batch_estimate))
+            if self.first_tier == "native":  # compiled first, so that its compile has this machine's cores
+                self._use(pipeline.quick(graph))
             else:
                 self.optimized_graph, self.optimize_report = graph, None
                 self.executable: Executable = BufferedExecutable(graph)

@@ -14,12 +14,18 @@ graph at once, without egglog or MLIR, on the reference ops with planned buffers
 (``mlir_nn.backends.buffered``): its first call took 0.04-0.2 s on the MLPs of
 ``benchmarks/compile_time.py``, and an Adam step of the 784-256-64-16-64-256-784
 autoencoder (batch 128, one BLAS thread) 7 ms against 3.9 ms for -O0 native code.
-``native`` compiles the optimized graph in this process with LLVM at ``QUICK_OPT_LEVEL``
-(0: fast instruction selection, no IR optimization) and runs the first calls on that
-until the optimized code is ready; only then does the compile process start, so that the
-quick compile has this process's cores. It waits for egglog and the MLIR passes (the
-autoencoder's first call came after 5.3-7.6 s, 2 cores at a load of 3.5-4.4) and delays
-the optimized code by as much, so it is no longer the default for any step.
+``native`` compiles the traced graph in this process, without egglog, with
+``QUICK_PIPELINE`` (no threads, so no split into kernels and no compile workers) and LLVM
+at ``QUICK_OPT_LEVEL`` (0: fast instruction selection, no IR optimization), and runs the
+first calls on that until the optimized code is ready; only then does the compile process
+start, so that the quick compile has the machine's cores (started with it, on 2 cores at a
+load of 4-7, it doubled the quick first call, 1.2 -> 2.6 s at 1x16 Adam, and brought the
+optimized code no sooner, fresh processes interleaved). Its first call on the Adam MLPs of
+``compile_time.py --quick`` (1x16, 4x256, 8x64; 2 cores at a load of 6.5): 0.70, 1.71 and
+1.88 s against 1.43, 2.13 and 2.15 s when it ran egglog and the whole cpu pipeline. Its steps
+(one thread): 2.9 ms at 4x256 against 1.9 ms for the optimized code; the autoencoder's
+5.0 ms against 3.0 (6.9 on the interpreter). The autoencoder's quick first call took 2.5 s,
+and 200 of its steps took longer than on the interpreter, which stays the default.
 
 ``jit(..., tiered=False)`` or ``MLIR_NN_TIERED=0`` compiles before the first call instead.
 """
@@ -44,6 +50,7 @@ ENV = "MLIR_NN_TIERED"
 FIRST_TIER_ENV = "MLIR_NN_FIRST_TIER"
 FIRST_TIERS = ("interpreter", "native")
 QUICK_OPT_LEVEL = 0  # LLVM's -O level of the native first tier
+QUICK_PIPELINE = "cpu_quick"  # its pass pipeline (passes/cpu_quick.pipeline)
 
 
 def from_caches(graph: Graph, batch_estimate: int | None, optimize: bool) -> tuple[Graph, Any, Any] | None:

@@ -22,6 +22,7 @@ from mlir_nn.backends.lowering import LoweringError
 from mlir_nn.backends.native import OPT_LEVEL
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.ir import DTypeError, Graph, ShapeError, make_node
+from mlir_nn.jit.tiered import QUICK_PIPELINE
 from mlir_nn.support.disk_cache import cache_dir
 from mlir_nn.support.pipelines import load_pipeline, parse_pipeline
 from tests.codegen.zoo import arguments, elementwise_zoo, matmul_zoo
@@ -258,14 +259,20 @@ def test_user_pipeline_file(tmp_path):
         np.testing.assert_allclose(g, w, rtol=1e-9)
 
 
+@pytest.mark.parametrize("pipeline", ["cpu", QUICK_PIPELINE])
 @pytest.mark.parametrize("make", [lambda: matmul_zoo(37, 70, "float32"), lambda: elementwise_zoo(3, "float64")],
                          ids=["products", "elementwise"])
-def test_llvm_at_O0_computes_what_the_reference_does(make):
-    """The quick tier's code (``opt_level=0``, mlir_nn.jit.tiered) at awkward batch sizes; it
-    is a kernel of its own, never the one at the default level."""
+def test_llvm_at_O0_computes_what_the_reference_does(make, pipeline):
+    """The quick tier's code (``opt_level=0`` and its pipeline, mlir_nn.jit.tiered) at awkward
+    batch sizes; it is a kernel of its own, never the one at the default level. Its pipeline
+    has no threads: the step is one module, compiled in this process from the lowered module,
+    and its code calls no task runtime."""
     graph = make()
-    kernel = compile_kernel(graph, use_disk=False, opt_level=0)
+    kernel = compile_kernel(graph, load_pipeline(pipeline), use_disk=False, opt_level=0, workers=False)
     assert kernel.opt_level == 0 and kernel.source == "compiled"
+    if pipeline == QUICK_PIPELINE:
+        assert not kernel.threaded and "mlirAsyncRuntim" not in kernel.stages["llvm"]
+        assert "llvm.func" in kernel.stages["llvm"] and "linalg" in kernel.stages
     executable = CpuExecutable(graph, kernel)
     rng = np.random.default_rng(7)
     tolerance = TOL[graph.inputs[0].dtype]

@@ -25,11 +25,13 @@ from mlir_nn.jit.tiered import (
     ENV,
     FIRST_TIER_ENV,
     QUICK_OPT_LEVEL,
+    QUICK_PIPELINE,
     first_tier_default,
     tiered_default,
 )
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
+from mlir_nn.support.pipelines import load_pipeline
 from mlir_nn.trainer import train_step
 
 SIZES = [3, 6, 5, 1]  # a step no other test compiles, so its first compile is a cold one
@@ -107,6 +109,7 @@ import numpy as np
 from mlir_nn import jit
 from mlir_nn.nn import MLP
 from mlir_nn.optim import SGD
+from mlir_nn.support.pipelines import load_pipeline
 from mlir_nn.trainer import train_step
 
 model = MLP(2, [32, 32, 16, 1])
@@ -200,6 +203,11 @@ def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_
         np.testing.assert_allclose(quick(x, y), reference(x, y), rtol=2e-4, atol=2e-5)
     compiled = quick._last
     assert compiled.tier == "quick" and compiled.executable.kernel.opt_level == QUICK_OPT_LEVEL
+    # the traced graph, without egglog, lowered whole on one thread while the optimized code compiles
+    kernel = compiled.executable.kernel
+    assert compiled.optimized_graph is compiled.graph and compiled.optimize_report is None
+    assert kernel.pipeline == load_pipeline(QUICK_PIPELINE) and not kernel.threaded
+    assert compiled._background.started
     compiled._background.wait(timeout=300)
     for x, y in batches[::-1]:
         np.testing.assert_allclose(quick(x, y), reference(x, y), rtol=2e-4, atol=2e-5)
