@@ -160,6 +160,16 @@ def prepare_compile(workers: bool = True) -> None:
         kernel_pool.start()
 
 
+def serial_pipeline(pipeline: Pipeline) -> Pipeline:
+    """``pipeline`` without threads: none of the async passes that spread parallel loops over
+    threads, and no ``kernel_split.SPLIT_PASS``, so the step stays one module (compiled in the
+    calling process, as the quick tier's is: ``mlir_nn.jit.tiered``)."""
+    from mlir_nn.backends.kernel_split import SPLIT_PASS
+
+    kept = tuple(p for p in pipeline.passes if not p.startswith(SPLIT_PASS) and "async" not in p.split("{")[0])
+    return Pipeline(f"{pipeline.name}-serial", kept)
+
+
 def tail_pipeline(pipeline: Pipeline) -> Pipeline:
     """The passes that each chunk of a split step runs by itself (``kernel_split.SPLIT_PASS`` on)."""
     from mlir_nn.backends.kernel_split import SPLIT_PASS

@@ -21,7 +21,7 @@ from typing import Any
 from mlir_nn.backends import Executable
 from mlir_nn.distributed.split import compile_step, has_collectives
 from mlir_nn.ir import Graph
-from mlir_nn.jit.tiered import FIRST_TIERS, QUICK_OPT_LEVEL, QUICK_PIPELINE, from_caches
+from mlir_nn.jit.tiered import FIRST_TIERS, QUICK_OPT_LEVEL, from_caches
 from mlir_nn.support.pipelines import load_pipeline
 
 
@@ -72,13 +72,13 @@ class StepPipeline:
 
     def quick(self, graph: Graph) -> Built:
         """The native first tier of a cpu step: the traced graph (no e-graph optimizer), lowered
-        by ``QUICK_PIPELINE`` (one module, no threads, no compile workers) and compiled by LLVM
-        at ``QUICK_OPT_LEVEL`` in this process; kept in memory only (the disk caches get the
-        optimized code)."""
-        from mlir_nn.backends.cpu import CpuExecutable, compile_kernel
+        by the cpu pipeline without threads (``serial_pipeline``: one module, no compile workers)
+        and compiled by LLVM at ``QUICK_OPT_LEVEL`` in this process; kept in memory only (the
+        disk caches get the optimized code)."""
+        from mlir_nn.backends.cpu import TARGET, CpuExecutable, compile_kernel, serial_pipeline
 
-        kernel = compile_kernel(graph, load_pipeline(QUICK_PIPELINE), use_disk=False, opt_level=QUICK_OPT_LEVEL,
-                                workers=False)
+        kernel = compile_kernel(graph, serial_pipeline(load_pipeline(TARGET)), use_disk=False,
+                                opt_level=QUICK_OPT_LEVEL, workers=False)
         return Built(graph, None, CpuExecutable(graph, kernel))
 
     def check(self, compiling: bool) -> None:

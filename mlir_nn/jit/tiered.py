@@ -14,9 +14,10 @@ graph at once, without egglog or MLIR, on the reference ops with planned buffers
 (``mlir_nn.backends.buffered``): its first call took 0.04-0.2 s on the MLPs of
 ``benchmarks/compile_time.py``, and an Adam step of the 784-256-64-16-64-256-784
 autoencoder (batch 128, one BLAS thread) 7 ms against 3.9 ms for -O0 native code.
-``native`` compiles the traced graph in this process, without egglog, with
-``QUICK_PIPELINE`` (no threads, so no split into kernels and no compile workers) and LLVM
-at ``QUICK_OPT_LEVEL`` (0: fast instruction selection, no IR optimization), and runs the
+``native`` compiles the traced graph in this process, without egglog, with the cpu
+pipeline without threads (``backends.cpu.serial_pipeline``: no split into kernels, no
+compile workers) and LLVM at ``QUICK_OPT_LEVEL`` (0: fast instruction selection, no IR
+optimization), and runs the
 first calls on that until the optimized code is ready; only then does the compile process
 start, so that the quick compile has the machine's cores (started with it, on 2 cores at a
 load of 4-7, it doubled the quick first call, 1.2 -> 2.6 s at 1x16 Adam, and brought the
@@ -50,7 +51,6 @@ ENV = "MLIR_NN_TIERED"
 FIRST_TIER_ENV = "MLIR_NN_FIRST_TIER"
 FIRST_TIERS = ("interpreter", "native")
 QUICK_OPT_LEVEL = 0  # LLVM's -O level of the native first tier
-QUICK_PIPELINE = "cpu_quick"  # its pass pipeline (passes/cpu_quick.pipeline)
 
 
 def from_caches(graph: Graph, batch_estimate: int | None, optimize: bool) -> tuple[Graph, Any, Any] | None:

@@ -17,12 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlir_nn.backends import get_backend
-from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, clear_memory_cache, compile_kernel
+from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, clear_memory_cache, compile_kernel, serial_pipeline
 from mlir_nn.backends.lowering import LoweringError
 from mlir_nn.backends.native import OPT_LEVEL
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.ir import DTypeError, Graph, ShapeError, make_node
-from mlir_nn.jit.tiered import QUICK_PIPELINE
 from mlir_nn.support.disk_cache import cache_dir
 from mlir_nn.support.pipelines import load_pipeline, parse_pipeline
 from tests.codegen.zoo import arguments, elementwise_zoo, matmul_zoo
@@ -259,18 +258,30 @@ def test_user_pipeline_file(tmp_path):
         np.testing.assert_allclose(g, w, rtol=1e-9)
 
 
-@pytest.mark.parametrize("pipeline", ["cpu", QUICK_PIPELINE])
+def test_the_serial_pipeline_is_the_cpu_pipeline_without_its_threads():
+    """The quick tier's pipeline: cpu.pipeline in its order, less the kernel split's first pass and
+    the async passes (the step stays one module, its parallel loops none)."""
+    full, serial = load_pipeline("cpu"), serial_pipeline(load_pipeline("cpu"))
+    dropped = [p for p in full.passes if p not in serial.passes]
+    assert [p for p in full.passes if p in serial.passes] == list(serial.passes)
+    assert dropped and dropped[0] == "scf-forall-to-parallel"
+    assert all(p == "scf-forall-to-parallel" or p.startswith(("async-", "convert-async")) for p in dropped)
+    assert not any("async" in p for p in serial.passes)
+
+
+@pytest.mark.parametrize("serial", [False, True], ids=["cpu", "cpu-serial"])
 @pytest.mark.parametrize("make", [lambda: matmul_zoo(37, 70, "float32"), lambda: elementwise_zoo(3, "float64")],
                          ids=["products", "elementwise"])
-def test_llvm_at_O0_computes_what_the_reference_does(make, pipeline):
+def test_llvm_at_O0_computes_what_the_reference_does(make, serial):
     """The quick tier's code (``opt_level=0`` and its pipeline, mlir_nn.jit.tiered) at awkward
     batch sizes; it is a kernel of its own, never the one at the default level. Its pipeline
     has no threads: the step is one module, compiled in this process from the lowered module,
     and its code calls no task runtime."""
     graph = make()
-    kernel = compile_kernel(graph, load_pipeline(pipeline), use_disk=False, opt_level=0, workers=False)
+    pipeline = serial_pipeline(load_pipeline("cpu")) if serial else load_pipeline("cpu")
+    kernel = compile_kernel(graph, pipeline, use_disk=False, opt_level=0, workers=False)
     assert kernel.opt_level == 0 and kernel.source == "compiled"
-    if pipeline == QUICK_PIPELINE:
+    if serial:
         assert not kernel.threaded and "mlirAsyncRuntim" not in kernel.stages["llvm"]
         assert "llvm.func" in kernel.stages["llvm"] and "linalg" in kernel.stages
     executable = CpuExecutable(graph, kernel)

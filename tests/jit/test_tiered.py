@@ -17,7 +17,7 @@ import pytest
 from mlir_nn import jit
 from mlir_nn.backends import kernel_pool
 from mlir_nn.backends.buffered import BufferedExecutable
-from mlir_nn.backends.cpu import clear_memory_cache
+from mlir_nn.backends.cpu import clear_memory_cache, serial_pipeline
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.native import OPT_LEVEL
 from mlir_nn.jit import tiered
@@ -25,7 +25,6 @@ from mlir_nn.jit.tiered import (
     ENV,
     FIRST_TIER_ENV,
     QUICK_OPT_LEVEL,
-    QUICK_PIPELINE,
     first_tier_default,
     tiered_default,
 )
@@ -206,7 +205,7 @@ def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_
     # the traced graph, without egglog, lowered whole on one thread while the optimized code compiles
     kernel = compiled.executable.kernel
     assert compiled.optimized_graph is compiled.graph and compiled.optimize_report is None
-    assert kernel.pipeline == load_pipeline(QUICK_PIPELINE) and not kernel.threaded
+    assert kernel.pipeline == serial_pipeline(load_pipeline("cpu")) and not kernel.threaded
     assert compiled._background.started
     compiled._background.wait(timeout=300)
     for x, y in batches[::-1]:
