@@ -193,3 +193,61 @@ def test_a_thread_runs_its_newest_task_first_and_the_oldest_of_others():
     loop. In queue order this thread would run 1 2 3 4."""
     program = "from tests.backends.test_task_runtime import task_order; task_order()"
     assert _run(program, 1) == "2 1 3 4"
+
+
+def handoff(handoff_ns: int, releaser: int) -> None:
+    """Run in a new process with two computing threads: a task P (3) keeps the pool thread busy
+    until task ``releaser`` runs; this thread then queues A (1: the first task of its burst, left
+    to the pool for ``handoff_ns``) and B (2), and waits. Prints which thread ran A: "pool" or
+    "caller"."""
+    import ctypes
+    import threading
+
+    library = task_runtime.load()
+    library.mlirnn_runtime_set_handoff_ns.argtypes = [ctypes.c_longlong]
+    library.mlirAsyncRuntimeCreateToken.restype = ctypes.c_void_p
+    for name in ("mlirAsyncRuntimeEmplaceToken", "mlirAsyncRuntimeAwaitToken", "mlirAsyncRuntimeDropRef"):
+        getattr(library, name).restype = None
+    resume_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    library.mlirAsyncRuntimeExecute.argtypes = [ctypes.c_void_p, resume_type]
+    library.mlirnn_runtime_set_handoff_ns(handoff_ns)
+    token = ctypes.c_void_p(library.mlirAsyncRuntimeCreateToken())
+    started, release = threading.Event(), threading.Event()
+    ran: dict[int, int] = {}
+    lock = threading.Lock()
+
+    @resume_type
+    def resume(handle: int) -> None:
+        if handle == 3:  # P
+            started.set()
+            release.wait()
+        elif handle == releaser:
+            release.set()
+        with lock:
+            ran[handle] = threading.get_ident()
+            if len(ran) == 3:
+                library.mlirAsyncRuntimeEmplaceToken(token)
+
+    library.mlirAsyncRuntimeExecute(3, resume)  # P: the pool thread takes it (its first start)
+    started.wait()
+    for handle in (1, 2):  # A, B
+        library.mlirAsyncRuntimeExecute(handle, resume)
+    library.mlirAsyncRuntimeAwaitToken(token)
+    library.mlirAsyncRuntimeDropRef(token, ctypes.c_int64(1))
+    assert ran[3] != threading.get_ident() and ran[2] == threading.get_ident(), ran  # P on the pool, B here
+    print("caller" if ran[1] == threading.get_ident() else "pool")
+
+
+def test_the_caller_leaves_its_first_queued_task_to_the_pool():
+    """A parallel loop's upper half (A) waits for the pool thread (here until B, the caller's
+    half, has ended P) rather than running on the caller, which finished its own half first:
+    the next loop's pool thread then finds its rows in its own core's cache."""
+    program = "from tests.backends.test_task_runtime import handoff; handoff(10**10, releaser=2)"
+    assert _run(program, 2) == "pool"
+
+
+def test_the_caller_takes_its_first_queued_task_back_when_no_pool_thread_comes():
+    """With the pool thread busy (P waits for A), the caller runs A itself once the handoff
+    time is over (1 ms here), and nothing waits forever."""
+    program = "from tests.backends.test_task_runtime import handoff; handoff(10**6, releaser=1)"
+    assert _run(program, 2) == "caller"
