@@ -41,10 +41,6 @@
  * of a parallel loop) may be queued behind it. A 100-wide MLP step (Adam, batch 5000) on two
  * threads of two busy cores (load 3-4) took 22-26 ms without the yields, 17-18 ms with them. */
 #define YIELD_AFTER_NS 20000
-/* How long a thread that calls compiled code leaves the first task of a burst it queues (a
- * parallel loop's upper half, meant for the pool) to the pool's threads before it may run it
- * itself (``mlirnn_runtime_set_handoff_ns`` changes it). */
-#define HANDOFF_NS 30000
 
 typedef void *CoroHandle;
 typedef void (*CoroResume)(void *);
@@ -78,14 +74,12 @@ typedef struct Task {
     CoroHandle handle;
     CoroResume resume;
     int owner;                /* the thread that queued it */
-    long long handoff_until;  /* until then its owner leaves it to the pool (0: no such wait) */
 } Task;
 
 /* Threads are numbered as they first queue or look for a task; the queue counts the tasks of
  * each number (modulo OWNERS) so that a thread with none queued does not search for its own. */
 #define OWNERS 64
 static _Thread_local int self = -1;
-static _Thread_local bool pool_member; /* a thread of the pool (not one that calls compiled code) */
 static atomic_int threads_numbered;
 
 static int self_number(void) {
@@ -106,15 +100,7 @@ static struct {
     atomic_int waiting;   /* waiting threads asleep on `ready` */
     atomic_int threads;   /* computing threads: the pool's plus the one that waits */
     atomic_int started;   /* pool threads started in this process */
-    atomic_llong handoff; /* HANDOFF_NS, or what mlirnn_runtime_set_handoff_ns set */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, {0}, 0, 0, 0, 1, 0,
-          HANDOFF_NS};
-
-static long long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, {0}, 0, 0, 0, 1, 0};
 
 static atomic_llong live_objects;
 
@@ -126,23 +112,13 @@ static atomic_llong live_objects;
  * over a product's rows finds them in the cache of the core that wrote them. Taking tasks in
  * queue order instead made that split change with the threads' timing: on two cores a step
  * whose passes read the other core's rows ran about 25% slower (784-1024-1024-10 at batch 512:
- * 33 ms against 26.5, in phases of seconds within one process).
- * The upper half that the calling thread queues first is left to the pool for a while
- * (`handoff_until`): when the caller finished its lower half before a pool thread came for
- * it, the caller took it back and ran the whole loop, and the next loop's pool thread read rows
- * in the caller's cache. On two cores that share no L3, the GPT medium step's 2-block passes
- * (a bias added to 2048 x 128) ran 90% on the caller and 2-3x as long as on cores that share one. */
-static bool eligible(const Task *t, int me, long long now) {
-    return t->owner != me || t->handoff_until <= now;
-}
-
-static Task *pop_locked(int me, long long now) {
+ * 33 ms against 26.5, in phases of seconds within one process). */
+static Task *pop_locked(int me) {
     Task *task = NULL;
     if (pool.owned[me % OWNERS] > 0)
         for (Task *t = pool.tail; t && !task; t = t->prev)
-            if (t->owner == me && eligible(t, me, now)) task = t;
-    for (Task *t = pool.head; t && !task; t = t->next)
-        if (eligible(t, me, now)) task = t;
+            if (t->owner == me) task = t;
+    if (!task) task = pool.head;
     if (task) {
         if (task->prev) task->prev->next = task->next; else pool.head = task->next;
         if (task->next) task->next->prev = task->prev; else pool.tail = task->prev;
@@ -156,9 +132,8 @@ static Task *pop_locked(int me, long long now) {
 static bool run_one(void) {
     if (atomic_load(&pool.queued) == 0) return false;
     int me = self_number();
-    long long now = now_ns();
     pthread_mutex_lock(&pool.mu);
-    Task *task = pop_locked(me, now);
+    Task *task = pop_locked(me);
     pthread_mutex_unlock(&pool.mu);
     if (!task) return false;
     CoroHandle handle = task->handle;
@@ -166,6 +141,12 @@ static bool run_one(void) {
     free(task);
     resume(handle);
     return true;
+}
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
 /* Run queued tasks until `done(arg)`; spin a while when there are none, then sleep until a
@@ -196,7 +177,6 @@ static void work_until(bool (*done)(Object *), Object *arg) {
 
 static void *pool_thread(void *unused) {
     (void)unused;
-    pool_member = true;
     work_until(NULL, NULL);
     return NULL;
 }
@@ -373,12 +353,9 @@ API void mlirAsyncRuntimeExecute(CoroHandle handle, CoroResume resume) {
     atomic_fetch_add(&tasks_started, 1);
     Task *task = malloc(sizeof(Task));
     if (!task) abort();
-    *task = (Task){NULL, NULL, handle, resume, self_number(), 0};
-    long long now = pool_member ? 0 : now_ns();
+    *task = (Task){NULL, NULL, handle, resume, self_number()};
     pthread_mutex_lock(&pool.mu);
     if (atomic_load(&pool.started) < atomic_load(&pool.threads) - 1) start_locked();
-    if (!pool_member && pool.owned[task->owner % OWNERS] == 0 && atomic_load(&pool.started) > 0)
-        task->handoff_until = now + atomic_load(&pool.handoff);
     task->prev = pool.tail;
     if (pool.tail) pool.tail->next = task; else pool.head = task;
     pool.tail = task;
@@ -418,10 +395,6 @@ API int mlirnn_runtime_set_threads(int threads) {
     atomic_store(&pool.threads, threads > 0 ? threads : 1);
     return atomic_load(&pool.threads);
 }
-
-/* How long (ns) a calling thread leaves its first queued task of a burst to the pool (HANDOFF_NS
- * unless set); returns the value it replaces. */
-API long long mlirnn_runtime_set_handoff_ns(long long ns) { return atomic_exchange(&pool.handoff, ns); }
 
 /* Pool threads running in this process. */
 API int mlirnn_runtime_started_threads(void) { return atomic_load(&pool.started); }
