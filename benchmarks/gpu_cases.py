@@ -20,6 +20,10 @@ CASES: dict[str, dict[str, Any]] = {
     "lenet_step": {"kind": "cnn_step", "model": "lenet", "sizes": [1, 28, 28, 10], "lr": 0.01, "batches": [64, 5]},
     # VGG-style: three 3x3 convolutions (32, 64, 128 channels) with ReLU and 2x2 max pooling, a linear layer
     "vgg_step": {"kind": "cnn_step", "model": "vgg_small", "sizes": [3, 32, 32, 10], "lr": 0.01, "batches": [128, 3]},
+    # the char GPT's default (examples/char_gpt.py): token and position embeddings, 2 pre-LayerNorm blocks of
+    # 4-head causal self-attention and a GELU MLP, width 64, context 64, cross-entropy over every position, Adam;
+    # traced at static shapes (sizes: vocabulary, context, layers, heads, width)
+    "gpt_step": {"kind": "gpt_step", "sizes": [96, 64, 2, 4, 64], "lr": 1e-3, "batches": [32], "static": True},
 }
 SAMPLE = 4096  # updated parameters larger than this are checked at SAMPLE fixed positions
 
@@ -33,6 +37,8 @@ def inputs_for(case: dict[str, Any], batch: int, seed: int = 0) -> list[np.ndarr
     if case["kind"] == "cnn_step":
         return [rng.standard_normal((batch, *sizes[:3]), dtype=np.float32),
                 rng.standard_normal((batch, sizes[3]), dtype=np.float32)]
+    if case["kind"] == "gpt_step":  # token indices and next-token targets (as float32, as the step takes them)
+        return [rng.integers(0, sizes[0], (batch, sizes[1])).astype(np.float32) for _ in range(2)]
     if case["op"] == "mse":
         return [rng.standard_normal((batch, sizes[0]), dtype=np.float32) for _ in range(2)]
     return [rng.standard_normal((batch, sizes[0]), dtype=np.float32)]
@@ -54,6 +60,12 @@ def vgg_small(nn: Any, classes: int) -> Any:
     return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1),
                          nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Flatten(), nn.Linear(2048, classes))
+
+
+def gpt(nn: Any, case: dict[str, Any]) -> Any:
+    """The case's GPT from mlir_nn.nn."""
+    vocab, context, layers, heads, width = case["sizes"]
+    return nn.GPT(vocab, context, n_layer=layers, n_head=heads, n_embd=width)
 
 
 def cnn(nn: Any, case: dict[str, Any]) -> Any:

@@ -136,6 +136,8 @@ def dry_check(case: dict, artifact: Artifact, ref: dict) -> dict:
 def torch_step(case: dict, params: list[np.ndarray], inputs: list[np.ndarray]):
     import torch
 
+    if case["kind"] == "gpt_step":
+        raise NotImplementedError("the GPT step has no PyTorch twin here: its numerics and its time are checked")
     dev = torch.device("cuda")
     ps = [torch.tensor(p, device=dev, requires_grad=case["kind"] in ("mlp_step", "cnn_step")) for p in params]
     if case["kind"] == "cnn_step":
@@ -404,6 +406,9 @@ def main() -> int:
 
 def model_case(case: dict, artifact: Artifact, ref: dict) -> dict:
     """The roofline model (labelled as one) of the case's first batch size; prints a table."""
+    if artifact.info.get("model") is None:
+        print(f"  MODEL: none ({artifact.info.get('model_error')})")
+        return {"label": "roofline model, not a measurement", "error": artifact.info.get("model_error")}
     batch = case["batches"][0]
     params = [ref[f"param{i}"] for i in range(len(artifact.signature["params"]))]
     bound = bind(artifact.plan, [a.shape for a in inputs_for(case, batch)] + [p.shape for p in params])

@@ -80,3 +80,26 @@ def test_cnn_steps_are_in_the_payload_and_gpu_check_binds_them_without_mlir(tmp_
         if shutil.which("ptxas"):
             nodes = {n["node"] for n in case["model"]["nodes"]}
             assert {"conv2d_bias", "conv2d_input_grad", "conv2d_weight_update", "max_pool2d_grad"} <= nodes
+
+
+def test_the_gpt_step_is_in_the_payload_and_gpu_check_binds_it_without_mlir(tmp_path):
+    """The char GPT's training step (examples/char_gpt.py's default model, Adam, static shapes): built
+    here with its NumPy reference, bound by gpu_check.py's dry run, its launches checked against the
+    kernels' ABI. Every parameter is updated with its Adam state (PyTorch's: step, exp_avg, exp_avg_sq):
+    two embeddings, per block two LayerNorms and four linear layers with biases, the last LayerNorm and
+    the head."""
+    art, res = tmp_path / "artifacts", tmp_path / "results"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_gpu_artifacts.py"), str(art),
+                           "--arch", "sm_80", "--no-trainer", "--cases", "gpt_step"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    built = json.loads((art / "cases.json").read_text())["cases"]["gpt_step"]
+    proc = subprocess.run([sys.executable, "-c", BLOCKED_RUN, str(ROOT / "benchmarks" / "gpu_check.py"), str(res),
+                           "--artifacts", str(art), "--cases", "gpt_step", "--dry-run"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    case = json.loads((res / "gpu_check.json").read_text())["cases"]["gpt_step"]
+    layers = 2
+    params = 2 + layers * (2 * 2 + 4 * 2) + 2 + 1
+    assert case["ok"] and list(case["check"]) == ["32"]
+    bound = case["check"]["32"]
+    assert bound["outputs"] == 1 and bound["updates"] == 4 * params
+    assert 0 < bound["launches"] <= built["kernels"]
