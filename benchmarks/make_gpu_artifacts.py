@@ -51,11 +51,16 @@ from mlir_nn.engine import Tensor  # noqa: E402
 from mlir_nn.gpu.schedule import STAGE_NAMES, TILING  # noqa: E402
 from mlir_nn.ir.shapes import resolve  # noqa: E402
 from mlir_nn.jit import trace_step  # noqa: E402
-from mlir_nn.losses import mse_loss  # noqa: E402
+from mlir_nn.losses import cross_entropy, mse_loss  # noqa: E402
 from mlir_nn.nn import MLP  # noqa: E402
 from mlir_nn.optim import SGD, Adam  # noqa: E402
 from mlir_nn.runtime.artifact import signature_of  # noqa: E402
 from mlir_nn.trainer import train_step  # noqa: E402
+
+
+def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    b, t, v = logits.shape
+    return cross_entropy(logits.reshape(b * t, v), targets.reshape(b * t))
 
 
 def step_function(case: dict) -> tuple:
@@ -68,18 +73,9 @@ def step_function(case: dict) -> tuple:
     if case["kind"] == "cnn_step":
         model = cnn(nn, case)
         return train_step(model, SGD(model.parameters(), lr=case["lr"])), ["x", "y"]
-    if case["kind"] == "gpt_step":
+    if case["kind"] == "gpt_step":  # GPT.loss's cross-entropy over every position, as train_step's loss
         model = gpt(nn, case)
-        opt = Adam(model.parameters(), lr=case["lr"])
-
-        def step(idx, targets):
-            opt.zero_grad()
-            loss = model.loss(idx, targets)
-            loss.backward()
-            opt.step()
-            return loss
-
-        return step, ["idx", "targets"]
+        return train_step(model, Adam(model.parameters(), lr=case["lr"]), next_token_loss), ["idx", "targets"]
     if case["op"] == "mse":
         return (lambda p, y: mse_loss(p, y)), ["p", "y"]
     w = Tensor(np.random.randn(*sizes) / np.sqrt(sizes[0]), dtype="float32")
