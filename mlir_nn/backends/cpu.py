@@ -179,8 +179,8 @@ def tail_pipeline(pipeline: Pipeline) -> Pipeline:
 
 
 def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm_text: bool = True,
-                    quick: bool = False) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None, Split | None,
-                               tuple[str, ...]]:
+                    quick: bool = False) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None,
+                                                  Split | None, tuple[str, ...]]:
     """``lower`` and the step's memory plan (None when the pipeline has no ``PLAN_PASS``).
     Large products use threads when ``threads`` is set and the pipeline has the async
     passes. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
