@@ -175,9 +175,9 @@ SMALL_K_STEPS, SMALL_K_STEP = "mlirnn.small_k_steps", 8
 K_UNROLL = 4
 # The quick tier's schedule (``quick``, code for LLVM at -O0, which schedules nothing): the k loop
 # not unrolled and small products in k steps of QUICK_SMALL_K_STEP. Traced Adam MLPs at batch 128,
-# fresh processes alternated, medians of 3, load 5: 4x256 LLVM input 25.8k -> 17.7k lines, passes
-# 0.76 -> 0.54 s, LLVM 0.60 -> 0.45 s, step 2.91 -> 2.95 ms (interpreter: 3.9); 8x64 22.9k -> 18.0k
-# lines, LLVM 0.71 -> 0.62 s, step 0.50 -> 0.51 ms
+# one thread, fresh processes alternated, medians of 3, load 2.2: 4x256 LLVM input 25.8k -> 17.7k
+# lines, compile 1.15 -> 0.91 s (passes 0.42 -> 0.31, LLVM 0.52 -> 0.39), step 2.90 -> 2.93 ms
+# (interpreter: 3.9); 8x64 22.9k -> 18.0k lines, 1.34 -> 1.19 s, step 0.501 -> 0.505 ms
 QUICK_K_UNROLL, QUICK_SMALL_K_STEP = 1, 2
 # Those whose rows are the batch on threads: tasks of SMALL_TASK_ROWS rows, or of more narrow
 # rows, SMALL_TASK_WORK multiply-adds (``small_task_rows``; the tag's value). The task count
