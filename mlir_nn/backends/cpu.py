@@ -178,9 +178,9 @@ def tail_pipeline(pipeline: Pipeline) -> Pipeline:
     return Pipeline(pipeline.name, pipeline.passes[cut:])
 
 
-def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm_text: bool = True
-                    ) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None, Split | None,
-                               tuple[str, ...]]:
+def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm_text: bool = True,
+                    quick: bool = False) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None,
+                                                  Split | None, tuple[str, ...]]:
     """``lower`` and the step's memory plan (None when the pipeline has no ``PLAN_PASS``).
     Large products use threads when ``threads`` is set and the pipeline has the async
     passes. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
@@ -189,7 +189,8 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
     (the fifth item; ``stages`` then has no "llvm" text yet), else that item is None (and
     ``stages`` has the "llvm" text unless ``llvm_text`` is off: the compile prints it). The
     last item lists the passes run: ``PLAN_PASS`` is skipped when the plan left no heap buffer
-    (``memory_plan.needs_deallocation``; it took 0.3 to 0.5 s of a deep MLP's build)."""
+    (``memory_plan.needs_deallocation``; it took 0.3 to 0.5 s of a deep MLP's build). ``quick``: the
+    products' schedule unrolls less (``cpu_matmul.rewrite_matmuls``), for LLVM at -O0."""
     with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
         from mlir_nn.backends.input_guard import guard_inputs
         from mlir_nn.backends.kernel_split import split_step
@@ -219,7 +220,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]
     write_updates_in_place(module, fn, len(graph.outputs), [slot[name] for name, _ in graph.updates])
-    rewrite_matmuls(module, threads, graph.batch_rows, num_threads() if threads else None)
+    rewrite_matmuls(module, threads, graph.batch_rows, num_threads() if threads else None, quick)
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
     plans: list[MemoryPlan] = []
@@ -315,7 +316,9 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     prepare_compile(workers)  # the workers import MLIR while this process lowers (started already when
     # the step came through the jit pipeline), and cc runs
     host_cpu.prepare()  # the target every compiled function is tuned for
-    module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads, llvm_text=False)
+    # at -O0 LLVM schedules nothing: the schedule's unrolled copies would cost compile time only
+    module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads, llvm_text=False,
+                                                              quick=opt_level == 0)
     if plan is None:
         if split is None:  # what it left unlowered, named first (else checked only if LLVM fails)
             check_lowered_to_llvm(module, pipeline)

@@ -295,6 +295,16 @@ def test_llvm_at_O0_computes_what_the_reference_does(make, serial):
     assert compile_kernel(graph, use_disk=False).opt_level == OPT_LEVEL
 
 
+def test_code_for_llvm_at_O0_is_less_unrolled():
+    """At ``opt_level=0`` (the quick tier) the products' schedule is the quick one
+    (``cpu_matmul.rewrite_matmuls(quick=True)``): fewer FMAs for LLVM to compile than at -O1 from
+    the same graph and pipeline."""
+    graph, pipeline = matmul_zoo(257, 33, "float32"), serial_pipeline(load_pipeline("cpu"))
+    fmas = [compile_kernel(graph, pipeline, use_disk=False, opt_level=level, workers=False).stages["llvm"]
+            .count("llvm.intr.fmuladd") for level in (0, 1)]
+    assert 0 < fmas[0] < fmas[1]
+
+
 def _tiny_graph(scale: float) -> Graph:
     x = make_node("input", [], name="x", shape=("N", 2), dtype="float32")
     w = make_node("param", [], name="w", shape=(2,), dtype="float32")

@@ -28,10 +28,12 @@ from mlir_nn.codegen.cpu_matmul import (
     IN_PLACE_STRIDE_MAX,
     K_RANGES_OUTPUT_MAX,
     K_RANGES_PARTIALS_BYTES,
+    K_UNROLL,
     PACK,
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
     PADDED_ROWS,
+    QUICK_SMALL_K_STEP,
     SMALL_CARRY_MAX,
     SMALL_CHUNK_TASK_MIN,
     SMALL_K_STEP,
@@ -144,6 +146,37 @@ def test_small_rows_with_a_long_k_loop_over_k_in_steps(k, m, dtype):
     assert sorted(map(int, steps)) == [1, SMALL_ROW_BLOCK], steps  # the whole blocks' loop and the rest's
     assert text.count("vector.fma") == (SMALL_ROW_BLOCK + 1) * SMALL_K_STEP
     _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
+
+
+@pytest.mark.parametrize("k, m, dtype", [(256, 10, "float32"), (48, 7, "float64")])
+def test_the_quick_schedule_steps_over_k_in_shorter_steps(k, m, dtype):
+    """``quick`` (the quick tier's code, LLVM at -O0): the same loops over k in steps of
+    QUICK_SMALL_K_STEP, fewer FMAs for LLVM to compile; the code still computes the product."""
+    graph = _product_graph(k, m, dtype)
+    module = emit_linalg(graph)
+    rewrite_matmuls(module, threads=False, quick=True)
+    text = str(module)
+    element = "f32" if dtype == "float32" else "f64"
+    step = QUICK_SMALL_K_STEP
+    loop = rf"scf.for %\w+ = %c0 to %c{k} step %c{step} iter_args\(.*\) -> \(vector<(\d+)x{m}x{element}>\)"
+    assert sorted(map(int, re.findall(loop, text))) == [1, SMALL_ROW_BLOCK]
+    assert text.count("vector.fma") == (SMALL_ROW_BLOCK + 1) * QUICK_SMALL_K_STEP < (SMALL_ROW_BLOCK + 1) * SMALL_K_STEP
+    executable = CpuExecutable(graph, compile_kernel(graph, use_disk=False, threads=False, opt_level=0))
+    _assert_matches_reference(graph, executable, BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
+
+
+def test_the_quick_schedule_does_not_unroll_the_blocked_k_loop():
+    """The blocked products' kc slices: the k loop unrolled K_UNROLL times, K_UNROLL - 1 register
+    kernels (an FMA per row of accumulators) more than the quick schedule's, whose loop is not."""
+    def kernel_fmas(quick: bool) -> list[int]:
+        module = emit_linalg(matmul_zoo(257, 33, "float32"))
+        assert rewrite_matmuls(module, threads=False, quick=quick)[0]
+        slices = collect_ops(module, lambda op: op.name == "scf.for" and "mlirnn.kc_loop" in op.attributes)
+        return [str(op).count("vector.fma") for op in slices]
+
+    unrolled, quick = kernel_fmas(False), kernel_fmas(True)
+    assert quick and len(unrolled) == len(quick)
+    assert all(u - q == (K_UNROLL - 1) * register_block(4)[0] for u, q in zip(unrolled, quick))
 
 
 @pytest.mark.parametrize("k, m, dtype", [(64, 64, "float32"), (128, 32, "float32"), (128, 32, "float64")])
