@@ -147,15 +147,18 @@ def check_environment(compiling: bool = True) -> None:
                               "(use backend='numpy' to run without one)")
 
 
-def prepare_compile(workers: bool = True) -> None:
-    """Start the C builds that a cold compile's native code needs (the call extension and the
-    task runtime, once per machine and cache folder) in the background, unless the cache holds
-    them, and (``workers``) the compile workers (``kernel_pool``): the jit pipeline calls it
-    before the e-graph optimizer, so that ``cc`` runs and the workers import MLIR while egglog
-    and the lowering do (started at the lowering, the task runtime's build kept a 16-16-10 SGD
-    step's LLVM stage waiting, and the worker was not ready when LLVM started)."""
+def prepare_compile(workers: bool = True, tasks: bool = True) -> None:
+    """Start the C builds that a cold compile's native code needs (the call extension and,
+    with ``tasks``, the task runtime, once per machine and cache folder) in the background,
+    unless the cache holds them, and (``workers``) the compile workers (``kernel_pool``): the
+    jit pipeline calls it before the e-graph optimizer, so that ``cc`` runs and the workers
+    import MLIR while egglog and the lowering do (started at the lowering, the task runtime's
+    build kept a 16-16-10 SGD step's LLVM stage waiting, and the worker was not ready when LLVM
+    started). Code without threads (``serial_pipeline``) calls no task runtime: its build, on
+    the core that the lowering's ``cc`` of the call extension needs, is left to whatever needs it."""
     thin_call.prepare()
-    task_runtime.prepare()
+    if tasks:
+        task_runtime.prepare()
     if workers:
         kernel_pool.start()
 
@@ -313,8 +316,9 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
         from mlir_nn.codegen import symbol_name
 
-    prepare_compile(workers)  # the workers import MLIR while this process lowers (started already when
-    # the step came through the jit pipeline), and cc runs
+    # the workers import MLIR while this process lowers (started already when the step came through
+    # the jit pipeline), and cc runs
+    prepare_compile(workers, tasks=any(p.startswith(THREAD_PASS) for p in pipeline.passes))
     host_cpu.prepare()  # the target every compiled function is tuned for
     # at -O0 LLVM schedules nothing: the schedule's unrolled copies would cost compile time only
     module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads, llvm_text=False,

@@ -113,6 +113,7 @@ class JitFunction:
         with self._lock:
             if key not in self._cache:
                 names = self._arg_names(len(arrays))
+                self.pipeline.before_trace()
                 graph, captured, single = without_python_random(
                     self.fn, lambda: trace_step(self.fn, arrays, names, self.dynamic_batch), self.allow_python_random)
                 self._guard.snapshot()  # the trace may have created optimizer state

@@ -127,6 +127,49 @@ def test_a_cold_first_step_loads_neither_egglog_nor_mlir(tmp_path):
     assert report["tier"] == "numpy" and report["loaded"] == []
 
 
+QUICK_BUILDS = """
+import json
+import numpy as np
+from mlir_nn import jit
+from mlir_nn.backends import task_runtime, thin_call
+from mlir_nn.jit.pipeline import StepPipeline
+from mlir_nn.losses import mse_loss
+from mlir_nn.nn import MLP
+from mlir_nn.optim import Adam
+from mlir_nn.trainer import train_step
+
+StepPipeline("cpu", tiered=True, first_tier="interpreter").before_trace()
+interpreter = thin_call.BUILD.building()
+StepPipeline("cpu", tiered=True, first_tier="native").before_trace()
+native = thin_call.BUILD.building()
+outputs = []
+for backend in ("cpu", "numpy"):
+    np.random.seed(17)
+    model = MLP(4, [9, 2])
+    step = jit(train_step(model, Adam(model.parameters(), lr=0.01), mse_loss), backend=backend)
+    rng = np.random.default_rng(2)
+    outputs.append([float(step(rng.standard_normal((n, 4)).astype(np.float32),
+                               rng.standard_normal((n, 2)).astype(np.float32))) for n in (1, 7, 13, 33)])
+    if backend == "cpu":
+        tier, tasks = step._last.tier, task_runtime.BUILD.building() or task_runtime.load.cache_info().currsize
+print(json.dumps({"interpreter": interpreter, "native": native, "tier": tier, "tasks": bool(tasks),
+                  "outputs": outputs}))
+"""
+
+
+def test_the_native_first_tier_builds_the_call_extension_from_the_trace_on_and_no_task_runtime(tmp_path):
+    """A fresh process and cache folder: the native first tier starts ``cc`` on the call extension
+    as the trace begins (the interpreter tier leaves it to its compile process), and its code
+    without threads neither builds nor loads the task runtime; its losses match the reference."""
+    env = dict(os.environ, MLIR_NN_CACHE_DIR=str(tmp_path), **{ENV: "1", FIRST_TIER_ENV: "native"})
+    result = subprocess.run([sys.executable, "-c", QUICK_BUILDS], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert not report["interpreter"] and report["native"]
+    assert report["tier"] == "quick" and not report["tasks"]
+    np.testing.assert_allclose(*report["outputs"], rtol=2e-4, atol=2e-5)
+
+
 def test_when_no_compile_process_can_start_the_first_call_compiles_in_this_one(monkeypatch):
     np.random.seed(12)
     model = MLP(SIZES[0], SIZES[1:])
