@@ -41,7 +41,7 @@ from mlir_nn.backends.compile_cache import LIBRARY as LIBRARY_NAME
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.memref_args import ArgumentBlock
-from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, link_objects, load_shared_object
+from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, link_objects, load_shared_object, task_runtime_calls
 from mlir_nn.backends.thread_pool import num_threads
 from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph, conv_forms
@@ -298,15 +298,18 @@ def cached_kernel(graph: Graph, pipeline: Pipeline | None = None, threads: bool 
 
 
 def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: bool = True,
-                   threads: bool = True, opt_level: int = OPT_LEVEL, workers: bool = True) -> Kernel:
+                   threads: bool = True, opt_level: int = OPT_LEVEL, workers: bool = True,
+                   llvm_text: bool = True) -> Kernel:
     """Native code for ``graph`` from the memory cache, the disk cache, or a fresh compile.
     ``threads=False`` builds every product to run on the calling thread; ``opt_level`` is
-    LLVM's (0: the quick tier's fast instruction selection, ``mlir_nn.jit.tiered``);
-    ``workers=False`` starts no compile workers (a pipeline without the split pass has one
-    module to compile, in this process)."""
+    LLVM's (0: no IR passes, for the quick tier, ``mlir_nn.jit.tiered``); ``workers=False``
+    starts no compile workers (a pipeline without the split pass has one module to compile, in
+    this process); ``llvm_text=False`` (with ``use_disk`` off: the disk cache keeps every stage)
+    leaves the "llvm" stage out of a fresh compile of a pipeline without the split pass (the quick
+    tier: printing it took 0.05 s of a 4x256 Adam MLP's first call)."""
     pipeline = pipeline or load_pipeline(TARGET)
     key = _key(graph, pipeline, threads, opt_level)
-    if key in _MEMORY:
+    if key in _MEMORY and (not llvm_text or "llvm" in _MEMORY[key].stages):
         return replace(_MEMORY[key], timings={}, source="memory")
     if use_disk:
         kernel = cached_kernel(graph, pipeline, threads, opt_level)
@@ -330,7 +333,8 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
                             "step's buffers in its workspace and checks its inputs right before that pass")
     with tempfile.TemporaryDirectory() as tmp:
         library = Path(tmp) / LIBRARY_NAME
-        native = _build(graph, pipeline, module, stages, timings, split, library, use_disk, opt_level)
+        native = _build(graph, pipeline, module, stages, timings, split, library, use_disk, opt_level,
+                        llvm_text or use_disk)
         if use_disk:
             start = time.perf_counter()
             _store(key, library, symbol_name(graph), stages, plan)
@@ -341,10 +345,12 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
 
 
 def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, str], timings: dict[str, float],
-           split: Split | None, library: Path, use_disk: bool = True, opt_level: int = OPT_LEVEL) -> NativeFunction:
+           split: Split | None, library: Path, use_disk: bool = True, opt_level: int = OPT_LEVEL,
+           llvm_text: bool = True) -> NativeFunction:
     """Compile the lowered step (in chunks on the workers when it was split), link ``library``
-    and load it; adds the "llvm" stage and the time of each part. With ``use_disk`` a split
-    step links the kernels it finds in the kernel cache and stores the ones it compiles."""
+    and load it; adds the "llvm" stage (unless ``llvm_text`` is off and the step was not split)
+    and the time of each part. With ``use_disk`` a split step links the kernels it finds in the
+    kernel cache and stores the ones it compiles."""
     from mlir_nn.backends.kernel_build import Job, compile_lowered, kernels_only, merge_texts
     from mlir_nn.backends.kernel_split import Chunk
     from mlir_nn.codegen import symbol_name
@@ -356,7 +362,9 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     if split is None:  # a pipeline without the split pass: lowered whole already, compiled here as it is
         job = Job(Chunk("", ("_mlir_ciface_" + name,), (), step=name), pipeline, library.parent / "chunk0.o",
                   opt_level)
-        stages["llvm"] = compile_lowered(module, job)
+        text = compile_lowered(module, job, llvm_text)
+        if text is not None:
+            stages["llvm"] = text
         jobs = [job]
     else:
         tail, count = tail_pipeline(pipeline), kernel_pool.worker_count() + 1  # the caller builds too
@@ -376,7 +384,8 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     timings["llvm"] = time.perf_counter() - start
     start = time.perf_counter()
     link_objects([job.path for job in jobs] + [stored.path for stored in linked], library)
-    native = load_shared_object(library, name, tasks=task_runtime.API_PREFIX in stages["llvm"])
+    tasks = task_runtime.API_PREFIX in stages["llvm"] if "llvm" in stages else bool(task_runtime_calls(module))
+    native = load_shared_object(library, name, tasks=tasks)
     timings["link"] = time.perf_counter() - start
     return native
 

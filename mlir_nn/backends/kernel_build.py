@@ -118,10 +118,11 @@ def build(job: Job) -> str:
         return compile_lowered(module, job)
 
 
-def compile_lowered(module: ir.Module, job: Job) -> str:
+def compile_lowered(module: ir.Module, job: Job, text: bool = True) -> str | None:
     """Compile ``module``, ``job``'s chunk with its tail already run, into ``job.path``; returns
-    its LLVM-dialect text. A step lowered whole (no split) comes here straight from the lowering,
-    in its own context: no print and parse between them (a 4x256 Adam MLP step's 25k lines)."""
+    its LLVM-dialect text (None unless ``text``). A step lowered whole (no split) comes here
+    straight from the lowering, in its own context: no print and parse between them (a 4x256
+    Adam MLP step's 25k lines)."""
     with module.context:
         if job.chunk.step:
             pass_pointers(module, job.chunk.step)
@@ -129,7 +130,7 @@ def compile_lowered(module: ir.Module, job: Job) -> str:
         mark_kernels(module, job.chunk.kernels)
         inline_step(module, job.chunk.step)
         tune_for_host(module)
-        text = module.operation.get_asm(assume_verified=True)  # (str() verifies it first: 10% more)
+        printed = module.operation.get_asm(assume_verified=True) if text else None  # (str() verifies: 10% more)
         try:
             compile_object(module, job.chunk.public[0], job.path, job.chunk.calls, job.opt_level)
         except NativeError:
@@ -138,7 +139,9 @@ def compile_lowered(module: ir.Module, job: Job) -> str:
             check_lowered_to_llvm(module, job.tail)
             raise
         # a step's only chunk keeps its names (0.7 s of matching for the autoencoder)
-        return text if job.chunk.whole else rename(text, internal, job.chunk.public[0])
+        if printed is None or job.chunk.whole:
+            return printed
+        return rename(printed, internal, job.chunk.public[0])
 
 
 def warm_up() -> None:

@@ -78,7 +78,7 @@ class StepPipeline:
         from mlir_nn.backends.cpu import TARGET, CpuExecutable, compile_kernel, serial_pipeline
 
         kernel = compile_kernel(graph, serial_pipeline(load_pipeline(TARGET)), use_disk=False,
-                                opt_level=QUICK_OPT_LEVEL, workers=False)
+                                opt_level=QUICK_OPT_LEVEL, workers=False, llvm_text=False)
         return Built(graph, None, CpuExecutable(graph, kernel))
 
     def before_trace(self) -> None:

@@ -16,9 +16,12 @@ graph at once, without egglog or MLIR, on the reference ops with planned buffers
 autoencoder (batch 128, one BLAS thread) 7 ms against 3.9 ms for -O0 native code.
 ``native`` compiles the traced graph in this process, without egglog, with the cpu
 pipeline without threads (``backends.cpu.serial_pipeline``: no split into kernels, no
-compile workers) and LLVM at ``QUICK_OPT_LEVEL`` (0: fast instruction selection, no IR
-optimization; at 0 the products' schedule unrolls less, ``cpu_matmul.rewrite_matmuls(quick=True)``:
-a third less LLVM input at 4x256 Adam, its step 1.5% slower), and runs the
+compile workers) and LLVM at ``QUICK_OPT_LEVEL`` (0: no IR optimization; MLIR's engine runs the
+code generator at its default level whatever the -O level, and a true -O0 through LLVM's C API,
+fast instruction selection and register allocation, took the 4x256 Adam step's LLVM stage from
+0.32 to 0.16 s but its step from 1.7 to 15-21 ms; at 0 the products' schedule unrolls less,
+``cpu_matmul.rewrite_matmuls(quick=True)``: a third less LLVM input at 4x256 Adam, its step 1.5%
+slower), without the "llvm" stage's text (``as_text`` waits for the optimized code), and runs the
 first calls on that until the optimized code is ready; only then does the compile process
 start, so that the quick compile has the machine's cores (started with it, on 2 cores at a
 load of 4-7, it doubled the quick first call, 1.2 -> 2.6 s at 1x16 Adam, and brought the

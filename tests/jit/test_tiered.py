@@ -249,6 +249,7 @@ def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_
     kernel = compiled.executable.kernel
     assert compiled.optimized_graph is compiled.graph and compiled.optimize_report is None
     assert kernel.pipeline == serial_pipeline(load_pipeline("cpu")) and not kernel.threaded
+    assert "llvm" not in kernel.stages  # not printed: as_text waits for the optimized code (below)
     assert compiled._background.started
     compiled._background.wait(timeout=300)
     for x, y in batches[::-1]:
