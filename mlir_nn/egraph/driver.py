@@ -23,7 +23,7 @@ from mlir_nn.egraph.convert import ClassId, EClasses, ENode, Loaded
 from mlir_nn.egraph.cost import CostModel
 from mlir_nn.egraph.extract import extract
 from mlir_nn.egraph.report import Report
-from mlir_nn.egraph.rules import RULESETS
+from mlir_nn.egraph.rules import NEEDS_OPS, RULESETS
 from mlir_nn.egraph.terms import Term
 from mlir_nn.ir import BATCH, Graph, verify
 from mlir_nn.ir.layouts import NCHW
@@ -150,10 +150,9 @@ def optimize(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[
 
 
 def default_rulesets(graph: Graph) -> list[str]:
-    """Every ruleset, less those whose ``NEEDS_OPS`` the graph has none of."""
+    """Every ruleset, less those whose ``NEEDS_OPS`` the graph has none of (those are not imported)."""
     ops = {n.op for n in graph.nodes}
-    needs = {name: getattr(module, "NEEDS_OPS", None) for name, module in RULESETS.items()}
-    return [name for name, ops_needed in needs.items() if ops_needed is None or ops & ops_needed]
+    return [name for name in RULESETS if name not in NEEDS_OPS or ops & NEEDS_OPS[name]]
 
 
 def optimize_here(graph: Graph, batch_estimate: int | None = None, *, rulesets: list[str] | None = None,

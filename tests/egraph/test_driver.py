@@ -50,6 +50,46 @@ def test_rulesets_whose_ops_a_graph_lacks_are_left_out(step):
     assert default_rulesets(Graph((x,), (w,), (conv,))) == list(RULESETS)
 
 
+LAZY_RULES = """
+import json, sys
+from mlir_nn.egraph import optimize
+from tests.egraph.util import inp, op, par, trace_mlp
+
+def loaded():
+    return sorted(m.rsplit(".", 1)[1] for m in sys.modules if m.startswith("mlir_nn.egraph.rules."))
+
+seen = [loaded()]
+optimized, report = optimize(trace_mlp([3, 5, 1], 8)[0])
+seen.append(loaded())
+x, w = inp("x", ("N", 1, 8, 8)), par("w", (2, 1, 3, 3))
+conv = op("conv2d", x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1)
+from mlir_nn.ir import Graph
+optimized, report = optimize(Graph((x,), (w,), (conv,)))
+seen.append(loaded())
+print(json.dumps([seen, report.error]))
+"""
+
+
+def test_a_ruleset_is_imported_when_a_graph_needs_it():
+    """Loading the optimizer imports no ruleset; an MLP's optimization imports every ruleset but
+    the image layout rules, which a convolution's brings in (a fresh process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", LAZY_RULES], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (before, mlp, image), error = json.loads(done.stdout.splitlines()[-1])
+    assert before == [] and error is None
+    assert "images" not in mlp and {"algebra", "fusion", "update", "conv"} <= set(mlp)
+    assert "images" in image
+
+
 def test_saturates_within_limits(step):
     optimized, report = optimize(step)
     assert report.stop_reason == "saturated" and report.iterations < Limits().iterations

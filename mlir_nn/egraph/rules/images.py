@@ -116,10 +116,6 @@ def _per_channel_sum() -> tuple[str, object]:
                  eq(dt).to(dtype(e))).then(union(e).with_(Term.reshape(summed, column)), *_typed(summed, channels)))
 
 
-# The ruleset runs only on graphs with one of these ops (on an MLP it cost a third more optimize time)
-NEEDS_OPS = frozenset({"conv2d", "conv2d_bias", "conv2d_input_grad", "conv2d_weight_grad", "conv2d_weight_update",
-                       "max_pool2d", "max_pool2d_index", "max_pool2d_grad", "avg_pool2d", "avg_pool2d_grad"})
-
 RULES = [
     _in_nhwc("conv2d(x) = T(conv2d_nhwc(T'(x)))",
              lambda image, lay: Term.conv2d(image, y, stride, padding, dilation, groups, lay)),
