@@ -163,14 +163,17 @@ def prepare_compile(workers: bool = True, tasks: bool = True) -> None:
         kernel_pool.start()
 
 
-def serial_pipeline(pipeline: Pipeline) -> Pipeline:
+def serial_pipeline(pipeline: Pipeline, split: bool = False) -> Pipeline:
     """``pipeline`` without threads: none of the async passes that spread parallel loops over
-    threads, and no ``kernel_split.SPLIT_PASS``, so the step stays one module (compiled in the
-    calling process, as the quick tier's is: ``mlir_nn.jit.tiered``)."""
+    threads, and (unless ``split``) no ``kernel_split.SPLIT_PASS``, so the step stays one
+    function (compiled in the calling process, as the quick tier's is: ``mlir_nn.jit.tiered``).
+    With ``split`` its kernels become functions of their own, in one module when compiled
+    without workers: LLVM's loop passes take superlinear time in one function's size."""
     from mlir_nn.backends.kernel_split import SPLIT_PASS
 
-    kept = tuple(p for p in pipeline.passes if not p.startswith(SPLIT_PASS) and "async" not in p.split("{")[0])
-    return Pipeline(f"{pipeline.name}-serial", kept)
+    kept = tuple(p for p in pipeline.passes
+                 if (split or not p.startswith(SPLIT_PASS)) and "async" not in p.split("{")[0])
+    return Pipeline(f"{pipeline.name}-serial" + ("-split" if split else ""), kept)
 
 
 def tail_pipeline(pipeline: Pipeline) -> Pipeline:
@@ -303,8 +306,8 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     """Native code for ``graph`` from the memory cache, the disk cache, or a fresh compile.
     ``threads=False`` builds every product to run on the calling thread; ``opt_level`` is
     LLVM's (0: no IR passes, for the quick tier, ``mlir_nn.jit.tiered``); ``workers=False``
-    starts no compile workers (a pipeline without the split pass has one module to compile, in
-    this process); ``llvm_text=False`` (with ``use_disk`` off: the disk cache keeps every stage)
+    starts no compile workers and compiles a split step as one module, in this process;
+    ``llvm_text=False`` (with ``use_disk`` off: the disk cache keeps every stage)
     leaves the "llvm" stage out of a fresh compile of a pipeline without the split pass (the quick
     tier: printing it took 0.05 s of a 4x256 Adam MLP's first call)."""
     pipeline = pipeline or load_pipeline(TARGET)
@@ -334,7 +337,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     with tempfile.TemporaryDirectory() as tmp:
         library = Path(tmp) / LIBRARY_NAME
         native = _build(graph, pipeline, module, stages, timings, split, library, use_disk, opt_level,
-                        llvm_text or use_disk)
+                        llvm_text or use_disk, workers)
         if use_disk:
             start = time.perf_counter()
             _store(key, library, symbol_name(graph), stages, plan)
@@ -346,11 +349,11 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
 
 def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, str], timings: dict[str, float],
            split: Split | None, library: Path, use_disk: bool = True, opt_level: int = OPT_LEVEL,
-           llvm_text: bool = True) -> NativeFunction:
+           llvm_text: bool = True, workers: bool = True) -> NativeFunction:
     """Compile the lowered step (in chunks on the workers when it was split), link ``library``
     and load it; adds the "llvm" stage (unless ``llvm_text`` is off and the step was not split)
     and the time of each part. With ``use_disk`` a split step links the kernels it finds in the
-    kernel cache and stores the ones it compiles."""
+    kernel cache and stores the ones it compiles; without ``workers`` it is one module."""
     from mlir_nn.backends.kernel_build import Job, compile_lowered, kernels_only, merge_texts
     from mlir_nn.backends.kernel_split import Chunk
     from mlir_nn.codegen import symbol_name
@@ -367,7 +370,8 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
             stages["llvm"] = text
         jobs = [job]
     else:
-        tail, count = tail_pipeline(pipeline), kernel_pool.worker_count() + 1  # the caller builds too
+        tail = tail_pipeline(pipeline)
+        count = kernel_pool.worker_count() + 1 if workers else 1  # the caller builds too
         if use_disk:
             keys = kernel_keys(split, tail, opt_level)
             linked, fresh = kernel_cache.select(split.kernels, kernel_cache.lookup(keys))

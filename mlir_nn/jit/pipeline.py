@@ -21,7 +21,7 @@ from typing import Any
 from mlir_nn.backends import Executable
 from mlir_nn.distributed.split import compile_step, has_collectives
 from mlir_nn.ir import Graph
-from mlir_nn.jit.tiered import FIRST_TIERS, QUICK_OPT_LEVEL, from_caches
+from mlir_nn.jit.tiered import FIRST_TIERS, QUICK_OPT_LEVEL, from_caches, quick_split
 from mlir_nn.support.pipelines import load_pipeline
 
 
@@ -72,12 +72,14 @@ class StepPipeline:
 
     def quick(self, graph: Graph) -> Built:
         """The native first tier of a cpu step: the traced graph (no e-graph optimizer), lowered
-        by the cpu pipeline without threads (``serial_pipeline``: one module, no compile workers)
-        and compiled by LLVM at ``QUICK_OPT_LEVEL`` in this process; kept in memory only (the
-        disk caches get the optimized code)."""
+        by the cpu pipeline without threads (``serial_pipeline``: one module, no compile workers;
+        split into kernels from ``tiered.QUICK_SPLIT_PRODUCTS`` products on) and compiled by LLVM
+        at ``QUICK_OPT_LEVEL`` in this process; kept in memory only (the disk caches get the
+        optimized code)."""
         from mlir_nn.backends.cpu import TARGET, CpuExecutable, compile_kernel, serial_pipeline
 
-        kernel = compile_kernel(graph, serial_pipeline(load_pipeline(TARGET)), use_disk=False,
+        pipeline = serial_pipeline(load_pipeline(TARGET), split=quick_split(graph))
+        kernel = compile_kernel(graph, pipeline, use_disk=False,
                                 opt_level=QUICK_OPT_LEVEL, workers=False, llvm_text=False)
         return Built(graph, None, CpuExecutable(graph, kernel))
 

@@ -15,9 +15,10 @@ graph at once, without egglog or MLIR, on the reference ops with planned buffers
 ``benchmarks/compile_time.py``, and an Adam step of the 784-256-64-16-64-256-784
 autoencoder (batch 128, one BLAS thread) 7 ms against 3.9 ms for -O0 native code.
 ``native`` compiles the traced graph in this process, without egglog, with the cpu
-pipeline without threads (``backends.cpu.serial_pipeline``: no split into kernels, no
-compile workers) and LLVM at ``QUICK_OPT_LEVEL`` (0: no IR optimization; MLIR's engine runs the
-code generator at its default level whatever the -O level, and a true -O0 through LLVM's C API,
+pipeline without threads (``backends.cpu.serial_pipeline``: no compile workers, no split into
+kernels below ``QUICK_SPLIT_PRODUCTS`` products) and LLVM at ``QUICK_OPT_LEVEL`` (0: no IR
+optimization; MLIR's engine runs the code generator at its default level whatever the -O
+level, and a true -O0 through LLVM's C API,
 fast instruction selection and register allocation, took the 4x256 Adam step's LLVM stage from
 0.32 to 0.16 s but its step from 1.7 to 15-21 ms; at 0 the products' schedule unrolls less,
 ``cpu_matmul.rewrite_matmuls(quick=True)``: a third less LLVM input at 4x256 Adam, its step 1.5%
@@ -58,6 +59,20 @@ FIRST_TIERS = ("interpreter", "native")
 # one thread, medians of 3 alternated: LLVM 0.42 -> 1.29 s and step 2.93 -> 1.87 ms at 4x256, 0.56 ->
 # 1.72 s and 0.51 -> 0.27 ms at 8x64: it pays after 1000-5000 steps, later than the optimized code comes
 QUICK_OPT_LEVEL = 0
+# From this many matrix products on, the native first tier's step is split into kernels, each a
+# function of its own (one module, compiled here): LLVM's loop passes (loop strength reduction,
+# freeze canonicalization) take superlinear time in the size of the one function of a whole step.
+# Fresh processes alternated, Adam MLPs at batch 128, one thread, whole -> split: first call
+# 6x64 (20 products) 0.81 -> 0.72 s, 8x64 1.00 -> 0.86, 8x256 1.54 -> 1.16 (its step 7.6 -> 3.3 ms),
+# 12x16 1.16 -> 1.03, 16x64 2.07 -> 1.41; below, the split's fixed cost (each kernel's tail of
+# the pipeline and its own function) did not pay: 1x16 (5) 0.39 -> 0.49 s, 2x1024 (5) 0.67 -> 0.71,
+# 4x256 (14) 0.95 -> 0.90-2.1, the autoencoder 784-256-64-16-64-256-784 (17) 1.09 -> 1.3-3.5 s.
+QUICK_SPLIT_PRODUCTS = 20
+
+
+def quick_split(graph: Graph) -> bool:
+    """True when the native first tier splits ``graph``'s step into kernels (``QUICK_SPLIT_PRODUCTS``)."""
+    return sum(node.op == "matmul" for node in graph.nodes) >= QUICK_SPLIT_PRODUCTS
 
 
 def from_caches(graph: Graph, batch_estimate: int | None, optimize: bool) -> tuple[Graph, Any, Any] | None:

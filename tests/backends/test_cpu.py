@@ -267,6 +267,8 @@ def test_the_serial_pipeline_is_the_cpu_pipeline_without_its_threads():
     assert dropped and dropped[0] == "scf-forall-to-parallel"
     assert all(p == "scf-forall-to-parallel" or p.startswith(("async-", "convert-async")) for p in dropped)
     assert not any("async" in p for p in serial.passes)
+    split = serial_pipeline(load_pipeline("cpu"), split=True)  # the quick tier's for deep steps
+    assert list(split.passes) == [p for p in full.passes if p == "scf-forall-to-parallel" or p in serial.passes]
 
 
 @pytest.mark.parametrize("serial", [False, True], ids=["cpu", "cpu-serial"])

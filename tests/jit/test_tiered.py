@@ -260,6 +260,38 @@ def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_
         np.testing.assert_allclose(p.data, q.data, atol=2e-4)
 
 
+def test_a_deep_step_on_the_native_first_tier_is_split_into_kernels(monkeypatch):
+    """From ``QUICK_SPLIT_PRODUCTS`` matrix products on (7 layers with Adam: 20), the quick tier's
+    step is split into kernels, compiled as one module here; it agrees with the reference at
+    awkward batch sizes. One product fewer (the first layer's input gradient is not needed
+    either way; 6 layers: 17) keeps the step whole."""
+    from mlir_nn.losses import mse_loss
+    from mlir_nn.optim import Adam
+
+    monkeypatch.setenv(FIRST_TIER_ENV, "native")
+
+    def make(backend: str, tiered: bool, depth: int):
+        np.random.seed(19)
+        model = MLP(3, [6] * (depth - 1) + [2])  # steps no other test compiles
+        return jit(train_step(model, Adam(model.parameters(), lr=0.01), mse_loss), backend=backend,
+                   tiered=tiered), model
+
+    rng = np.random.default_rng(8)
+    batches = [(rng.standard_normal((n, 3)).astype(np.float32), rng.standard_normal((n, 2)).astype(np.float32))
+               for n in (1, 7, 13, 33, 257)]
+    for depth, split in ((7, True), (6, False)):
+        (quick, quick_model), (reference, reference_model) = make("cpu", True, depth), make("numpy", False, depth)
+        for x, y in batches:
+            np.testing.assert_allclose(quick(x, y), reference(x, y), rtol=2e-4, atol=2e-5)
+        compiled = quick._last
+        assert compiled.tier == "quick" and tiered.quick_split(compiled.graph) == split
+        assert compiled.executable.kernel.pipeline == serial_pipeline(load_pipeline("cpu"), split=split)
+        assert ("llvm" in compiled.executable.kernel.stages) == split  # a split step's chunks print theirs
+        for p, q in zip(quick_model.parameters(), reference_model.parameters()):
+            np.testing.assert_allclose(p.data, q.data, atol=2e-4)
+        compiled._background.cancel()
+
+
 def test_the_first_tier_switch(monkeypatch):
     monkeypatch.setenv(ENV, "1")
     monkeypatch.delenv(FIRST_TIER_ENV, raising=False)
