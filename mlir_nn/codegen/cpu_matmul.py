@@ -537,7 +537,7 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         if swaps:
             return ProductPlan("blocked-swapped", parallel, f"{priced}; n={n}: {compared(swapping)}; {work}")
         k_ranges = _k_ranges(op) if parallel else None
-        tasks = _tasks(op) if parallel else None
+        tasks = _tasks(op, rates.threads) if parallel else None
         if tasks is not None:
             work += f", balanced tasks of {tasks[0]} x {tasks[1]} column x row panels"
         if k_ranges is not None:
@@ -1027,8 +1027,8 @@ def _row_blocks(op: ir.Operation) -> int | None:
     return block_rows(m, n, k, ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width)
 
 
-def _tasks(op: ir.Operation) -> tuple[int, int] | None:
-    """``balanced_tasks`` of a blocked product with static rows (None: the default tasks)."""
+def _tasks(op: ir.Operation, threads: int) -> tuple[int, int] | None:
+    """``balanced_tasks`` of a blocked product with static rows on ``threads`` threads (None: the default tasks)."""
     m, n, _ = _sizes(op)
     if ir.ShapedType.is_dynamic_size(m):
         return None
@@ -1038,7 +1038,7 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
     rows, columns = _image_panels(a, ta, tm)
     tm = (None if columns is not None else _rows_in_place(a, ta, tm, n)) or rows  # the register blocks' rows
     mc, nc, _ = cache_blocks(itemsize)
-    return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn)
+    return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn, threads)
 
 
 def _k_ranges(op: ir.Operation) -> tuple[int, int, int] | None:
@@ -1099,12 +1099,17 @@ def _update_of(op: ir.Operation, plan: ProductPlan) -> Update | None:
     return update if isinstance(update.factor, float) or isinstance(update.factor.owner, ir.Block) else None
 
 
-def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: int) -> tuple[int, int] | None:
+def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: int,
+                   threads: int = 1) -> tuple[int, int] | None:
     """(column panels, row panels) per task of a product with static rows, when the default
     tasks of ``max_cols`` x ``max_rows`` panels would be fewer than 2 * BALANCED_TASKS_MIN:
     at least BALANCED_TASKS_MIN tasks where the panels allow, of equal size (the default
     left a weight gradient of 9 x 6 panels with a huge k as one task on one core, and split
-    18 column panels 16 + 2); None keeps the default."""
+    18 column panels 16 + 2); None keeps the default. Of that many tasks and up to ``threads``
+    - 1 more rows or columns of them, the split whose largest share on ``threads`` threads is
+    least (``_largest_share``; ties to fewer tasks): 784 x 256 outputs (66 x 8 panels) in
+    5 tasks of 14, 14, 14, 14 and 10 row panels left one of two threads 38 of 66, in 6 tasks
+    of 11 each 33."""
     chunks_c, chunks_r = -(-col_panels // max_cols), -(-row_panels // max_rows)
     if chunks_c * chunks_r >= 2 * BALANCED_TASKS_MIN:
         return None
@@ -1113,7 +1118,23 @@ def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: in
             chunks_c += 1
         else:
             chunks_r += 1
-    return -(-col_panels // chunks_c), -(-row_panels // chunks_r)
+    splits = [(-(-col_panels // c), -(-row_panels // r))
+              for c in range(chunks_c, min(chunks_c + threads, col_panels + 1))
+              for r in range(chunks_r, min(chunks_r + threads, row_panels + 1))]
+    return min(splits, key=lambda s: (_largest_share(row_panels, col_panels, s, threads),
+                                      -(-col_panels // s[0]) * -(-row_panels // s[1])))
+
+
+def _largest_share(row_panels: int, col_panels: int, split: tuple[int, int], threads: int) -> int:
+    """Panels of the busiest of ``threads`` threads when tasks of ``split`` (column, row) panels
+    go, largest first, to the least loaded thread."""
+    cols, rows = split
+    sizes = sorted((min(cols, col_panels - c) * min(rows, row_panels - r)
+                    for c in range(0, col_panels, cols) for r in range(0, row_panels, rows)), reverse=True)
+    loads = [0] * threads
+    for size in sizes:
+        loads[loads.index(min(loads))] += size
+    return max(loads)
 
 
 def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapped: bool,
