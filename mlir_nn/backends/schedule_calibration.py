@@ -15,9 +15,12 @@ product's time). On one thread:
 * ``small_rows``: 4096 batch rows times (k, n) with k * n = 4096 and rows of 1, 4 and 8 vector
   registers, as vector code per block of rows;
 
-``task_ns``: the 384 x 384 x 384 blocked product on the pool's threads, less its
-one-thread time divided by the threads. Other processes on the cores make threads look
-expensive: calibrate on a quiet machine. The whole takes a few seconds (mostly compiling).
+``task_ns``: a 48 x 384 x 384 blocked product (a few tasks of 12-row panels) on the pool's
+threads, less its one-thread time divided by the threads: the hand-off's fixed cost. Timed on
+the 384 x 384 x 384 product, the threads' proportional losses (imbalance, shared caches) made it
+13-21 us on a Zen 5 guest (AMD EPYC, family 26), against 3.3 us at 48 rows, 3.4 at 96, 4.3 at
+192 and 9.5 at 384 (one-thread times 53 to 441 us, load 2.4). Other processes on the cores
+make threads look expensive: calibrate on a quiet machine. The whole takes a few seconds (mostly compiling).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ FORCED = {
 }
 BATCH_ROWS = 4096
 LARGE, SWAPPED_COLUMNS, SMALL = 384, 12, 32
+TASK_ROWS = 48  # the rows of the product that the hand-off to threads is timed with
 PLAIN = 100  # N x 100 x 100: a loop nest whose inner loops (k * n) are too long for vector code
 BATCH_SUM = 64  # a 64 x 64 weight gradient: its sum over the batch in a loop over chunks of rows
 ROUNDS = 5  # the threaded product is timed in rounds (the least counts): other processes take cores for a while
@@ -129,9 +133,10 @@ def measure(budget_s: float = 0.3, report: Callable[[str], None] = lambda line: 
     lanes = vector_bytes() // 4
     small_rows = tuple(rate(_product("N", 4096 // (r * lanes), r * lanes), "small-rows") for r in (1, 4, 8))
     threads = num_threads()
-    alone = _work(large) / blocked
-    together = min(_timed(large, "blocked", budget_s / ROUNDS, threads=True) for _ in range(ROUNDS))
-    task = together - overhead - alone / threads if threads > 1 else alone  # one thread: the pool never pays
+    few_tasks = _product(TASK_ROWS, LARGE, LARGE)
+    alone = _timed(few_tasks, "blocked", budget_s) - overhead
+    together = min(_timed(few_tasks, "blocked", budget_s / ROUNDS, threads=True) for _ in range(ROUNDS)) - overhead
+    task = together - alone / threads if threads > 1 else alone  # one thread: the pool never pays
     report(f"task on {threads} threads: {task:.0f} ns")
     return ScheduleRates(blocked, swapped, loops, plain_loops, batch_sums, small_rows, setup,
                          max(task, 0.0), threads, source="measured")

@@ -235,19 +235,22 @@ def _static_work(op: ir.Operation) -> int:
     return work
 
 
-def _one_task(op: ir.Operation) -> tuple[int, int, int]:
-    """(rows, n, depth) of one task of a blocked product, at which its threads are priced: a
-    dynamic row count counted as mc rows, a dynamic k as one kc slice. With the batch as rows,
-    the task count follows the batch at run time (a batch of at most mc rows is one block, which
-    the task runtime runs inline on the calling thread); with the batch as k, each task's work does."""
-    mc, _, kc = cache_blocks(_itemsize(op.result))
+def _one_task(op: ir.Operation, batch_rows: int) -> tuple[int, int, int]:
+    """(rows, n, depth) of the work at which a blocked product's threads are priced: the whole
+    product, a dynamic dim (the batch, as rows or as k) counted as ``batch_rows``. The pool's
+    cost is paid once per product, whatever its task count: priced at one task of mc rows (or
+    one kc slice), a product over a large batch whose register blocks run fast looked too small
+    for threads (a table measured on a Zen 5 core, 131 multiply-adds/ns: 8-64-64-1 at batch
+    16384 ran its 64 x 64 products blocked on one thread, 1.7x the step time of vector rows on
+    two)."""
     m, n, k = _sizes(op)
-    return mc if ir.ShapedType.is_dynamic_size(m) else m, n, kc if ir.ShapedType.is_dynamic_size(k) else k
+    dynamic = ir.ShapedType.is_dynamic_size
+    return batch_rows if dynamic(m) else m, n, batch_rows if dynamic(k) else k
 
 
-def _threading(op: ir.Operation, rates: ScheduleRates) -> tuple[Estimate, ...]:
-    """A blocked product's tasks on the pool's threads or on one, priced at one task's work."""
-    rows, n, depth = _one_task(op)
+def _threading(op: ir.Operation, rates: ScheduleRates, batch_rows: int) -> tuple[Estimate, ...]:
+    """A blocked product's tasks on the pool's threads or on one, priced at its whole work (``_one_task``)."""
+    rows, n, depth = _one_task(op, batch_rows)
     return on_threads(rows * n * depth, rates)
 
 
@@ -527,14 +530,14 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
     small_swapped = swaps and _static_sizes(m, n, k) and m * n * k <= SWAPPED_LOOP_MAX
     large = large and not small_swapped
     if large:
-        threading = _threading(op, rates)
+        threading = _threading(op, rates, batch_rows)
         parallel = threads and threading[0].name != "one thread"
-        task = "x".join(map(str, _one_task(op)))
+        task = "x".join(map(str, _one_task(op, batch_rows)))
         work = f"at {task}: {compared(threading)}{'' if threads else ' (one thread here)'}"
         if swaps:
             return ProductPlan("blocked-swapped", parallel, f"{priced}; n={n}: {compared(swapping)}; {work}")
         k_ranges = _k_ranges(op) if parallel else None
-        tasks = _tasks(op) if parallel else None
+        tasks = _tasks(op, rates.threads) if parallel else None
         if tasks is not None:
             work += f", balanced tasks of {tasks[0]} x {tasks[1]} column x row panels"
         if k_ranges is not None:
@@ -1024,8 +1027,8 @@ def _row_blocks(op: ir.Operation) -> int | None:
     return block_rows(m, n, k, ir.FloatType(ir.RankedTensorType(op.result.type).element_type).width)
 
 
-def _tasks(op: ir.Operation) -> tuple[int, int] | None:
-    """``balanced_tasks`` of a blocked product with static rows (None: the default tasks)."""
+def _tasks(op: ir.Operation, threads: int) -> tuple[int, int] | None:
+    """``balanced_tasks`` of a blocked product with static rows on ``threads`` threads (None: the default tasks)."""
     m, n, _ = _sizes(op)
     if ir.ShapedType.is_dynamic_size(m):
         return None
@@ -1035,7 +1038,7 @@ def _tasks(op: ir.Operation) -> tuple[int, int] | None:
     rows, columns = _image_panels(a, ta, tm)
     tm = (None if columns is not None else _rows_in_place(a, ta, tm, n)) or rows  # the register blocks' rows
     mc, nc, _ = cache_blocks(itemsize)
-    return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn)
+    return balanced_tasks(-(-m // tm), -(-n // tn), mc // tm, nc // tn, threads)
 
 
 def _k_ranges(op: ir.Operation) -> tuple[int, int, int] | None:
@@ -1096,12 +1099,17 @@ def _update_of(op: ir.Operation, plan: ProductPlan) -> Update | None:
     return update if isinstance(update.factor, float) or isinstance(update.factor.owner, ir.Block) else None
 
 
-def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: int) -> tuple[int, int] | None:
+def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: int,
+                   threads: int = 1) -> tuple[int, int] | None:
     """(column panels, row panels) per task of a product with static rows, when the default
     tasks of ``max_cols`` x ``max_rows`` panels would be fewer than 2 * BALANCED_TASKS_MIN:
     at least BALANCED_TASKS_MIN tasks where the panels allow, of equal size (the default
     left a weight gradient of 9 x 6 panels with a huge k as one task on one core, and split
-    18 column panels 16 + 2); None keeps the default."""
+    18 column panels 16 + 2); None keeps the default. Of that many tasks and up to ``threads``
+    - 1 more rows or columns of them, the split whose largest share on ``threads`` threads is
+    least (``_largest_share``; ties to fewer tasks): 784 x 256 outputs (66 x 8 panels) in
+    5 tasks of 14, 14, 14, 14 and 10 row panels left one of two threads 38 of 66, in 6 tasks
+    of 11 each 33."""
     chunks_c, chunks_r = -(-col_panels // max_cols), -(-row_panels // max_rows)
     if chunks_c * chunks_r >= 2 * BALANCED_TASKS_MIN:
         return None
@@ -1110,7 +1118,23 @@ def balanced_tasks(row_panels: int, col_panels: int, max_rows: int, max_cols: in
             chunks_c += 1
         else:
             chunks_r += 1
-    return -(-col_panels // chunks_c), -(-row_panels // chunks_r)
+    splits = [(-(-col_panels // c), -(-row_panels // r))
+              for c in range(chunks_c, min(chunks_c + threads, col_panels + 1))
+              for r in range(chunks_r, min(chunks_r + threads, row_panels + 1))]
+    return min(splits, key=lambda s: (_largest_share(row_panels, col_panels, s, threads),
+                                      -(-col_panels // s[0]) * -(-row_panels // s[1])))
+
+
+def _largest_share(row_panels: int, col_panels: int, split: tuple[int, int], threads: int) -> int:
+    """Panels of the busiest of ``threads`` threads when tasks of ``split`` (column, row) panels
+    go, largest first, to the least loaded thread."""
+    cols, rows = split
+    sizes = sorted((min(cols, col_panels - c) * min(rows, row_panels - r)
+                    for c in range(0, col_panels, cols) for r in range(0, row_panels, rows)), reverse=True)
+    loads = [0] * threads
+    for size in sizes:
+        loads[loads.index(min(loads))] += size
+    return max(loads)
 
 
 def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapped: bool,

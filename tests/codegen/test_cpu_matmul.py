@@ -55,7 +55,7 @@ from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
 from mlir_nn.support.cpu_target import cache_blocks, register_block, vector_bytes
 from mlir_nn.support.pipelines import Pipeline, load_pipeline
-from mlir_nn.support.schedule_rates import DEFAULT, use_rates
+from mlir_nn.support.schedule_rates import DEFAULT, active, use_rates
 from tests.codegen.zoo import arguments, matmul_zoo
 
 TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float64": dict(rtol=1e-9, atol=1e-11)}
@@ -545,6 +545,40 @@ def test_few_or_uneven_tasks_are_balanced(row_panels, col_panels, tasks):
     assert balanced_tasks(row_panels, col_panels, 16, 16) == tasks
 
 
+@pytest.mark.parametrize("row_panels, col_panels, threads, tasks", [
+    (66, 8, 1, (8, 14)),  # one thread: 5 tasks of at most 14 row panels
+    (66, 8, 2, (8, 11)),  # two: 6 of 11 (5 of 14 left one thread 38 of the 66 panels)
+    (66, 8, 3, (8, 11)),  # three: 6 of 11 as well
+    (22, 2, 2, (1, 6)),  # 4 tasks of 12, 12, 12 and 8 panels: 8 of 6, 6, 6, 4 panels (22 each)
+    (6, 9, 2, (5, 3)),  # already even: kept
+])
+def test_balanced_tasks_share_the_panels_evenly_over_the_threads(row_panels, col_panels, threads, tasks):
+    assert balanced_tasks(row_panels, col_panels, 16, 16, threads) == tasks
+
+
+def test_a_weight_gradient_of_784_x_256_runs_in_tasks_that_share_evenly():
+    """x^T @ g with 784 x 256 outputs (66 x 8 panels with AVX-512) over a dynamic batch: tasks of
+    rows that share the panels evenly on the table's threads; it matches the reference at awkward
+    batches."""
+    x = make_node("input", [], name="x", shape=("N", 784), dtype="float32")
+    g = make_node("input", [], name="g", shape=("N", 256), dtype="float32")
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
+    tm, tn = register_block(4)
+    mc, nc, _ = cache_blocks(4)
+    row_panels, col_panels = math.ceil(784 / tm), math.ceil(256 / tn)
+    tasks = balanced_tasks(row_panels, col_panels, mc // tm, nc // tn, active().threads)
+    module = emit_linalg(graph)
+    with module.context:
+        (op,) = collect_ops(module, lambda o: o.name == "linalg.matmul")
+        assert product_plan(op, threads=True).tasks == tasks
+    executable = CpuBackend().compile(graph)
+    _assert_matches_reference(graph, executable, BATCHES)
+    rng = np.random.default_rng(0)  # 4099 rows: against float64 sums (float32 ones differ by their order)
+    xs, gs = rng.standard_normal((4099, 784)).astype(np.float32), rng.standard_normal((4099, 256)).astype(np.float32)
+    (got,) = executable.run([xs, gs], [])
+    np.testing.assert_allclose(got, xs.T.astype(np.float64) @ gs, rtol=1e-4, atol=1e-3)
+
+
 def test_a_weight_gradient_of_few_panels_runs_in_balanced_tasks():
     """x^T @ g with 144 x 544 outputs (12 x 17 register-block panels, k the batch: too many for
     partial sums over ranges of the batch) was two tasks: now four; it matches the reference at
@@ -556,7 +590,7 @@ def test_a_weight_gradient_of_few_panels_runs_in_balanced_tasks():
     tm, tn = register_block(4)
     mc, nc, _ = cache_blocks(4)
     row_panels, col_panels = math.ceil(144 / tm), math.ceil(544 / tn)
-    tasks = balanced_tasks(row_panels, col_panels, mc // tm, nc // tn)
+    tasks = balanced_tasks(row_panels, col_panels, mc // tm, nc // tn, active().threads)
     assert tasks is not None
     module = emit_linalg(graph)
     rewrite_matmuls(module, threads=True)
@@ -753,7 +787,7 @@ def test_balanced_tasks_count_the_register_blocks_of_an_operand_read_in_place():
     mc, nc, _ = cache_blocks(4)
     rows = _block_of(256, tm)
     row_panels, col_panels = 256 // rows, 64 // tn
-    tasks = balanced_tasks(row_panels, col_panels, mc // rows, nc // tn)
+    tasks = balanced_tasks(row_panels, col_panels, mc // rows, nc // tn, active().threads)
     assert tasks is not None and rows != tm
     module = emit_linalg(graph)
     rewrite_matmuls(module, threads=True)

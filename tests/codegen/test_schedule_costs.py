@@ -91,6 +91,31 @@ def test_cheap_threads_put_a_small_blocked_product_on_threads():
     assert not _plans(graph, dataclasses.replace(DEFAULT, task_ns=0.0), threads=False)[0].threads
 
 
+# the table measured on a Zen 5 core (AMD EPYC, family 26), under load: fast register blocks, dear threads
+ZEN5_MEASURED = ScheduleRates(blocked=131.0, swapped=66.0, loops=64.0, plain_loops=38.0, batch_sums=90.0,
+                              small_rows=(65.0, 111.0, 46.0), blocked_setup_ns=40.0, task_ns=13000.0, threads=2)
+
+
+@pytest.mark.parametrize("batch, threads", [(16384, True), (64, False)])
+def test_threads_of_a_product_over_the_batch_are_priced_at_the_whole_batch(batch, threads):
+    """Fast register blocks make one task of mc rows too short for the pool, but a batch of
+    16384 rows is many: its product goes on threads; 64 rows stay on one."""
+    (plan,) = _plans(_product("N", 64, 64).with_batch_rows(batch), ZEN5_MEASURED)
+    assert (plan.kind, plan.threads) == ("blocked", threads), plan.reason
+    assert f"at {batch}x64x64:" in plan.reason, plan.reason
+
+
+def test_products_over_a_large_batch_on_threads_by_the_measured_table_match_the_reference():
+    """The forward product and the weight gradient of a 64-wide layer, planned blocked on threads
+    by the Zen 5 table at a traced batch of 16384, against the reference at awkward batches."""
+    for graph in (_product("N", 64, 64), _weight_gradient(64, 64)):
+        graph = graph.with_batch_rows(16384)
+        assert [(p.kind, p.threads) for p in _plans(graph, ZEN5_MEASURED)] == [("blocked", True)]
+        with use_rates(ZEN5_MEASURED):
+            executable = CpuBackend().compile(graph)
+        _assert_matches_reference(graph, executable, (*BATCHES, 4099))
+
+
 def test_the_loop_and_blocked_rates_move_the_packing_choice():
     assert _plans(_product(64, 48, 40), dataclasses.replace(DEFAULT, loops=HUGE))[0].kind != "blocked"
     # 64 x 100 x 100: its loop nest has no vector code (k * n over SMALL_VECTOR_MAX): the plain rate prices it
