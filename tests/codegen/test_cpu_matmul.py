@@ -579,6 +579,21 @@ def test_a_product_over_a_batch_shorter_than_its_columns_runs_in_column_tasks(ba
     _assert_matches_reference(graph, CpuBackend().compile(graph), (*BATCHES, 4099))
 
 
+@pytest.mark.parametrize("n, by_columns", [(256, True), (400, False), (384, False)])
+def test_column_tasks_share_the_columns_evenly(n, by_columns):
+    """8 column panels make two tasks of 4, one a thread; 13 (400 columns) would be 4, 4, 4 and 1,
+    12 (384) three tasks: those stay in tasks of row panels."""
+    if vector_bytes() != 64:
+        pytest.skip("the panel counts are those of 64-byte vectors")
+    x = make_node("input", [], name="x", shape=("N", 300), dtype="float32")
+    w = make_node("param", [], name="w", shape=(300, n), dtype="float32")
+    module = emit_linalg(Graph((x,), (w,), (make_node("matmul", [x, w]),), name="columns"))
+    with module.context:
+        (op,) = collect_ops(module, lambda o: o.name == "linalg.matmul")
+        plan = product_plan(op, threads=True, rates=DEFAULT, batch_rows=128)
+    assert plan.threads and plan.column_tasks == by_columns, plan.reason
+
+
 def test_a_weight_gradient_of_784_x_256_runs_in_tasks_that_share_evenly():
     """x^T @ g with 784 x 256 outputs (66 x 8 panels with AVX-512) over a dynamic batch: tasks of
     rows that share the panels evenly on the table's threads; it matches the reference at awkward
