@@ -556,6 +556,44 @@ def test_balanced_tasks_share_the_panels_evenly_over_the_threads(row_panels, col
     assert balanced_tasks(row_panels, col_panels, 16, 16, threads) == tasks
 
 
+@pytest.mark.parametrize("batch_rows, by_columns", [(256, True), (512, False), (2048, False)])
+def test_a_product_over_a_batch_shorter_than_its_columns_runs_in_column_tasks(batch_rows, by_columns):
+    """x @ W with W 512 x 512 (16 column panels with AVX-512, one default task's) over a batch
+    traced at 256 rows: tasks of 4 column panels over the whole batch, each thread reading its
+    columns of W; at 512 rows or more, tasks of row panels. Both match the reference at awkward
+    batches."""
+    if vector_bytes() != 64:
+        pytest.skip("the panel counts are those of 64-byte vectors")
+    x = make_node("input", [], name="x", shape=("N", 512), dtype="float32")
+    w = make_node("param", [], name="w", shape=(512, 512), dtype="float32")
+    graph = Graph((x,), (w,), (make_node("matmul", [x, w]),), name="columns").with_batch_rows(batch_rows)
+    module = emit_linalg(graph)
+    with module.context:
+        (op,) = collect_ops(module, lambda o: o.name == "linalg.matmul")
+        plan = product_plan(op, threads=True, batch_rows=batch_rows)
+    assert plan.kind == "blocked" and plan.threads and plan.column_tasks == by_columns, plan.reason
+    rewrite_matmuls(module, threads=True, batch_rows=batch_rows)
+    column_foralls = re.findall(r"scf.forall \(%\w+\) in \(4\) shared_outs\(%\w+ = %\w+\) -> \(tensor<\?x12x16x32xf32>",
+                                str(module))  # 16 column panels in 4 tasks, each over every row panel
+    assert len(column_foralls) == by_columns
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (*BATCHES, 4099))
+
+
+@pytest.mark.parametrize("n, by_columns", [(256, True), (400, False), (384, False)])
+def test_column_tasks_share_the_columns_evenly(n, by_columns):
+    """8 column panels make two tasks of 4, one a thread; 13 (400 columns) would be 4, 4, 4 and 1,
+    12 (384) three tasks: those stay in tasks of row panels."""
+    if vector_bytes() != 64:
+        pytest.skip("the panel counts are those of 64-byte vectors")
+    x = make_node("input", [], name="x", shape=("N", 300), dtype="float32")
+    w = make_node("param", [], name="w", shape=(300, n), dtype="float32")
+    module = emit_linalg(Graph((x,), (w,), (make_node("matmul", [x, w]),), name="columns"))
+    with module.context:
+        (op,) = collect_ops(module, lambda o: o.name == "linalg.matmul")
+        plan = product_plan(op, threads=True, rates=DEFAULT, batch_rows=128)
+    assert plan.threads and plan.column_tasks == by_columns, plan.reason
+
+
 def test_a_weight_gradient_of_784_x_256_runs_in_tasks_that_share_evenly():
     """x^T @ g with 784 x 256 outputs (66 x 8 panels with AVX-512) over a dynamic batch: tasks of
     rows that share the panels evenly on the table's threads; it matches the reference at awkward
