@@ -86,7 +86,7 @@ def test_small_products_queue_tasks_only_for_a_batch_larger_than_one_task(batch_
 
 def test_weight_gradients_go_to_threads_and_match_at_every_batch():
     kc = cache_blocks(4)[2]
-    assert 181 * 197 < PARALLEL_WORK_MIN <= 181 * 197 * kc  # one kc slice of the batch carries enough work
+    assert 181 * 197 < PARALLEL_WORK_MIN <= 181 * 197 * kc  # the product at a batch of kc rows carries enough work
     graph = _one_product(False, 181, 197)
     assert PARALLEL_FN in compiled(graph).stages["llvm"]
     step = PACK_ROWS_STEP  # the batch's rows are packed in groups of step, then the rest
