@@ -51,16 +51,12 @@ from mlir_nn.engine import Tensor  # noqa: E402
 from mlir_nn.gpu.schedule import STAGE_NAMES, TILING  # noqa: E402
 from mlir_nn.ir.shapes import resolve  # noqa: E402
 from mlir_nn.jit import trace_step  # noqa: E402
-from mlir_nn.losses import cross_entropy, mse_loss  # noqa: E402
+from mlir_nn.losses import mse_loss  # noqa: E402
 from mlir_nn.nn import MLP  # noqa: E402
+from mlir_nn.nn.transformer import next_token_loss  # noqa: E402
 from mlir_nn.optim import SGD, Adam  # noqa: E402
 from mlir_nn.runtime.artifact import signature_of  # noqa: E402
 from mlir_nn.trainer import train_step  # noqa: E402
-
-
-def next_token_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    b, t, v = logits.shape
-    return cross_entropy(logits.reshape(b * t, v), targets.reshape(b * t))
 
 
 def step_function(case: dict) -> tuple:

@@ -368,7 +368,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
         text = compile_lowered(module, job, llvm_text)
         if text is not None:
             stages["llvm"] = text
-        jobs = [job]
+        jobs, tasks = [job], bool(task_runtime_calls(module))
     else:
         tail = tail_pipeline(pipeline)
         count = kernel_pool.worker_count() + 1 if workers else 1  # the caller builds too
@@ -385,10 +385,10 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
         stages["llvm"] = merge_texts(texts + [kernels_only(s.text, s.kernels & split.kernels.keys()) for s in linked])
         if use_disk:
             _store_kernels(jobs, texts, keys, name)
+        tasks = task_runtime.API_PREFIX in stages["llvm"]
     timings["llvm"] = time.perf_counter() - start
     start = time.perf_counter()
     link_objects([job.path for job in jobs] + [stored.path for stored in linked], library)
-    tasks = task_runtime.API_PREFIX in stages["llvm"] if "llvm" in stages else bool(task_runtime_calls(module))
     native = load_shared_object(library, name, tasks=tasks)
     timings["link"] = time.perf_counter() - start
     return native

@@ -83,6 +83,11 @@ class GPT(Module):
 
     def loss(self, idx: Any, targets: Any) -> Tensor:
         """Mean cross-entropy of the next-token predictions."""
-        logits = self(idx)
-        b, t, v = logits.shape
-        return F.cross_entropy(logits.reshape(b * t, v), targets.reshape(b * t))
+        return next_token_loss(self(idx), targets)
+
+
+def next_token_loss(logits: Tensor, targets: Any) -> Tensor:
+    """Mean cross-entropy of logits (batch, T, vocabulary) against targets (batch, T): a loss for
+    ``train_step`` that is ``GPT.loss`` after the forward."""
+    b, t, v = logits.shape
+    return F.cross_entropy(logits.reshape(b * t, v), targets.reshape(b * t))
