@@ -15,7 +15,7 @@ its cores between core complexes, over 80 ns means no shared L3 and slower threa
 over the grid: geomean and worst ratio.
 The CPU model (``lscpu``) and the load average before and after go into the JSON.
 
-    python benchmarks/grid.py [--quick | --smoke] [--only SUBSTRING] [--json benchmarks/results/grid.json]
+    python benchmarks/grid.py [--quick | --held-out | --smoke] [--only SUBSTRING] [--json benchmarks/results/grid.json]
 
 ``--smoke`` runs one tiny point once with tiny budgets (the test suite's check that the
 script works; its figures mean nothing).
@@ -83,6 +83,20 @@ GRID = [
     Point((100, 100, 100, 100, 1), 5000, "adam"),  # widths that leave a short last column panel
 ]
 QUICK = [GRID[i] for i in (0, 2, 4, 6, 9, 11, 13, 15)]
+HELD_OUT = [  # points in none of the above, chosen before they were measured, to check that the grid was not fit
+    Point((3, 100, 100, 1), 3000),  # narrow in and out, mid hidden width, odd batch
+    Point((48, 200, 10), 777),
+    Point((1000, 300, 300, 10), 64, "adam"),  # a long input at small batch
+    Point((32,) * 9, 2048),  # depth 8, all 32 wide
+    Point((2048, 2048, 10), 32),  # wide at small batch
+    Point((5, 16, 1), 16384, dtype="float64"),  # narrow at the largest batch, float64
+    Point((10, 4096, 1), 100),  # one very wide hidden layer
+    Point((300, 150, 75, 2), 128, "adam", "float64"),
+    Point((12, 3), 12000),  # depth 1, narrow
+    Point((64, 256, 256, 64), 1),  # batch 1, SGD
+    Point((40, 80, 160, 80, 40, 1), 1500, "adam"),
+    Point((512, 512, 512), 333, dtype="float64"),
+]
 SMOKE = [Point((3, 5, 2), 7, "adam")]
 
 
@@ -309,13 +323,15 @@ def summary(rows: dict[str, dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"{len(QUICK)} of the {len(GRID)} points")
+    parser.add_argument("--held-out", action="store_true",
+                        help=f"{len(HELD_OUT)} points outside the grid, to check that it was not fit")
     parser.add_argument("--smoke", action="store_true", help="one tiny point, once, tiny budgets")
     parser.add_argument("--only", default="", help="points whose label contains this text")
     parser.add_argument("--budget", type=float, default=1.5, help="seconds per contender and point, all rounds")
     parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds over the contenders")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "grid.json"))
     args = parser.parse_args()
-    points = SMOKE if args.smoke else QUICK if args.quick else GRID
+    points = SMOKE if args.smoke else QUICK if args.quick else HELD_OUT if args.held_out else GRID
     points = [p for p in points if args.only in p.label]
     if args.smoke:
         args.budget, args.rounds = 0.02, 1

@@ -111,6 +111,14 @@ def test_grid(tmp_path):
     assert "Model name" in results["cpu"] and "wrote" in out
 
 
+def test_grid_held_out_points_are_not_in_the_grid():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.grid import GRID, HELD_OUT
+
+    assert len(HELD_OUT) >= 10 and not set(HELD_OUT) & set(GRID)
+    assert {p.optimizer for p in HELD_OUT} == {"sgd", "adam"} and {p.dtype for p in HELD_OUT} == {"float32", "float64"}
+
+
 def test_egraph_depth():
     out = run("egraph_depth.py", "--quick")
     assert "ms/layer" in out and " 40 " in out and "saturated" in out
