@@ -12,7 +12,7 @@ ours / NumPy, GFLOP/s and the fraction of the FMA peak (a measured loop of indep
 vector FMAs on every thread, halved for float64), and the one-way time of a cache line between
 two cores before and after the point (``core_latency``: on a virtual machine whose host moves
 its cores between core complexes, over 80 ns means no shared L3 and slower threaded steps);
-over the grid: geomean and worst ratio.
+over the grid: geomean and worst ratio, and the points over 1.0 by placement (near, far, mixed).
 The CPU model (``lscpu``) and the load average before and after go into the JSON.
 
     python benchmarks/grid.py [--quick | --held-out | --smoke] [--only SUBSTRING] [--json benchmarks/results/grid.json]
@@ -39,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.core_latency import one_way_ns  # noqa: E402
+from benchmarks.core_latency import FAR_NS, one_way_ns  # noqa: E402
 from benchmarks.step_time import flops_per_step, round_robin  # noqa: E402
 
 LR = {"sgd": 0.005, "adam": 1e-3}
@@ -310,14 +310,31 @@ def run_point(point: Point, factories: dict, budget_s: float, rounds: int, peak_
     return row
 
 
+def placement(pair: list[float | None]) -> str:
+    """"near" (both one-way times before and after a point at most FAR_NS: one core complex), "far"
+    (both over it), "mixed" (the host moved the cores during the point) or "one core"."""
+    if None in pair:
+        return "one core"
+    far = [ns > FAR_NS for ns in pair]
+    return "far" if all(far) else "near" if not any(far) else "mixed"
+
+
 def summary(rows: dict[str, dict]) -> dict:
+    """Geomean and worst of ours / the best peer, the points over 1.0, and the same by placement
+    (a point over 1.0 only where the cores share no L3 is a different problem from one over it near)."""
     ratios = {label: row["ours_over_best_peer"] for label, row in rows.items() if "ours_over_best_peer" in row}
     if not ratios:
         return {}
     worst = max(ratios, key=ratios.get)
+    by_placement: dict[str, dict] = {}
+    for label, ratio in ratios.items():
+        group = by_placement.setdefault(placement(rows[label]["core_one_way_ns"]), {"points": 0, "over_1": []})
+        group["points"] += 1
+        if ratio > 1.0:
+            group["over_1"].append(label)
     return {"geomean_over_best_peer": math.exp(sum(map(math.log, ratios.values())) / len(ratios)),
             "worst_over_best_peer": ratios[worst], "worst_point": worst,
-            "points_over_1": sorted(k for k, v in ratios.items() if v > 1.0)}
+            "points_over_1": sorted(k for k, v in ratios.items() if v > 1.0), "by_placement": by_placement}
 
 
 def main() -> None:
@@ -349,7 +366,7 @@ def main() -> None:
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     names = [n for n in ("compiled cpu", *PEERS, "numpy") if n not in skipped]
     print(f"{'point':44s} " + " ".join(f"{n:>12s}" for n in names)
-          + f" {'ours/best':>9s} {'GFLOP/s':>8s} {'peak':>5s} {'core ns':>9s}")
+          + f" {'ours/best':>9s} {'GFLOP/s':>8s} {'peak':>5s} {'core ns':>9s} placement")
     for point in points:
         start = time.perf_counter()
         row = run_point(point, factories, args.budget, args.rounds, peak)
@@ -358,13 +375,16 @@ def main() -> None:
         ratio = row.get("ours_over_best_peer", float("nan"))
         print(f"{point.label:44s} " + " ".join(f"{_us(row['median_s'][n]):>12s}" for n in names)
               + f" {ratio:9.2f} {row['gflops']['compiled cpu']:8.1f} "
-              f"{row['fraction_of_fma_peak']['compiled cpu']:5.0%} {_latency(row['core_one_way_ns']):>9s}", flush=True)
+              f"{row['fraction_of_fma_peak']['compiled cpu']:5.0%} {_latency(row['core_one_way_ns']):>9s} "
+              f"{placement(row['core_one_way_ns'])}", flush=True)
     results["load_average_end"] = os.getloadavg()
     results["summary"] = summary(results["points"])
     if results["summary"]:
         s = results["summary"]
         print(f"ours / best of PyTorch and JAX: geomean {s['geomean_over_best_peer']:.2f}, worst "
               f"{s['worst_over_best_peer']:.2f} ({s['worst_point']}); points over 1.0: {len(s['points_over_1'])}")
+        print("by placement: " + "; ".join(f"{name} {g['points']} points, {len(g['over_1'])} over 1.0"
+                                           for name, g in sorted(s["by_placement"].items())))
     print(f"load average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))

@@ -111,6 +111,20 @@ def test_grid(tmp_path):
     assert "Model name" in results["cpu"] and "wrote" in out
 
 
+def test_grid_summary_by_placement():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.grid import summary
+
+    rows = {"a": {"ours_over_best_peer": 0.5, "core_one_way_ns": [30.0, 40.0]},
+            "b": {"ours_over_best_peer": 1.2, "core_one_way_ns": [200.0, 190.0]},
+            "c": {"ours_over_best_peer": 1.1, "core_one_way_ns": [35.0, 200.0]},
+            "d": {"ours_over_best_peer": 0.9, "core_one_way_ns": [None, None]}}
+    s = summary(rows)
+    assert s["points_over_1"] == ["b", "c"] and s["worst_point"] == "b"
+    assert s["by_placement"] == {"near": {"points": 1, "over_1": []}, "far": {"points": 1, "over_1": ["b"]},
+                                 "mixed": {"points": 1, "over_1": ["c"]}, "one core": {"points": 1, "over_1": []}}
+
+
 def test_grid_held_out_points_are_not_in_the_grid():
     sys.path.insert(0, str(ROOT))
     from benchmarks.grid import GRID, HELD_OUT
