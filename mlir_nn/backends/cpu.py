@@ -308,8 +308,8 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     LLVM's (0: no IR passes, for the quick tier, ``mlir_nn.jit.tiered``); ``workers=False``
     starts no compile workers and compiles a split step as one module, in this process;
     ``llvm_text=False`` (with ``use_disk`` off: the disk cache keeps every stage)
-    leaves the "llvm" stage out of a fresh compile of a pipeline without the split pass (the quick
-    tier: printing it took 0.05 s of a 4x256 Adam MLP's first call)."""
+    leaves the "llvm" stage out of a fresh compile (the quick tier: printing it took 0.05 s of a
+    4x256 Adam MLP's first call), split or not when compiled in this process (``workers`` off)."""
     pipeline = pipeline or load_pipeline(TARGET)
     key = _key(graph, pipeline, threads, opt_level)
     if key in _MEMORY and (not llvm_text or "llvm" in _MEMORY[key].stages):
@@ -351,10 +351,11 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
            split: Split | None, library: Path, use_disk: bool = True, opt_level: int = OPT_LEVEL,
            llvm_text: bool = True, workers: bool = True) -> NativeFunction:
     """Compile the lowered step (in chunks on the workers when it was split), link ``library``
-    and load it; adds the "llvm" stage (unless ``llvm_text`` is off and the step was not split)
-    and the time of each part. With ``use_disk`` a split step links the kernels it finds in the
-    kernel cache and stores the ones it compiles; without ``workers`` it is one module."""
-    from mlir_nn.backends.kernel_build import Job, compile_lowered, kernels_only, merge_texts
+    and load it; adds the "llvm" stage (unless ``llvm_text`` is off and the step was compiled in
+    this process: not split, or split without ``workers`` or ``use_disk``) and the time of each
+    part. With ``use_disk`` a split step links the kernels it finds in the kernel cache and stores
+    the ones it compiles; without ``workers`` it is one module."""
+    from mlir_nn.backends.kernel_build import Job, build, compile_lowered, kernels_only, merge_texts
     from mlir_nn.backends.kernel_split import Chunk
     from mlir_nn.codegen import symbol_name
 
@@ -372,20 +373,26 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     else:
         tail = tail_pipeline(pipeline)
         count = kernel_pool.worker_count() + 1 if workers else 1  # the caller builds too
-        if use_disk:
-            keys = kernel_keys(split, tail, opt_level)
-            linked, fresh = kernel_cache.select(split.kernels, kernel_cache.lookup(keys))
-            # objects that call kernels of other objects are not cached (a step that linked one
-            # would need those too): the step with every kernel in one module, or apart from them
-            chunks = split.chunks(1) if count == 1 and not linked else split.apart(fresh, count)
+        if not (llvm_text or use_disk or workers):  # one module, compiled here, its text not printed
+            jobs = [Job(split.chunks(1)[0], tail, library.parent / "chunk0.o", opt_level)]
+            build(jobs[0], text=False)
+            tasks = any(p.startswith(THREAD_PASS) for p in pipeline.passes)  # (it may call the task runtime)
         else:
-            chunks = split.chunks(count)
-        jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o", opt_level) for i, chunk in enumerate(chunks)]
-        texts = kernel_pool.run(jobs)
-        stages["llvm"] = merge_texts(texts + [kernels_only(s.text, s.kernels & split.kernels.keys()) for s in linked])
-        if use_disk:
-            _store_kernels(jobs, texts, keys, name)
-        tasks = task_runtime.API_PREFIX in stages["llvm"]
+            if use_disk:
+                keys = kernel_keys(split, tail, opt_level)
+                linked, fresh = kernel_cache.select(split.kernels, kernel_cache.lookup(keys))
+                # objects that call kernels of other objects are not cached (a step that linked one
+                # would need those too): the step with every kernel in one module, or apart from them
+                chunks = split.chunks(1) if count == 1 and not linked else split.apart(fresh, count)
+            else:
+                chunks = split.chunks(count)
+            jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o", opt_level) for i, chunk in enumerate(chunks)]
+            texts = kernel_pool.run(jobs)
+            stages["llvm"] = merge_texts(texts + [kernels_only(s.text, s.kernels & split.kernels.keys())
+                                                  for s in linked])
+            if use_disk:
+                _store_kernels(jobs, texts, keys, name)
+            tasks = task_runtime.API_PREFIX in stages["llvm"]
     timings["llvm"] = time.perf_counter() - start
     start = time.perf_counter()
     link_objects([job.path for job in jobs] + [stored.path for stored in linked], library)

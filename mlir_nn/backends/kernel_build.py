@@ -110,12 +110,12 @@ def inline_step(module: ir.Module, step: str) -> None:
             op.attributes["always_inline"] = ir.UnitAttr.get()
 
 
-def build(job: Job) -> str:
-    """Lower and compile ``job``; returns the module's LLVM-dialect text."""
+def build(job: Job, text: bool = True) -> str | None:
+    """Lower and compile ``job``; returns the module's LLVM-dialect text (None unless ``text``)."""
     with ir.Context():
         module = ir.Module.parse(job.chunk.text)
         lower_tail(module, job.tail)
-        return compile_lowered(module, job)
+        return compile_lowered(module, job, text)
 
 
 def compile_lowered(module: ir.Module, job: Job, text: bool = True) -> str | None:

@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import arith, tensor
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.maps import identity_map
 
 PARALLEL = linalg.IteratorType.parallel

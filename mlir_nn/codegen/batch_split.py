@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mlir import ir
-from mlir.dialects import arith, linalg, scf, tensor
+from mlir.dialects import arith, scf, tensor
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.maps import dims_map
 
 TASKS_MAX = 8  # partial sums at most: tasks enough for a few cores, a workspace of TASKS_MAX * m * n

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import arith, tensor
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.accumulate import needs_wide_accumulator, wide_reduce
 from mlir_nn.codegen.maps import broadcast_map, identity_map, matmul_maps
 from mlir_nn.codegen.tensor_types import element_type

@@ -13,8 +13,9 @@ sides of every add run along the contiguous channels; nothing is spread or gathe
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import arith, tensor
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder
 from mlir_nn.codegen.maps import dims_map, identity_map
 from mlir_nn.ir.layouts import NCHW, nchw_shape

@@ -9,8 +9,8 @@ moves one element per call of ``memcpy``. Those become ``linalg.copy`` loops ins
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import linalg
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.walk import collect_ops
 
 

@@ -58,9 +58,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mlir import ir
-from mlir.dialects import arith, bufferization, linalg, scf, tensor
+from mlir.dialects import arith, bufferization, scf, tensor
 from mlir.dialects.transform import interpreter
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.batch_split import TASKS_MAX, partials_added, rows_per_task, split_over_batch
 from mlir_nn.codegen.im2col_panels import (
     drop_im2col_tags,

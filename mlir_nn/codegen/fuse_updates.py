@@ -24,7 +24,8 @@ from __future__ import annotations
 from functools import cached_property
 
 from mlir import ir
-from mlir.dialects import linalg
+
+from mlir_nn.codegen import linalg_ops as linalg
 
 _VIEWS = frozenset(
     {

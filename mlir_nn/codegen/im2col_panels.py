@@ -19,8 +19,9 @@ padded to whole panels (``padded_columns``) for a weight gradient (dW = G^T @ co
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, bufferization, linalg, tensor
+from mlir.dialects import arith, bufferization, tensor
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.maps import identity_map
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps
 from mlir_nn.codegen.walk import collect_ops

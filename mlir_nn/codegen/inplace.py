@@ -19,7 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mlir import ir
-from mlir.dialects import arith, bufferization, func, linalg, tensor
+from mlir.dialects import arith, bufferization, func, tensor
+
+from mlir_nn.codegen import linalg_ops as linalg
 
 
 def _fresh_copy(value: ir.Value) -> ir.Value:

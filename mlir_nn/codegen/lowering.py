@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, linalg, math, tensor
+from mlir.dialects import arith, math, tensor
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen import philox
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.joined_slices import joined

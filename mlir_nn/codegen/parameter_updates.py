@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import arith, tensor
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.maps import dims_map
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps
 

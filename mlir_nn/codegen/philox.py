@@ -10,8 +10,9 @@ for bit.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, linalg
+from mlir.dialects import arith
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.builder import FunctionBuilder, Operand
 from mlir_nn.ir import Node, philox
 from mlir_nn.ir.ops import dropout_scale

@@ -15,8 +15,9 @@ buffer allocated once before the batch loop.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, linalg, scf, tensor
+from mlir.dialects import arith, scf, tensor
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.maps import dims_map, identity_map
 from mlir_nn.codegen.shaped import dim_sizes
 

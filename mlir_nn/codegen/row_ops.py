@@ -18,8 +18,9 @@ says so) and one element-wise pass that reads them broadcast along the row.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, linalg, math
+from mlir.dialects import arith, math
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.maps import broadcast_map, identity_map, reduction_map
 from mlir_nn.ir import Node

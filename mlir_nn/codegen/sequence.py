@@ -13,8 +13,9 @@ from collections.abc import Callable
 
 import numpy as np
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import arith, tensor
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.batched_products import lower_bmm
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand
 from mlir_nn.codegen.joined_slices import note_piece

@@ -15,8 +15,9 @@ of op(A) per row and the epilogue's operands, and writes the result.
 from __future__ import annotations
 
 from mlir import ir
-from mlir.dialects import arith, linalg, tensor
+from mlir.dialects import arith, tensor
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.maps import identity_map
 from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
 

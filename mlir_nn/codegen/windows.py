@@ -29,8 +29,9 @@ import math
 from collections.abc import Callable, Sequence
 
 from mlir import ir
-from mlir.dialects import arith, linalg, scf, tensor
+from mlir.dialects import arith, scf, tensor
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.batch_split import partials_added
 from mlir_nn.codegen.batched_products import batch_tasks
 from mlir_nn.codegen.builder import PARALLEL, REDUCTION, FunctionBuilder, Operand

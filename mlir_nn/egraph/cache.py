@@ -19,6 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlir_nn.egraph.deferred_black import black_deferred
 from mlir_nn.ir import Graph, VerifyError, verify
 from mlir_nn.support.disk_cache import TMP_PREFIX, cache_dir, remove, sweep_stale
 from mlir_nn.support.interrupts import interrupts_deferred
@@ -104,7 +105,9 @@ def optimize_cached(graph: Graph, batch_estimate: int | None = None) -> tuple[Gr
     cached = load(graph, batch_estimate)
     if cached is not None:
         return cached
-    with interrupts_deferred():  # egglog's declarations (the Term class, the rules) are made as they load
+    # egglog's declarations (the Term class, the rules) are made as they load; black, which egglog
+    # imports to format what it prints, loads only if something is printed
+    with interrupts_deferred(), black_deferred():
         from mlir_nn.egraph.driver import optimize
 
     result = optimize(graph, batch_estimate)

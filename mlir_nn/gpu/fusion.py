@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlir.dialects import linalg
 from mlir.ir import ArrayAttr, InsertionPoint, IntegerAttr, IntegerType, Operation, Value
 
+from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.gpu.schedule import FUSED, NODE, TILE, is_contraction, iterator_kinds, node_name
 
 

@@ -286,7 +286,7 @@ def test_a_deep_step_on_the_native_first_tier_is_split_into_kernels(monkeypatch)
         compiled = quick._last
         assert compiled.tier == "quick" and tiered.quick_split(compiled.graph) == split
         assert compiled.executable.kernel.pipeline == serial_pipeline(load_pipeline("cpu"), split=split)
-        assert ("llvm" in compiled.executable.kernel.stages) == split  # a split step's chunks print theirs
+        assert "llvm" not in compiled.executable.kernel.stages  # (as_text waits for the optimized code)
         for p, q in zip(quick_model.parameters(), reference_model.parameters()):
             np.testing.assert_allclose(p.data, q.data, atol=2e-4)
         compiled._background.cancel()
