@@ -92,6 +92,11 @@ PARALLEL_FN = "parallel_compute_fn"  # a parallel loop body outlined by the asyn
 THREAD_PASS = "async-parallel-for"
 
 
+def runs_threads(pipeline: Pipeline) -> bool:
+    """True when ``pipeline`` spreads parallel loops over threads (``THREAD_PASS``)."""
+    return any(p.startswith(THREAD_PASS) for p in pipeline.passes)
+
+
 @cache
 def codegen_digest() -> str:
     """sha256 of what turns a graph into machine code besides the pipeline text: the
@@ -217,7 +222,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
 
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    threads = threads and any(p.startswith(THREAD_PASS) for p in pipeline.passes)
+    threads = threads and runs_threads(pipeline)
     # float32 sums accumulate in float64; batched products' loops run as tasks on threads
     module = emit_linalg(graph, wide_sums=True, strided_copies=True, batch_tasks=threads)
     stages = {"linalg": module.operation.get_asm(assume_verified=True)}  # (verified next)
@@ -324,7 +329,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
 
     # the workers import MLIR while this process lowers (started already when the step came through
     # the jit pipeline), and cc runs
-    prepare_compile(workers, tasks=any(p.startswith(THREAD_PASS) for p in pipeline.passes))
+    prepare_compile(workers, tasks=runs_threads(pipeline))
     host_cpu.prepare()  # the target every compiled function is tuned for
     # at -O0 LLVM schedules nothing: the schedule's unrolled copies would cost compile time only
     module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads, llvm_text=False,
@@ -355,7 +360,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     this process: not split, or split without ``workers`` or ``use_disk``) and the time of each
     part. With ``use_disk`` a split step links the kernels it finds in the kernel cache and stores
     the ones it compiles; without ``workers`` it is one module."""
-    from mlir_nn.backends.kernel_build import Job, build, compile_lowered, kernels_only, merge_texts
+    from mlir_nn.backends.kernel_build import Job, compile_lowered, kernels_only, lower_chunk, merge_texts
     from mlir_nn.backends.kernel_split import Chunk
     from mlir_nn.codegen import symbol_name
 
@@ -363,9 +368,13 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     start = time.perf_counter()
     linked: list[kernel_cache.StoredObject] = []  # cached objects of kernels
     keys: dict[str, str] = {}  # kernel -> its key in the kernel cache
-    if split is None:  # a pipeline without the split pass: lowered whole already, compiled here as it is
-        job = Job(Chunk("", ("_mlir_ciface_" + name,), (), step=name), pipeline, library.parent / "chunk0.o",
-                  opt_level)
+    if split is None or not (llvm_text or use_disk or workers):  # one module, compiled here
+        if split is None:  # a pipeline without the split pass: lowered whole already, compiled as it is
+            job = Job(Chunk("", ("_mlir_ciface_" + name,), (), step=name), pipeline, library.parent / "chunk0.o",
+                      opt_level)
+        else:  # every kernel a function of its own in the one module
+            job = Job(split.chunks(1)[0], tail_pipeline(pipeline), library.parent / "chunk0.o", opt_level)
+            module = lower_chunk(job)
         text = compile_lowered(module, job, llvm_text)
         if text is not None:
             stages["llvm"] = text
@@ -373,26 +382,20 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     else:
         tail = tail_pipeline(pipeline)
         count = kernel_pool.worker_count() + 1 if workers else 1  # the caller builds too
-        if not (llvm_text or use_disk or workers):  # one module, compiled here, its text not printed
-            jobs = [Job(split.chunks(1)[0], tail, library.parent / "chunk0.o", opt_level)]
-            build(jobs[0], text=False)
-            tasks = any(p.startswith(THREAD_PASS) for p in pipeline.passes)  # (it may call the task runtime)
+        if use_disk:
+            keys = kernel_keys(split, tail, opt_level)
+            linked, fresh = kernel_cache.select(split.kernels, kernel_cache.lookup(keys))
+            # objects that call kernels of other objects are not cached (a step that linked one
+            # would need those too): the step with every kernel in one module, or apart from them
+            chunks = split.chunks(1) if count == 1 and not linked else split.apart(fresh, count)
         else:
-            if use_disk:
-                keys = kernel_keys(split, tail, opt_level)
-                linked, fresh = kernel_cache.select(split.kernels, kernel_cache.lookup(keys))
-                # objects that call kernels of other objects are not cached (a step that linked one
-                # would need those too): the step with every kernel in one module, or apart from them
-                chunks = split.chunks(1) if count == 1 and not linked else split.apart(fresh, count)
-            else:
-                chunks = split.chunks(count)
-            jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o", opt_level) for i, chunk in enumerate(chunks)]
-            texts = kernel_pool.run(jobs)
-            stages["llvm"] = merge_texts(texts + [kernels_only(s.text, s.kernels & split.kernels.keys())
-                                                  for s in linked])
-            if use_disk:
-                _store_kernels(jobs, texts, keys, name)
-            tasks = task_runtime.API_PREFIX in stages["llvm"]
+            chunks = split.chunks(count)
+        jobs = [Job(chunk, tail, library.parent / f"chunk{i}.o", opt_level) for i, chunk in enumerate(chunks)]
+        texts = kernel_pool.run(jobs)
+        stages["llvm"] = merge_texts(texts + [kernels_only(s.text, s.kernels & split.kernels.keys()) for s in linked])
+        if use_disk:
+            _store_kernels(jobs, texts, keys, name)
+        tasks = task_runtime.API_PREFIX in stages["llvm"]
     timings["llvm"] = time.perf_counter() - start
     start = time.perf_counter()
     link_objects([job.path for job in jobs] + [stored.path for stored in linked], library)

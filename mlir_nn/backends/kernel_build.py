@@ -110,12 +110,17 @@ def inline_step(module: ir.Module, step: str) -> None:
             op.attributes["always_inline"] = ir.UnitAttr.get()
 
 
-def build(job: Job, text: bool = True) -> str | None:
-    """Lower and compile ``job``; returns the module's LLVM-dialect text (None unless ``text``)."""
+def lower_chunk(job: Job) -> ir.Module:
+    """``job``'s chunk parsed in a context of its own (the module keeps it) and lowered by its tail."""
     with ir.Context():
         module = ir.Module.parse(job.chunk.text)
         lower_tail(module, job.tail)
-        return compile_lowered(module, job, text)
+    return module
+
+
+def build(job: Job) -> str:
+    """Lower and compile ``job``; returns the module's LLVM-dialect text."""
+    return compile_lowered(lower_chunk(job), job)
 
 
 def compile_lowered(module: ir.Module, job: Job, text: bool = True) -> str | None:
