@@ -9,8 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # (files, Nth Python call in them): points inside egglog's and the rules' loading, MLIR's
 # dialect registration and the building of the step's ops (a cold compile makes about 3900
-# calls in MLIR's Python files: the linalg op DSL, 17000 more, is not loaded)
-POINTS = [("/egglog/", 3000), ("mlir_nn/egraph/rules/", 200), ("/mlir/", 40), ("/mlir/", 400), ("/mlir/", 3000)]
+# calls in MLIR's Python files: the linalg op DSL, 17000 more, is not loaded; loading the
+# rules makes about 180 calls in their files)
+POINTS = [("/egglog/", 3000), ("mlir_nn/egraph/rules/", 150), ("/mlir/", 40), ("/mlir/", 400), ("/mlir/", 3000)]
 
 
 def test_a_ctrl_c_anywhere_in_a_cold_compile_leaves_the_process_able_to_compile(tmp_path):
@@ -27,7 +28,7 @@ def test_a_ctrl_c_anywhere_in_a_cold_compile_leaves_the_process_able_to_compile(
         outcome, loss = out.split()
         assert float(loss) >= 0
         outcomes.append(outcome)
-    assert outcomes.count("interrupted") >= len(POINTS) - 1, outcomes  # the points do land in the compile
+    assert outcomes == ["interrupted"] * len(POINTS), outcomes  # every point lands inside the compile
 
 
 _OBSERVED_BUILD = """
