@@ -71,22 +71,26 @@ class Split:
         return self._groups([(self.step_name, self.step)] + sorted(self.kernels.items()), count, True)
 
     def apart(self, kernels: Collection[str], count: int) -> list[Chunk]:
-        """The step in a module of its own, then the ``kernels`` in at most ``count`` modules of
-        about equal cost: objects that call no kernel of another, which other steps can link."""
+        """The step in a module of its own, then the ``kernels`` in at most ``count`` modules:
+        objects that call no kernel of another, which other steps can link. The modules are of
+        about equal cost with the step's counted in the last, so that the processor which builds
+        the cheapest module builds the step too (``kernel_pool`` hands the largest out first)."""
         step = self._chunk([(self.step_name, self.step)])
         members = sorted((name, self.kernels[name]) for name in kernels)
-        return [step] + (self._groups(members, count, False) if members else [])
+        return [step] + (self._groups(members, count, False, _cost(self.step)) if members else [])
 
-    def _groups(self, members: list[tuple[str, str]], count: int, whole: bool) -> list[Chunk]:
-        """``members`` in at most ``count`` chunks; ``whole``: one chunk would be the step's only one."""
+    def _groups(self, members: list[tuple[str, str]], count: int, whole: bool, beside: int = 0) -> list[Chunk]:
+        """``members`` in at most ``count`` chunks; ``whole``: one chunk would be the step's only one;
+        ``beside``: the cost of other work that the processor of the last chunk does too (none
+        of them empty: with a costly ``beside`` fewer)."""
         members.sort(key=lambda m: -_cost(m[1]))
         groups: list[list[tuple[str, str]]] = [[] for _ in range(max(1, min(count, len(members))))]
-        costs = [0] * len(groups)
+        costs = [0] * (len(groups) - 1) + [beside]
         for member in members:
             cheapest = costs.index(min(costs))
             groups[cheapest].append(member)
             costs[cheapest] += _cost(member[1])
-        return [self._chunk(sorted(group), whole and len(groups) == 1) for group in groups]
+        return [self._chunk(sorted(group), whole and len(groups) == 1) for group in groups if group]
 
     def _chunk(self, members: list[tuple[str, str]], whole: bool = False) -> Chunk:
         names = [name for name, _ in members]

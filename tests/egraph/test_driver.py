@@ -38,16 +38,55 @@ def test_the_optimized_graph_is_priced_at_the_batch_estimate(step, estimate, row
 
 
 def test_rulesets_whose_ops_a_graph_lacks_are_left_out(step):
-    """The image layout rules run only on graphs with window ops (on an MLP they cost a third more
-    optimize time and matched nothing); every other ruleset runs on every graph."""
+    """The image layout and convolution rules run only on graphs with convolutions or pools, the
+    loss rules only on graphs with their loss (on an MLP the image rules cost a third more optimize
+    time and matched nothing); every other ruleset runs on every graph."""
     from mlir_nn.egraph.driver import default_rulesets
     from mlir_nn.egraph.rules import RULESETS
     from tests.egraph.util import inp, op, par
 
-    assert default_rulesets(step) == [name for name in RULESETS if name != "images"]
+    def all_but(*names: str) -> list[str]:
+        return [name for name in RULESETS if name not in names]
+
+    assert default_rulesets(step) == all_but("images", "conv", "classification")
+    assert default_rulesets(_classifier_step("sgd")) == all_but("images", "conv", "mse")
     x, w = inp("x", ("N", 1, 8, 8)), par("w", (2, 1, 3, 3))
     conv = op("conv2d", x, w, stride=(1, 1), padding=(0, 0, 0, 0), dilation=(1, 1), groups=1)
-    assert default_rulesets(Graph((x,), (w,), (conv,))) == list(RULESETS)
+    assert default_rulesets(Graph((x,), (w,), (conv,))) == all_but("mse", "classification")
+
+
+def _classifier_step(optimizer: str) -> Graph:
+    """The traced training step of a 5-16-16-3 classifier (cross-entropy on class probabilities)."""
+    import numpy as np
+
+    from mlir_nn.jit import trace_step
+    from mlir_nn.losses import cross_entropy
+    from mlir_nn.nn import MLP
+    from mlir_nn.optim import SGD, Adam
+    from mlir_nn.trainer import train_step
+
+    model = MLP(5, [16, 16, 3])
+    opt = (Adam if optimizer == "adam" else SGD)(model.parameters(), lr=1e-3)
+    arrays = [np.zeros((8, 5), np.float32), np.full((8, 3), 1 / 3, np.float32)]  # class probabilities
+    return trace_step(train_step(model, opt, cross_entropy), arrays, ["x", "y"])[0]
+
+
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_rulesets_left_out_change_nothing(loss, optimizer):
+    """Every ruleset but the image rules (which reorder layouts) gives an MLP step the same
+    optimized graph as the default rulesets, which leave out those whose ops it lacks."""
+    from mlir_nn.egraph.driver import default_rulesets
+    from mlir_nn.egraph.rules import RULESETS
+
+    traced = _classifier_step(optimizer) if loss == "cross_entropy" else \
+        trace_mlp([5, 16, 16, 3], 8, "--optimizer", optimizer)[0]
+    left_out = [name for name in RULESETS if name != "images" and name not in default_rulesets(traced)]
+    assert left_out
+    default, report = optimize(traced)
+    every, every_report = optimize(traced, rulesets=[name for name in RULESETS if name != "images"])
+    assert report.error is None and every_report.error is None
+    assert default.fingerprint() == every.fingerprint()
 
 
 LAZY_RULES = """
@@ -86,8 +125,8 @@ def test_a_ruleset_is_imported_when_a_graph_needs_it():
     assert done.returncode == 0, done.stderr[-2000:]
     (before, mlp, image), error = json.loads(done.stdout.splitlines()[-1])
     assert before == [] and error is None
-    assert "images" not in mlp and {"algebra", "fusion", "update", "conv"} <= set(mlp)
-    assert "images" in image
+    assert not {"images", "conv", "classification"} & set(mlp) and {"algebra", "fusion", "update", "mse"} <= set(mlp)
+    assert {"images", "conv"} <= set(image)
 
 
 def test_saturates_within_limits(step):
