@@ -84,6 +84,23 @@ def test_small_products_queue_tasks_only_for_a_batch_larger_than_one_task(batch_
         assert (tasks_started() > before) == queued, batch
 
 
+def test_wide_rows_of_a_narrow_product_split_into_short_tasks():
+    """x @ w with rows of 1024 x 10 multiply-adds (the large step's output layer): tasks of
+    128 rows, so that a batch of 129 rows and more runs on threads (in tasks of 512 rows, a
+    batch of 512 ran on one thread), matching the reference at every batch. x @ w's zero fill
+    queues no tasks of its own below its row blocks' rows."""
+    rows = small_task_rows(1024 * 10)
+    fill_rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // 10))
+    assert rows == 128 < fill_rows
+    graph = _one_product(True, 1024, 10)
+    assert PARALLEL_FN in compiled(graph).stages["llvm"]
+    for batch, queued in ((1, False), (7, False), (13, False), (33, False), (rows, False), (rows + 1, True),
+                          (257, True), (512, True), (4099, True)):
+        before = tasks_started()
+        check(graph, batch, batch)
+        assert (tasks_started() > before) == queued, batch
+
+
 def test_weight_gradients_go_to_threads_and_match_at_every_batch():
     kc = cache_blocks(4)[2]
     assert 181 * 197 < PARALLEL_WORK_MIN <= 181 * 197 * kc  # the product at a batch of kc rows carries enough work
