@@ -11,7 +11,12 @@ Per placement: the median of each kernel and of the step; with both placements s
 kernels sorted by how much slower they run far. The compile cache is a fresh temporary
 folder (an instrumented step must not be cached for others).
 
-    python benchmarks/kernel_times.py [--sizes 784-1024-1024-10] [--batch 512] [--seconds 60]
+``--twice`` calls each kernel twice in a row: the second call finds its inputs where the
+first left them (in the cache of the core that read them), so far - near of the first call
+less that of the second is what crossing the data from the kernels before costs. The step's
+results are then wrong (a kernel that adds into a buffer adds twice): for timing only.
+
+    python benchmarks/kernel_times.py [--sizes 784-1024-1024-10] [--batch 512] [--seconds 60] [--twice]
 """
 
 from __future__ import annotations
@@ -34,16 +39,17 @@ _CALL = re.compile(r"^(\s*)(?:func\.)?call @(\w+)\(")
 _TICK = "func.call @mlirnn_tick() : () -> ()"
 
 
-def instrument(step: str, kernels: set[str]) -> tuple[str, list[str]]:
+def instrument(step: str, kernels: set[str], twice: bool = False) -> tuple[str, list[str]]:
     """``step`` (a split step's text) with a tick before and after each call of a kernel
-    (its name, less the declaration's suffix, in ``kernels``), and the kernels in call order."""
+    (its name, less the declaration's suffix, in ``kernels``), and the kernels in call order.
+    ``twice``: each call is made twice in a row (the second named ``<kernel>-again``)."""
     lines, order = ["func.func private @mlirnn_tick()"], []
     for line in step.splitlines():
         match = _CALL.match(line)
         kernel = match and match.group(2).rsplit("_", 1)[0]
         if kernel in kernels:
-            lines += [match.group(1) + _TICK, line, match.group(1) + _TICK]
-            order.append(kernel)
+            lines += [match.group(1) + _TICK, line, match.group(1) + _TICK] * (2 if twice else 1)
+            order += [kernel, kernel + "-again"] if twice else [kernel]
         else:
             lines.append(line)
     return "\n".join(lines), order
@@ -58,9 +64,10 @@ def placement(before: float | None, after: float | None) -> str:
     return sides.pop() if len(sides) == 1 else "mixed"
 
 
-def measure(sizes: tuple[int, ...], batch: int, seconds: float) -> tuple[list[str], dict[str, list[np.ndarray]]]:
+def measure(sizes: tuple[int, ...], batch: int, seconds: float,
+            twice: bool = False) -> tuple[list[str], dict[str, list[np.ndarray]]]:
     """The kernels in call order and, per placement, one row per step: each kernel's time
-    (ns), then the step's from its first tick to its last."""
+    (ns), then the step's from its first tick to its last (``twice``: see ``instrument``)."""
     from benchmarks.core_latency import one_way_ns
     from benchmarks.grid import Point, data, mlir_nn_step
     from mlir_nn.backends import kernel_split
@@ -76,7 +83,7 @@ def measure(sizes: tuple[int, ...], batch: int, seconds: float) -> tuple[list[st
 
     def split_instrumented(module: object) -> kernel_split.Split:
         split = split_step(module)
-        split.step, calls = instrument(split.step, set(split.kernels))
+        split.step, calls = instrument(split.step, set(split.kernels), twice)
         calls_file.write_text("\n".join(calls))  # (the compile may run in another process)
         return split
 
@@ -110,13 +117,13 @@ def report(order: list[str], rows: dict[str, list[np.ndarray]], top: int) -> lis
              for side, m in medians.items()]
     if "near" in medians and "far" in medians:
         near, far = medians["near"][:-1], medians["far"][:-1]
-        lines.append(f"{'call':>4} {'kernel':<26} {'near us':>9} {'far us':>9} {'far - near':>10}")
+        lines.append(f"{'call':>4} {'kernel':<32} {'near us':>9} {'far us':>9} {'far - near':>10}")
         for i in np.argsort(near - far)[:top]:
-            lines.append(f"{i:4d} {order[i]:<26} {near[i]:9.1f} {far[i]:9.1f} {far[i] - near[i]:+10.1f}")
+            lines.append(f"{i:4d} {order[i]:<32} {near[i]:9.1f} {far[i]:9.1f} {far[i] - near[i]:+10.1f}")
     else:
         side, m = next(iter(medians.items()))
-        lines.append(f"{'call':>4} {'kernel':<26} {side + ' us':>9}")
-        lines += [f"{i:4d} {order[i]:<26} {m[i]:9.1f}" for i in np.argsort(-m[:-1])[:top]]
+        lines.append(f"{'call':>4} {'kernel':<32} {side + ' us':>9}")
+        lines += [f"{i:4d} {order[i]:<32} {m[i]:9.1f}" for i in np.argsort(-m[:-1])[:top]]
     return lines
 
 
@@ -126,10 +133,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--top", type=int, default=25, help="kernels listed")
+    parser.add_argument("--twice", action="store_true",
+                        help="call each kernel twice in a row (the step's results are then wrong)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache:
         os.environ["MLIR_NN_CACHE_DIR"] = cache
-        order, rows = measure(tuple(int(n) for n in args.sizes.split("-")), args.batch, args.seconds)
+        order, rows = measure(tuple(int(n) for n in args.sizes.split("-")), args.batch, args.seconds,
+                              args.twice)
     print("\n".join(report(order, rows, args.top)))
 
 

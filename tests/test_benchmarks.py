@@ -139,7 +139,7 @@ def test_egraph_depth():
 
 
 def test_kernel_times():
-    out = run("kernel_times.py", "--sizes", "3-5-2", "--batch", "7", "--seconds", "0.2", "--top", "3")
+    out = run("kernel_times.py", "--sizes", "3-5-2", "--batch", "7", "--seconds", "0.2", "--top", "3", "--twice")
     assert "steps," in out and "first to last tick" in out
     assert len([line for line in out.splitlines() if line.split()[:1] and line.split()[0].isdigit()]) == 3
 
@@ -153,3 +153,5 @@ def test_kernel_times_instruments_each_kernel_call():
     text, order = instrument(step, {"ka", "kb"})
     assert order == ["ka", "kb"]
     assert text.count("@mlirnn_tick()") == 5 and text.splitlines()[0] == "func.func private @mlirnn_tick()"
+    text, order = instrument(step, {"kb"}, twice=True)
+    assert order == ["kb", "kb-again"] and text.count("call @kb_d(%0)") == 2 and text.count("@mlirnn_tick()") == 5
