@@ -136,3 +136,22 @@ def test_grid_held_out_points_are_not_in_the_grid():
 def test_egraph_depth():
     out = run("egraph_depth.py", "--quick")
     assert "ms/layer" in out and " 40 " in out and "saturated" in out
+
+
+def test_kernel_times():
+    out = run("kernel_times.py", "--sizes", "3-5-2", "--batch", "7", "--seconds", "0.2", "--top", "3", "--twice")
+    assert "steps," in out and "first to last tick" in out
+    assert len([line for line in out.splitlines() if line.split()[:1] and line.split()[0].isdigit()]) == 3
+
+
+def test_kernel_times_instruments_each_kernel_call():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.kernel_times import instrument
+
+    step = ("func.func @step() {\n  call @ka_d() : () -> ()\n  func.call @kb_d(%0) : (index) -> ()\n"
+            "  call @other() : () -> ()\n}")
+    text, order = instrument(step, {"ka", "kb"})
+    assert order == ["ka", "kb"]
+    assert text.count("@mlirnn_tick()") == 5 and text.splitlines()[0] == "func.func private @mlirnn_tick()"
+    text, order = instrument(step, {"kb"}, twice=True)
+    assert order == ["kb", "kb-again"] and text.count("call @kb_d(%0)") == 2 and text.count("@mlirnn_tick()") == 5

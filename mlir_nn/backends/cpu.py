@@ -239,7 +239,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
     def plan_and_guard(module: object) -> bool:
         """The plan and the input check; True (skip ``PLAN_PASS``) when no heap buffer is left."""
         plan, workspace = plan_memory(module, batch_dims(graph))
-        guard_inputs(module, list(range(len(graph.inputs))), workspace, label_inputs(graph))
+        guard_inputs(module, list(range(len(graph.inputs))), workspace, label_inputs(graph), tasks=threads)
         plans.append(plan)
         return not needs_deallocation(module)
 

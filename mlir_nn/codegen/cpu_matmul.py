@@ -188,6 +188,10 @@ QUICK_K_UNROLL, QUICK_SMALL_K_STEP = 1, 2
 # its task directly, queueing none; the narrow layers of 24-48-48-24 at batch 20000 ran on one
 # core before.
 SMALL_TASKS, SMALL_TASK_ROWS, SMALL_TASK_WORK = "mlirnn.small_tasks", 512, 1 << 20
+# Wider rows (SMALL_TASK_ROWS of them with at least WIDE_TASK_WORK multiply-adds) in shorter tasks: the
+# 1024 x 10 output layer of the large step at batch 512 ran as one task of 512 rows on one thread
+# (143 us alone, two threads); in 4 tasks of 128 rows, 87 us (near and far alike)
+WIDE_TASK_WORK = 4 * SMALL_TASK_WORK
 # Small products whose vector rows are longer than one register but not a power of two of them
 # (20, 24, 48 floats) are split there into two (16 + 4, 16 + 8, 32 + 16): LLVM widens such vectors
 # to the next power of two and shuffles their pieces (x @ w over 50000 rows, one core: 48 x 48
@@ -678,8 +682,12 @@ def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: li
 
 def small_task_rows(row_work: int) -> int:
     """Batch rows per task of a SMALL_TASKS product whose row has ``row_work`` multiply-adds:
-    SMALL_TASK_ROWS, or a multiple of SMALL_ROW_BLOCK rows with SMALL_TASK_WORK."""
+    SMALL_TASK_ROWS, or a multiple of SMALL_ROW_BLOCK rows with SMALL_TASK_WORK; when
+    SMALL_TASK_ROWS rows carry WIDE_TASK_WORK or more, the fewest rows that carry
+    SMALL_TASK_WORK, rounded up to a power of two."""
     blocks = -(-SMALL_TASK_WORK // (row_work * SMALL_ROW_BLOCK))
+    if row_work * SMALL_TASK_ROWS >= WIDE_TASK_WORK:  # (a power of two: the usual batches split evenly)
+        return 1 << (blocks * SMALL_ROW_BLOCK - 1).bit_length()
     return max(SMALL_TASK_ROWS, blocks * SMALL_ROW_BLOCK)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from mlir_nn.backends.cpu import compile_kernel
+from mlir_nn.backends.input_guard import CHECK_TASK_ELEMENTS
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.backends.task_runtime import tasks_started
 from mlir_nn.codegen.batch_split import TASKS_MAX, rows_per_task
@@ -79,6 +80,23 @@ def test_small_products_queue_tasks_only_for_a_batch_larger_than_one_task(batch_
     two_tasks = rows + 1 if batch_rows else 2 * rows  # the fewest rows that make two
     for batch, queued in ((1, False), (rows, False), (two_tasks - 1, False), (two_tasks, True),
                           (7 * rows + 3, True), (TASKS_MAX * rows * 3 + 1, True)):
+        before = tasks_started()
+        check(graph, batch, batch)
+        assert (tasks_started() > before) == queued, batch
+
+
+def test_wide_rows_of_a_narrow_product_split_into_short_tasks():
+    """x @ w with rows of 600 x 15 multiply-adds (as the large step's 1024 x 10 output layer):
+    tasks of 128 rows, so that a batch of 129 rows and more runs on threads (in tasks of 512
+    rows, a batch of 512 ran on one thread), matching the reference at every batch. Neither x @ w's
+    zero fill nor the input check queues tasks of its own up to 200 rows."""
+    rows = small_task_rows(600 * 15)
+    fill_rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // 15))
+    assert rows == 128 < 200 < fill_rows and 200 * 600 < 2 * CHECK_TASK_ELEMENTS
+    graph = _one_product(True, 600, 15)
+    assert PARALLEL_FN in compiled(graph).stages["llvm"]
+    for batch, queued in ((1, False), (7, False), (13, False), (33, False), (rows, False), (rows + 1, True),
+                          (200, True), (257, True), (512, True), (4099, True)):
         before = tasks_started()
         check(graph, batch, batch)
         assert (tasks_started() > before) == queued, batch

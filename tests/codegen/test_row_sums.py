@@ -12,7 +12,7 @@ from mlir import ir
 
 from mlir_nn.backends.cpu import CpuBackend
 from mlir_nn.codegen import emit_linalg
-from mlir_nn.codegen.row_sums import ROW_SUM, ROW_SUM_MAX, SUM_TASK_ELEMENTS, tag_row_sums
+from mlir_nn.codegen.row_sums import ROW_SUM, ROW_SUM_MAX, SUM_TASK_ELEMENTS, WIDE_SUM_MAX, tag_row_sums
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
 
@@ -59,6 +59,29 @@ def test_row_sums_over_a_large_batch_run_in_tasks_of_partial_totals(width, dtype
     executable = CpuBackend().compile(graph)
     rows_min = -(-SUM_TASK_ELEMENTS // width)
     for rows in (1, 7, rows_min - 1, 2 * rows_min + 5, 9 * rows_min + 3):
+        rng = np.random.default_rng(rows)
+        x = rng.standard_normal((rows, width)).astype(dtype) + 3.0
+        scale = rng.standard_normal(width).astype(dtype)
+        truths = [x.astype(np.float64).sum(0), (x * scale).astype(np.float64).sum(0)]
+        for got, truth in zip(executable.run([x], [scale]), truths):
+            error = np.abs(got.ravel() - truth).max() / np.abs(truth).max()
+            assert error <= TOL[dtype], f"{rows} rows of {width}: {error:.2g} off"
+
+
+@pytest.mark.parametrize("width, dtype", [(100, "float32"), (1024, "float32"), (300, "float64")])
+def test_wide_sums_over_the_batch_run_in_tasks_of_partial_totals(width, dtype):
+    """Sums with more totals than registers hold (untagged: their loops keep the totals in
+    memory) go into the same tasks of rows on threads (a 1024-wide bias gradient at batch 512
+    ran on one thread), and match the float64 totals at every batch."""
+    assert ROW_SUM_MAX < width <= WIDE_SUM_MAX
+    graph = _sums(width, dtype)
+    module = emit_linalg(graph, wide_sums=True)
+    assert tag_row_sums(module, threads=True) == 0
+    foralls = collect_ops(module, lambda op: op.name == "scf.forall")
+    assert len(foralls) == 2 and not any(ROW_SUM in op.attributes for f in foralls for op in _generics(f))
+    executable = CpuBackend().compile(graph)
+    rows_min = -(-SUM_TASK_ELEMENTS // width)
+    for rows in (*ROWS, rows_min + 1, 9 * rows_min + 3):
         rng = np.random.default_rng(rows)
         x = rng.standard_normal((rows, width)).astype(dtype) + 3.0
         scale = rng.standard_normal(width).astype(dtype)

@@ -1,0 +1,146 @@
+"""Wall time of each kernel of a split CPU step, by core placement (near, far, mixed).
+
+A split step (``kernel_split``) calls one function per kernel. Here the step's text is
+instrumented as it is split: a call of ``mlirnn_tick`` (``kernel_times.c``: a time stamp
+into an array) right before and after each kernel call, so each kernel's wall time on the
+calling thread (its tasks on the other threads included) comes from the step's own calls
+on its real buffers, at ~40 ns a call and with both threads free (``perf`` takes one of
+the two cores). Steps run in slices with the one-way time of a cache line between the
+cores (``core_latency``) measured before and after each slice, which gives its placement.
+Per placement: the median of each kernel and of the step; with both placements seen, the
+kernels sorted by how much slower they run far. The compile cache is a fresh temporary
+folder (an instrumented step must not be cached for others).
+
+``--twice`` calls each kernel twice in a row: the second call finds its inputs where the
+first left them (in the cache of the core that read them), so far - near of the first call
+less that of the second is what crossing the data from the kernels before costs. The step's
+results are then wrong (a kernel that adds into a buffer adds twice): for timing only.
+
+    python benchmarks/kernel_times.py [--sizes 784-1024-1024-10] [--batch 512] [--seconds 60] [--twice]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+STEPS_PER_SLICE = 15
+_CALL = re.compile(r"^(\s*)(?:func\.)?call @(\w+)\(")
+_TICK = "func.call @mlirnn_tick() : () -> ()"
+
+
+def instrument(step: str, kernels: set[str], twice: bool = False) -> tuple[str, list[str]]:
+    """``step`` (a split step's text) with a tick before and after each call of a kernel
+    (its name, less the declaration's suffix, in ``kernels``), and the kernels in call order.
+    ``twice``: each call is made twice in a row (the second named ``<kernel>-again``)."""
+    lines, order = ["func.func private @mlirnn_tick()"], []
+    for line in step.splitlines():
+        match = _CALL.match(line)
+        kernel = match and match.group(2).rsplit("_", 1)[0]
+        if kernel in kernels:
+            lines += [match.group(1) + _TICK, line, match.group(1) + _TICK] * (2 if twice else 1)
+            order += [kernel, kernel + "-again"] if twice else [kernel]
+        else:
+            lines.append(line)
+    return "\n".join(lines), order
+
+
+def placement(before: float | None, after: float | None) -> str:
+    from benchmarks.core_latency import FAR_NS
+
+    if before is None or after is None:
+        return "one core"
+    sides = {"far" if ns > FAR_NS else "near" for ns in (before, after)}
+    return sides.pop() if len(sides) == 1 else "mixed"
+
+
+def measure(sizes: tuple[int, ...], batch: int, seconds: float,
+            twice: bool = False) -> tuple[list[str], dict[str, list[np.ndarray]]]:
+    """The kernels in call order and, per placement, one row per step: each kernel's time
+    (ns), then the step's from its first tick to its last (``twice``: see ``instrument``)."""
+    from benchmarks.core_latency import one_way_ns
+    from benchmarks.grid import Point, data, mlir_nn_step
+    from mlir_nn.backends import kernel_split
+    from mlir_nn.backends.c_build import CBuild
+
+    build = CBuild(Path(__file__).with_name("kernel_times.c"), "kernel-times", "libkernel_times.so",
+                   "kernel tick recorder", lambda: [], lambda: [])
+    library = ctypes.CDLL(str(build.path()), mode=ctypes.RTLD_GLOBAL)  # the step's tick calls bind to it
+    ticks = (ctypes.c_int64 * 65536).in_dll(library, "mlirnn_ticks")
+    count = ctypes.c_int64.in_dll(library, "mlirnn_tick_count")
+    order: list[str] = []
+    split_step = kernel_split.split_step
+
+    def split_instrumented(module: object) -> kernel_split.Split:
+        split = split_step(module)
+        split.step, calls = instrument(split.step, set(split.kernels), twice)
+        order.extend(calls)
+        return split
+
+    kernel_split.split_step = split_instrumented
+    point = Point(sizes, batch)
+    step, (x, y) = mlir_nn_step(point), data(point)
+    for _ in range(3):
+        step(x, y)
+    if not order:
+        raise RuntimeError("the step was not split into kernels: nothing to time")
+    rows: dict[str, list[np.ndarray]] = {}
+    end = time.monotonic() + seconds
+    while True:
+        before, taken = one_way_ns(rounds=500, repeats=3), []
+        for _ in range(STEPS_PER_SLICE):
+            count.value = 0
+            step(x, y)
+            stamps = np.array(ticks[:count.value])
+            if len(stamps) != 2 * len(order):
+                raise RuntimeError(f"{len(stamps)} ticks for {len(order)} kernel calls")
+            taken.append(np.append(stamps[1::2] - stamps[0::2], stamps[-1] - stamps[0]))
+        rows.setdefault(placement(before, one_way_ns(rounds=500, repeats=3)), []).extend(taken)
+        if time.monotonic() > end:
+            return order, rows
+
+
+def report(order: list[str], rows: dict[str, list[np.ndarray]], top: int) -> list[str]:
+    medians = {side: np.median(np.array(taken), axis=0) / 1e3 for side, taken in rows.items()}
+    lines = [f"{side}: {len(rows[side])} steps, {m[-1]:.1f} us first to last tick, kernels {m[:-1].sum():.1f} us"
+             for side, m in medians.items()]
+    if "near" in medians and "far" in medians:
+        near, far = medians["near"][:-1], medians["far"][:-1]
+        lines.append(f"{'call':>4} {'kernel':<32} {'near us':>9} {'far us':>9} {'far - near':>10}")
+        for i in np.argsort(near - far)[:top]:
+            lines.append(f"{i:4d} {order[i]:<32} {near[i]:9.1f} {far[i]:9.1f} {far[i] - near[i]:+10.1f}")
+    else:
+        side, m = next(iter(medians.items()))
+        lines.append(f"{'call':>4} {'kernel':<32} {side + ' us':>9}")
+        lines += [f"{i:4d} {order[i]:<32} {m[i]:9.1f}" for i in np.argsort(-m[:-1])[:top]]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="784-1024-1024-10")
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--top", type=int, default=25, help="kernels listed")
+    parser.add_argument("--twice", action="store_true",
+                        help="call each kernel twice in a row (the step's results are then wrong)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["MLIR_NN_CACHE_DIR"] = cache
+        order, rows = measure(tuple(int(n) for n in args.sizes.split("-")), args.batch, args.seconds,
+                              args.twice)
+    print("\n".join(report(order, rows, args.top)))
+
+
+if __name__ == "__main__":
+    main()
