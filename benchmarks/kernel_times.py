@@ -55,21 +55,12 @@ def instrument(step: str, kernels: set[str], twice: bool = False) -> tuple[str, 
     return "\n".join(lines), order
 
 
-def placement(before: float | None, after: float | None) -> str:
-    from benchmarks.core_latency import FAR_NS
-
-    if before is None or after is None:
-        return "one core"
-    sides = {"far" if ns > FAR_NS else "near" for ns in (before, after)}
-    return sides.pop() if len(sides) == 1 else "mixed"
-
-
 def measure(sizes: tuple[int, ...], batch: int, seconds: float,
             twice: bool = False) -> tuple[list[str], dict[str, list[np.ndarray]]]:
     """The kernels in call order and, per placement, one row per step: each kernel's time
     (ns), then the step's from its first tick to its last (``twice``: see ``instrument``)."""
     from benchmarks.core_latency import one_way_ns
-    from benchmarks.grid import Point, data, mlir_nn_step
+    from benchmarks.grid import Point, data, mlir_nn_step, placement
     from mlir_nn.backends import kernel_split
     from mlir_nn.backends.c_build import CBuild
 
@@ -105,7 +96,7 @@ def measure(sizes: tuple[int, ...], batch: int, seconds: float,
             if len(stamps) != 2 * len(order):
                 raise RuntimeError(f"{len(stamps)} ticks for {len(order)} kernel calls")
             taken.append(np.append(stamps[1::2] - stamps[0::2], stamps[-1] - stamps[0]))
-        rows.setdefault(placement(before, one_way_ns(rounds=500, repeats=3)), []).extend(taken)
+        rows.setdefault(placement([before, one_way_ns(rounds=500, repeats=3)]), []).extend(taken)
         if time.monotonic() > end:
             return order, rows
 

@@ -46,6 +46,18 @@ def test_row_sums_are_tagged_and_match_the_reference(width, dtype):
             assert error <= TOL[dtype], f"{rows} rows of {width}: {error:.2g} off"
 
 
+def _check_totals(executable, width: int, dtype: str, batches: tuple[int, ...]) -> None:
+    """The compiled sums of ``_sums`` match the float64 totals at each batch (totals far from zero)."""
+    for rows in batches:
+        rng = np.random.default_rng(rows)
+        x = rng.standard_normal((rows, width)).astype(dtype) + 3.0
+        scale = rng.standard_normal(width).astype(dtype)
+        truths = [x.astype(np.float64).sum(0), (x * scale).astype(np.float64).sum(0)]
+        for got, truth in zip(executable.run([x], [scale]), truths):
+            error = np.abs(got.ravel() - truth).max() / np.abs(truth).max()
+            assert error <= TOL[dtype], f"{rows} rows of {width}: {error:.2g} off"
+
+
 @pytest.mark.parametrize("width, dtype", [(48, "float32"), (13, "float64")])
 def test_row_sums_over_a_large_batch_run_in_tasks_of_partial_totals(width, dtype):
     """With threads, a sum over the batch runs as tasks over row ranges of at least
@@ -58,14 +70,7 @@ def test_row_sums_over_a_large_batch_run_in_tasks_of_partial_totals(width, dtype
     assert len(foralls) == 2 and all(ROW_SUM in op.attributes for f in foralls for op in _generics(f))
     executable = CpuBackend().compile(graph)
     rows_min = -(-SUM_TASK_ELEMENTS // width)
-    for rows in (1, 7, rows_min - 1, 2 * rows_min + 5, 9 * rows_min + 3):
-        rng = np.random.default_rng(rows)
-        x = rng.standard_normal((rows, width)).astype(dtype) + 3.0
-        scale = rng.standard_normal(width).astype(dtype)
-        truths = [x.astype(np.float64).sum(0), (x * scale).astype(np.float64).sum(0)]
-        for got, truth in zip(executable.run([x], [scale]), truths):
-            error = np.abs(got.ravel() - truth).max() / np.abs(truth).max()
-            assert error <= TOL[dtype], f"{rows} rows of {width}: {error:.2g} off"
+    _check_totals(executable, width, dtype, (1, 7, rows_min - 1, 2 * rows_min + 5, 9 * rows_min + 3))
 
 
 @pytest.mark.parametrize("width, dtype", [(100, "float32"), (1024, "float32"), (300, "float64")])
@@ -81,14 +86,7 @@ def test_wide_sums_over_the_batch_run_in_tasks_of_partial_totals(width, dtype):
     assert len(foralls) == 2 and not any(ROW_SUM in op.attributes for f in foralls for op in _generics(f))
     executable = CpuBackend().compile(graph)
     rows_min = -(-SUM_TASK_ELEMENTS // width)
-    for rows in (*ROWS, rows_min + 1, 9 * rows_min + 3):
-        rng = np.random.default_rng(rows)
-        x = rng.standard_normal((rows, width)).astype(dtype) + 3.0
-        scale = rng.standard_normal(width).astype(dtype)
-        truths = [x.astype(np.float64).sum(0), (x * scale).astype(np.float64).sum(0)]
-        for got, truth in zip(executable.run([x], [scale]), truths):
-            error = np.abs(got.ravel() - truth).max() / np.abs(truth).max()
-            assert error <= TOL[dtype], f"{rows} rows of {width}: {error:.2g} off"
+    _check_totals(executable, width, dtype, (*ROWS, rows_min + 1, 9 * rows_min + 3))
 
 
 def test_a_max_over_the_batch_keeps_one_loop():
