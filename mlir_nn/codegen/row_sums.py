@@ -44,25 +44,21 @@ def _is_row_sum(op: ir.Operation, n_max: int = ROW_SUM_MAX) -> bool:
         out in ([n], [1, n]))
 
 
-def _is_wide_row_sum(op: ir.Operation) -> bool:
-    """A sum over the batch as ``_is_row_sum`` with more than ROW_SUM_MAX totals."""
-    return _is_row_sum(op, n_max=WIDE_SUM_MAX) and ir.RankedTensorType(op.operands[0].type).shape[1] > ROW_SUM_MAX
-
-
 def tag_row_sums(module: ir.Module, threads: bool = False) -> int:
-    """Tag the module's sums over the batch for the schedule; how many. With ``threads``, each
-    that adds its rows (``_adds_rows``; a max does not) and is not in a task already runs in
-    tasks of at least SUM_TASK_ELEMENTS elements, their partial totals added at the end
-    (``batch_split.sum_over_batch``)."""
-    found = collect_linalg_ops(module, _is_row_sum)
-    wide = collect_linalg_ops(module, _is_wide_row_sum) if threads else []
+    """Tag the module's sums over the batch of at most ROW_SUM_MAX totals for the schedule; how
+    many. With ``threads``, each sum of at most WIDE_SUM_MAX totals that adds its rows
+    (``_adds_rows``; a max does not) and is not in a task already runs in tasks of at least
+    SUM_TASK_ELEMENTS elements, their partial totals added at the end (``batch_split.sum_over_batch``)."""
+    n_max = WIDE_SUM_MAX if threads else ROW_SUM_MAX
+    sums = collect_linalg_ops(module, lambda op: _is_row_sum(op, n_max))
+    tagged = [op for op in sums if ir.RankedTensorType(op.operands[0].type).shape[1] <= ROW_SUM_MAX]
     with module.context:
-        for op in found:
+        for op in tagged:
             op.attributes[ROW_SUM] = ir.UnitAttr.get()
-        for op in found + wide:
-            if threads and _adds_rows(op) and not in_tasks(op):
+        for op in sums if threads else []:
+            if _adds_rows(op) and not in_tasks(op):
                 _in_row_tasks(op)
-    return len(found)
+    return len(tagged)
 
 
 def _adds_rows(op: ir.Operation) -> bool:
