@@ -1227,9 +1227,11 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     maps = [a_map, b_map, dims_map(5, [1, 2, 0, 3])]
     fastmath = ir.Attribute.parse("#arith.fastmath<contract>")
 
-    def added_into(a_panels: ir.Value, acc: ir.Value, b_panels: ir.Value | None = None) -> ir.Value:
+    def added_into(a_panels: ir.Value, acc: ir.Value, b_panels: ir.Value | None = None,
+                   columns_only: bool = False) -> ir.Value:
         """acc + the product of ``a_panels`` (A's row panels) and B (``b_panels`` of it, one task's:
-        no threads), tagged for the schedule."""
+        no threads), tagged for the schedule; ``columns_only``: its tasks split the columns only
+        (one row panel)."""
 
         @linalg.generic([a_panels, packed_b if b_panels is None else b_panels], [acc], maps,
                         [PARALLEL] * 4 + [REDUCTION])
@@ -1243,7 +1245,9 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
             tag = (PARALLEL_COLUMNS if swapped or column_tasks else PARALLEL_FINE if one_column_task
                    else PARALLEL_ROWS)
             value = ir.UnitAttr.get()
-            if tasks is not None:
+            if columns_only:
+                tag = PARALLEL_COLUMNS
+            elif tasks is not None:
                 tag, value = PARALLEL_TASKS, ir.DenseI64ArrayAttr.get(list(tasks))
             product.owner.attributes[tag] = value
         return product
@@ -1367,7 +1371,7 @@ def _sliced(kind: ir.Type, x: ir.Value, offsets: list[int | ir.Value], sizes: li
 
 
 def _accumulated_into(into: ir.Value, packed_a: ir.Value, tm: int, tn: int,
-                      added_into: Callable[[ir.Value, ir.Value], ir.Value]) -> ir.Value:
+                      added_into: Callable[..., ir.Value]) -> ir.Value:
     """``into`` (m, n) plus the product, in place: the register blocks of its whole row panels
     start from ``into`` itself, viewed as [m / tm, tm, n / tn, tn] (n a multiple of tn), and the
     few rows after them (m not a multiple of tm) are one zero-started panel, added to ``into``'s
@@ -1379,7 +1383,7 @@ def _accumulated_into(into: ir.Value, packed_a: ir.Value, tm: int, tn: int,
         a_sizes = dim_sizes(packed_a)
         tail_acc = _zeros([1, tm, n // tn, tn], element)
         tail_acc.owner.attributes[ACC_INIT] = ir.UnitAttr.get()
-        tail = added_into(_part(packed_a, [whole, 0, 0], [1, *a_sizes[1:]]), tail_acc)
+        tail = added_into(_part(packed_a, [whole, 0, 0], [1, *a_sizes[1:]]), tail_acc, columns_only=True)
         tail_rows = _slice(tensor.collapse_shape(ir.RankedTensorType.get([tm, n], element), tail, [[0, 1], [2, 3]]),
                            [rest, n])
         identity = dims_map(2, [0, 1])

@@ -504,6 +504,10 @@ def test_a_blocked_sgd_update_accumulates_into_the_parameter(k, m, dtype, into):
     updates = collect_ops(module, lambda op: op.name == "linalg.generic" and w in list(op.operands)
                           and ir.RankedTensorType(op.results[0].type).shape == [k, m])
     assert bool(updates) != into
+    # the last rows' one row panel [1, tm, m / tn, tn] runs in tasks of column panels, not as one serial task
+    tails = collect_ops(module, lambda op: op.name == "scf.forall"
+                        and ir.RankedTensorType(op.results[0].type).shape[0] == 1)
+    assert len(tails) == (into and k % register_block(np.dtype(dtype).itemsize)[0] != 0)
     _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 257), dtype, lr_slot=1, updated_slot=0)
 
 
