@@ -26,7 +26,12 @@ where mlir-nn has run before). Each model's runs alternate between the framework
 order flips every repeat), so load that comes and goes hits both; results are ratios, with
 the CPU model and the load average noted.
 
-    python benchmarks/compile_time.py [--quick | --smoke] [--repeats N] [--seed-machine-builds]
+With several depths of one width (the full grid, or ``--models 1x64,2x64,4x64,8x64,16x64``),
+the cost of each added layer between consecutive depths is printed for both: compile time
+that grows at most linearly with depth has increments that do not grow with depth.
+
+    python benchmarks/compile_time.py [--quick | --smoke | --models 1x64,8x64] [--optimizers sgd,adam]
+                                      [--repeats N] [--seed-machine-builds] [--steps N (0: no training)]
                                       [--first-tier interpreter|native|off]
                                       [--json benchmarks/results/compile_time.json]
 """
@@ -254,6 +259,34 @@ def first_calls(models: list[tuple[int, int]], optimizers: list[str], repeats: i
     return rows
 
 
+def depth_growth(rows: list[dict]) -> list[str]:
+    """Per optimizer and width with two depths or more: the seconds each added layer costs
+    between consecutive depths, mlir-nn's first call, its optimized code and JAX's."""
+    lines = []
+    for optimizer, width in sorted({(r["optimizer"], r["width"]) for r in rows}):
+        runs = sorted((r for r in rows if (r["optimizer"], r["width"]) == (optimizer, width)), key=lambda r: r["depth"])
+        steps = []
+        for low, high in zip(runs, runs[1:]):
+            layers = high["depth"] - low["depth"]
+            steps.append(f"{low['depth']}->{high['depth']}: " + " / ".join(
+                f"{(high[key] - low[key]) / layers:+.3f}" for key in ("mlir_nn_s", "mlir_nn_optimized_s", "jax_s")))
+        if steps:
+            lines.append(f"{optimizer:4} width {width:4}, s per added layer (first call / optimized / JAX): "
+                         + ", ".join(steps))
+    return lines
+
+
+def parse_models(text: str) -> list[tuple[int, int]]:
+    """``1x64,8x64`` -> [(1, 64), (8, 64)]: depth x width."""
+    try:
+        models = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
+    except ValueError:
+        models = []
+    if not models or any(len(m) != 2 or min(m) < 1 for m in models):
+        raise argparse.ArgumentTypeError(f"expected depth x width pairs such as 1x64,8x64, got {text!r}")
+    return [(depth, width) for depth, width in models]
+
+
 def time_to_train(steps: int, repeats: int, sizes: list[int]) -> dict:
     frameworks = [f for f in ("mlir-nn", "torch", "jax") if available(f)]
     tiers = {"MLIR_NN_TIERED": "1"}  # the default tiers (MLIR_NN_FIRST_TIER as set for this script)
@@ -274,7 +307,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few models, Adam only, one repeat")
     parser.add_argument("--smoke", action="store_true", help="one tiny model and 3 steps (the test suite's check)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per framework and model (default 3, quick 1)")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--models", type=parse_models, default=None,
+                        help="depth x width pairs instead of the grid, e.g. 1x64,2x64,4x64,8x64,16x64")
+    parser.add_argument("--optimizers", default=None, help="sgd, adam or sgd,adam (default: the grid's)")
+    parser.add_argument("--steps", type=int, default=200, help="training steps of the time-to-train run (0: none)")
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "compile_time.json"))
     parser.add_argument("--first-tier", choices=sorted(FIRST_TIERS), default="interpreter",
                         help="mlir-nn's first call on the interpreter (the default tier), on quick native code, "
@@ -295,6 +331,10 @@ def main() -> None:
     else:
         models = [(d, w) for d in (1, 2, 4, 8, 16) for w in (16, 64, 256, 1024)]
         optimizers = ["sgd", "adam"]
+    models = args.models or models
+    optimizers = args.optimizers.split(",") if args.optimizers else optimizers
+    if set(optimizers) - {"sgd", "adam"}:
+        parser.error(f"--optimizers takes sgd and adam, got {args.optimizers!r}")
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; load average {os.getloadavg()}", flush=True)
     rows = first_calls(models, optimizers, repeats, args.first_tier)
     ratios = [r["ratio"] for r in rows]
@@ -302,7 +342,9 @@ def main() -> None:
     optimized = math.exp(sum(math.log(r["optimized_ratio"]) for r in rows) / len(rows))
     print(f"first call, mlir-nn / JAX: geomean {geomean:.2f}, worst {max(ratios):.2f}; "
           f"optimized code running: geomean {optimized:.2f}")
-    train = time_to_train(args.steps, repeats, [16, 8, 16] if args.smoke else AUTOENCODER)
+    for line in depth_growth(rows):
+        print(line)
+    train = time_to_train(args.steps, repeats, [16, 8, 16] if args.smoke else AUTOENCODER) if args.steps else None
     results = {"cpu": cpu_model(), "cores": os.cpu_count(), "batch": BATCH, "repeats": repeats,
                "machine_builds_seeded": args.seed_machine_builds,
                "first_tier": args.first_tier, "first_calls": rows, "geomean_ratio": geomean,
