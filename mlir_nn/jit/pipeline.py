@@ -92,9 +92,11 @@ class StepPipeline:
         alternated runs, 2 cores at a load of 7-9): 1x16 0.77 -> 0.47 s, 4x256 1.05 -> 0.83 s.
         Not for the interpreter tier, whose compile process builds it."""
         if self.backend == "cpu" and not (self.tiered and self.first_tier == "interpreter"):
-            from mlir_nn.backends import thin_call
+            from mlir_nn.backends import gemm, thin_call
 
             thin_call.prepare()
+            if self.tiered:  # the native first tier's products call the C GEMM
+                gemm.prepare()
 
     def check(self, compiling: bool) -> None:
         """Fail at a step's first call on what would otherwise fail calls later: the cpu

@@ -320,14 +320,14 @@ def test_a_compile_without_llvm_text_runs_the_same_code_and_a_later_request_for_
             np.testing.assert_allclose(got, expected, **TOL["float32"])
 
 
-def test_code_for_llvm_at_O0_is_less_unrolled():
-    """At ``opt_level=0`` (the quick tier) the products' schedule is the quick one
-    (``cpu_matmul.rewrite_matmuls(quick=True)``): fewer FMAs for LLVM to compile than at -O1 from
-    the same graph and pipeline."""
+def test_code_for_llvm_at_O0_calls_the_c_gemm_for_its_products():
+    """At ``opt_level=0`` (the quick tier) the float products call the C GEMM (``codegen.gemm_calls``):
+    no FMA of theirs for LLVM to compile, which the code at -O1 has."""
     graph, pipeline = matmul_zoo(257, 33, "float32"), serial_pipeline(load_pipeline("cpu"))
-    fmas = [compile_kernel(graph, pipeline, use_disk=False, opt_level=level, workers=False).stages["llvm"]
-            .count("llvm.intr.fmuladd") for level in (0, 1)]
-    assert 0 < fmas[0] < fmas[1]
+    texts = [compile_kernel(graph, pipeline, use_disk=False, opt_level=level, workers=False).stages["llvm"]
+             for level in (0, 1)]
+    assert "llvm.call @mlirnn_gemm_f32" in texts[0] and "mlirnn_gemm" not in texts[1]
+    assert texts[0].count("llvm.intr.fmuladd") == 0 < texts[1].count("llvm.intr.fmuladd")
 
 
 def _tiny_graph(scale: float) -> Graph:
