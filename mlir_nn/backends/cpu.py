@@ -212,7 +212,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
     last item lists the passes run: ``PLAN_PASS`` is skipped when the plan left no heap buffer
     (``memory_plan.needs_deallocation``; it took 0.3 to 0.5 s of a deep MLP's build). ``quick``: for
     LLVM at -O0, the float products call the C GEMM (``codegen.gemm_calls``), the others' schedule
-    unrolls less (``cpu_matmul.rewrite_matmuls``)."""
+    unrolls less (``cpu_matmul.rewrite_matmuls``) and f32 exp and erf stay calls of libm."""
     with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
         from mlir_nn.backends.input_guard import guard_inputs
         from mlir_nn.backends.kernel_split import split_step
@@ -238,7 +238,10 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
     # float32 sums accumulate in float64; batched products' loops run as tasks on threads
     module = emit_linalg(graph, wide_sums=True, strided_copies=True, batch_tasks=threads)
     stages = {"linalg": module.operation.get_asm(assume_verified=True)}  # (verified next)
-    inline_f32_math(module)  # no libm call per element: loops with exp or erf vectorize
+    if not quick:  # at -O0 nothing vectorizes: the expansions only cost compile time (quick tier,
+        # Adam MLPs at batch 128, compile CPU time: 8x64 0.60 -> 0.45 s, 4x256 0.32 -> 0.26; a
+        # 4099x256 float32 exp + sigmoid: 9-11 ms either way)
+        inline_f32_math(module)  # no libm call per element: loops with exp or erf vectorize
     recompute_cheap_maps(module)  # x * c read again by a later pass: recomputed there, not stored
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]

@@ -272,8 +272,9 @@ def test_the_serial_pipeline_is_the_cpu_pipeline_without_its_threads():
 
 
 @pytest.mark.parametrize("serial", [False, True], ids=["cpu", "cpu-serial"])
-@pytest.mark.parametrize("make", [lambda: matmul_zoo(37, 70, "float32"), lambda: elementwise_zoo(3, "float64")],
-                         ids=["products", "elementwise"])
+@pytest.mark.parametrize("make", [lambda: matmul_zoo(37, 70, "float32"), lambda: elementwise_zoo(3, "float64"),
+                                  lambda: elementwise_zoo(5, "float32")],
+                         ids=["products", "elementwise", "elementwise-f32"])
 def test_llvm_at_O0_computes_what_the_reference_does(make, serial):
     """The quick tier's code (``opt_level=0`` and its pipeline, mlir_nn.jit.tiered) at awkward
     batch sizes; it is a kernel of its own, never the one at the default level. Its pipeline
@@ -286,6 +287,8 @@ def test_llvm_at_O0_computes_what_the_reference_does(make, serial):
     if serial:
         assert not kernel.threaded and "mlirAsyncRuntim" not in kernel.stages["llvm"]
         assert "llvm.func" in kernel.stages["llvm"] and "linalg" in kernel.stages
+    if graph.inputs[0].dtype == "float32" and "exp" in {n.op for n in graph.nodes}:  # libm's, not expanded
+        assert "llvm.intr.exp" in kernel.stages["llvm"]
     executable = CpuExecutable(graph, kernel)
     rng = np.random.default_rng(7)
     tolerance = TOL[graph.inputs[0].dtype]
