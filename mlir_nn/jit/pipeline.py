@@ -73,9 +73,9 @@ class StepPipeline:
     def quick(self, graph: Graph) -> Built:
         """The native first tier of a cpu step: the traced graph (no e-graph optimizer), lowered
         by the cpu pipeline without threads (``serial_pipeline``: one module, no compile workers;
-        split into kernels from ``tiered.QUICK_SPLIT_PRODUCTS`` products on) and compiled by LLVM
-        at ``QUICK_OPT_LEVEL`` in this process; kept in memory only (the disk caches get the
-        optimized code)."""
+        split into kernels from ``tiered.QUICK_SPLIT_PRODUCTS`` products on), its products calls
+        of the C GEMM (``backends.gemm``), and compiled by LLVM at ``QUICK_OPT_LEVEL`` in this
+        process; kept in memory only (the disk caches get the optimized code)."""
         from mlir_nn.backends.cpu import TARGET, CpuExecutable, compile_kernel, serial_pipeline
 
         pipeline = serial_pipeline(load_pipeline(TARGET), split=quick_split(graph))
