@@ -14,7 +14,7 @@ from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen import gemm_calls
 from mlir_nn.ir import ShapeError
 from mlir_nn.support.pipelines import load_pipeline
-from tests.codegen.zoo import arguments, matmul_zoo
+from tests.codegen.zoo import arguments, matmul_zoo, sequence_zoo
 
 TOL = {"float32": dict(rtol=2e-4, atol=2e-5), "float64": dict(rtol=1e-9, atol=1e-11)}
 BATCHES = (1, 7, 13, 33, 257, 4099)
@@ -116,3 +116,22 @@ def test_the_quick_tiers_input_check_still_guards_its_step():
         executable.run(inputs, params)
     for p, q in zip(params, before):
         np.testing.assert_array_equal(p, q)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_quick_tiers_batched_products_match_the_reference(dtype):
+    """A batched product (``bmm``: a loop over the batch's matrices, each a call of the C GEMM) and
+    the sequence ops around it in the quick tier's code."""
+    graph = sequence_zoo(dtype)
+    kernel = compile_kernel(graph, serial_pipeline(load_pipeline("cpu")), use_disk=False, opt_level=0,
+                            workers=False)
+    assert "llvm.call @mlirnn_gemm_" in kernel.stages["llvm"]
+    executable = CpuExecutable(graph, kernel)
+    rng = np.random.default_rng(5)
+    for batch in (1, 7, 33, 257):
+        inputs = [rng.standard_normal((batch, 4, 6)).astype(dtype)]
+        params = [rng.standard_normal((5, 6)).astype(dtype), rng.integers(0, 4, (3, 2)).astype(dtype),
+                  rng.integers(0, 4, (batch, 4, 6)).astype(dtype)]  # table, rows, picks
+        want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        for got, expected in zip(executable.run(inputs, params), want):
+            np.testing.assert_allclose(got, expected, **TOL[dtype])
