@@ -92,8 +92,10 @@
         int64_t kc_max = k < KC ? k : KC, nc_max = n < NC ? n : NC, mc_max = m < MC ? m : MC;          \
         int64_t nc_padded = (nc_max + NAME##_NR - 1) / NAME##_NR * NAME##_NR;                          \
         int64_t mc_padded = (mc_max + MR - 1) / MR * MR;                                               \
-        T *pb = aligned_alloc(VECTOR_BYTES, (size_t)(kc_max * nc_padded * sizeof(T) + VECTOR_BYTES));   \
-        T *pa = aligned_alloc(VECTOR_BYTES, (size_t)(kc_max * mc_padded * sizeof(T) + VECTOR_BYTES));   \
+        /* aligned_alloc wants a multiple of the alignment */                                         \
+        size_t b_bytes = ((size_t)(kc_max * nc_padded) * sizeof(T) + VECTOR_BYTES) / VECTOR_BYTES * VECTOR_BYTES;\
+        size_t a_bytes = ((size_t)(kc_max * mc_padded) * sizeof(T) + VECTOR_BYTES) / VECTOR_BYTES * VECTOR_BYTES;\
+        T *pb = aligned_alloc(VECTOR_BYTES, b_bytes), *pa = aligned_alloc(VECTOR_BYTES, a_bytes);        \
         if (pa == NULL || pb == NULL) { /* no room for the panels: the product unpacked */           \
             free(pa);                                                                                  \
             free(pb);                                                                                  \
