@@ -36,12 +36,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mlir_nn.backends import host_cpu, kernel_cache, kernel_pool, task_runtime, thin_call
+from mlir_nn.backends import gemm, host_cpu, kernel_cache, kernel_pool, task_runtime, thin_call
 from mlir_nn.backends.compile_cache import LIBRARY as LIBRARY_NAME
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.memref_args import ArgumentBlock
-from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, link_objects, load_shared_object, task_runtime_calls
+from mlir_nn.backends.native import (
+    OPT_LEVEL,
+    NativeFunction,
+    gemm_calls,
+    link_objects,
+    load_shared_object,
+    task_runtime_calls,
+)
 from mlir_nn.backends.thread_pool import num_threads
 from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph, conv_forms
@@ -152,7 +159,7 @@ def check_environment(compiling: bool = True) -> None:
                               "(use backend='numpy' to run without one)")
 
 
-def prepare_compile(workers: bool = True, tasks: bool = True) -> None:
+def prepare_compile(workers: bool = True, tasks: bool = True, products: bool = False) -> None:
     """Start the C builds that a cold compile's native code needs (the call extension and,
     with ``tasks``, the task runtime, once per machine and cache folder) in the background,
     unless the cache holds them, and (``workers``) the compile workers (``kernel_pool``): the
@@ -160,10 +167,13 @@ def prepare_compile(workers: bool = True, tasks: bool = True) -> None:
     import MLIR while egglog and the lowering do (started at the lowering, the task runtime's
     build kept a 16-16-10 SGD step's LLVM stage waiting, and the worker was not ready when LLVM
     started). Code without threads (``serial_pipeline``) calls no task runtime: its build, on
-    the core that the lowering's ``cc`` of the call extension needs, is left to whatever needs it."""
+    the core that the lowering's ``cc`` of the call extension needs, is left to whatever needs it.
+    ``products``: the C GEMM that the quick tier's products call (``gemm``) is built too."""
     thin_call.prepare()
     if tasks:
         task_runtime.prepare()
+    if products:
+        gemm.prepare()
     if workers:
         kernel_pool.start()
 
@@ -200,8 +210,9 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
     (the fifth item; ``stages`` then has no "llvm" text yet), else that item is None (and
     ``stages`` has the "llvm" text unless ``llvm_text`` is off: the compile prints it). The
     last item lists the passes run: ``PLAN_PASS`` is skipped when the plan left no heap buffer
-    (``memory_plan.needs_deallocation``; it took 0.3 to 0.5 s of a deep MLP's build). ``quick``: the
-    products' schedule unrolls less (``cpu_matmul.rewrite_matmuls``), for LLVM at -O0."""
+    (``memory_plan.needs_deallocation``; it took 0.3 to 0.5 s of a deep MLP's build). ``quick``: for
+    LLVM at -O0, the float products call the C GEMM (``codegen.gemm_calls``), the others' schedule
+    unrolls less (``cpu_matmul.rewrite_matmuls``) and f32 exp and erf stay calls of libm."""
     with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
         from mlir_nn.backends.input_guard import guard_inputs
         from mlir_nn.backends.kernel_split import split_step
@@ -212,6 +223,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
         from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
         from mlir_nn.codegen.fp_env import flush_subnormals
         from mlir_nn.codegen.fuse_updates import fuse_elementwise_chains
+        from mlir_nn.codegen.gemm_calls import products_as_calls
         from mlir_nn.codegen.hoist_scalars import hoist_scalar_work
         from mlir_nn.codegen.inline_math import inline_f32_math
         from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
@@ -226,12 +238,15 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
     # float32 sums accumulate in float64; batched products' loops run as tasks on threads
     module = emit_linalg(graph, wide_sums=True, strided_copies=True, batch_tasks=threads)
     stages = {"linalg": module.operation.get_asm(assume_verified=True)}  # (verified next)
-    inline_f32_math(module)  # no libm call per element: loops with exp or erf vectorize
+    if not quick:  # at -O0 nothing vectorizes: the expansions only cost compile time (quick tier,
+        # Adam MLPs at batch 128, compile CPU time: 8x64 0.60 -> 0.45 s, 4x256 0.32 -> 0.26; a
+        # 4099x256 float32 exp + sigmoid: 9-11 ms either way)
+        inline_f32_math(module)  # no libm call per element: loops with exp or erf vectorize
     recompute_cheap_maps(module)  # x * c read again by a later pass: recomputed there, not stored
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]
     write_updates_in_place(module, fn, len(graph.outputs), [slot[name] for name, _ in graph.updates])
-    rewrite_matmuls(module, threads, graph.batch_rows, num_threads() if threads else None, quick)
+    rewrite_matmuls(module, threads, graph.batch_rows, num_threads() if threads else None, quick, library=quick)
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
     plans: list[MemoryPlan] = []
@@ -251,10 +266,15 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
         if threads:
             spread_maps(module, num_threads())  # the fused passes in row blocks, one a thread at most
 
+    def to_memrefs(module: object) -> None:
+        flush_subnormals(module, symbol_name(graph))
+        if quick:  # bufferized: the products left as linalg.matmul become calls of the C GEMM
+            products_as_calls(module)
+
     hooks = {"drop-equivalent-buffer-results": fuse_and_hoist,
              "buffer-results-to-out-params": copy_repeated_results,
              PLAN_PASS: plan_and_guard,
-             "convert-bufferization-to-memref": lambda m: flush_subnormals(m, symbol_name(graph)),
+             "convert-bufferization-to-memref": to_memrefs,
              "convert-linalg-to-loops": strided_copies_as_loops}
     tail = tail_pipeline(pipeline)
     head = Pipeline(pipeline.name, pipeline.passes[:len(pipeline.passes) - len(tail.passes)])
@@ -297,7 +317,7 @@ def cached_kernel(graph: Graph, pipeline: Pipeline | None = None, threads: bool 
         return None
     try:
         plan = MemoryPlan.from_json(entry.meta["memory_plan"])
-        native = load_shared_object(entry.library, str(entry.meta["symbol"]))
+        native = load_shared_object(entry.library, str(entry.meta["symbol"]), products=opt_level == 0)
     except (NativeError, KeyError, TypeError, ValueError):
         return None
     kernel = Kernel(native, entry.stages, plan, {"load": time.perf_counter() - start}, "disk", pipeline, opt_level)
@@ -329,7 +349,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
 
     # the workers import MLIR while this process lowers (started already when the step came through
     # the jit pipeline), and cc runs
-    prepare_compile(workers, tasks=runs_threads(pipeline))
+    prepare_compile(workers, tasks=runs_threads(pipeline), products=opt_level == 0)
     host_cpu.prepare()  # the target every compiled function is tuned for
     # at -O0 LLVM schedules nothing: the schedule's unrolled copies would cost compile time only
     module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads, llvm_text=False,
@@ -378,7 +398,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
         text = compile_lowered(module, job, llvm_text)
         if text is not None:
             stages["llvm"] = text
-        jobs, tasks = [job], bool(task_runtime_calls(module))
+        jobs, tasks, products = [job], bool(task_runtime_calls(module)), bool(gemm_calls(module))
     else:
         tail = tail_pipeline(pipeline)
         count = kernel_pool.worker_count() + 1 if workers else 1  # the caller builds too
@@ -396,10 +416,11 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
         if use_disk:
             _store_kernels(jobs, texts, keys, name)
         tasks = task_runtime.API_PREFIX in stages["llvm"]
+        products = any(symbol in stages["llvm"] for symbol in gemm.SYMBOLS)
     timings["llvm"] = time.perf_counter() - start
     start = time.perf_counter()
     link_objects([job.path for job in jobs] + [stored.path for stored in linked], library)
-    native = load_shared_object(library, name, tasks=tasks)
+    native = load_shared_object(library, name, tasks=tasks, products=products)
     timings["link"] = time.perf_counter() - start
     return native
 

@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlir_nn.backends import task_runtime
+from mlir_nn.backends import gemm, task_runtime
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.support.interrupts import interrupts_deferred
 
@@ -113,13 +113,14 @@ def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Seq
     ``placeholders`` are functions it calls that other objects define: the JIT, which only
     compiles here, is told they exist, and the object keeps relocations to them. So are the
     task runtime's functions that it declares: a cold compile does not wait for the runtime's
-    C build (``task_runtime``), which only loading the linked object needs."""
+    C build (``task_runtime``), which only loading the linked object needs; and the C GEMM's
+    (``gemm``), for the same reason."""
     with interrupts_deferred():  # never half loaded (see support.interrupts)
         from mlir.execution_engine import ExecutionEngine
 
     try:
         engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=runtime_libs(), enable_pic=True)
-        for name in [*placeholders, *task_runtime_calls(module)]:
+        for name in [*placeholders, *task_runtime_calls(module), *gemm_calls(module)]:
             engine.raw_register_runtime(name, ctypes.c_void_p(_PLACEHOLDER))
         if not engine.raw_lookup(symbol):
             raise NativeError(f"symbol {symbol} not found in the compiled code")
@@ -131,13 +132,22 @@ def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Seq
 _PLACEHOLDER = 0x1000  # an address the JIT's own link resolves placeholders to; never called
 
 
-def task_runtime_calls(module: ir.Module) -> list[str]:
-    """The functions of the task runtime (MLIR's async runtime API) that ``module`` declares."""
+def _declared(module: ir.Module) -> list[str]:
+    """The functions that the LLVM-dialect ``module`` declares without defining them."""
     from mlir_nn.codegen.walk import symbol
 
     declared = (op.operation for op in module.body.operations)
-    names = (symbol(op) for op in declared if op.name == "llvm.func" and not op.regions[0].blocks)
-    return [name for name in names if name.startswith(task_runtime.API_PREFIX)]
+    return [symbol(op) for op in declared if op.name == "llvm.func" and not op.regions[0].blocks]
+
+
+def task_runtime_calls(module: ir.Module) -> list[str]:
+    """The functions of the task runtime (MLIR's async runtime API) that ``module`` declares."""
+    return [name for name in _declared(module) if name.startswith(task_runtime.API_PREFIX)]
+
+
+def gemm_calls(module: ir.Module) -> list[str]:
+    """The functions of the C GEMM (``gemm``) that ``module`` declares."""
+    return [name for name in _declared(module) if name in gemm.SYMBOLS]
 
 
 def link_objects(objects: Sequence[Path], path: Path) -> None:
@@ -185,11 +195,14 @@ def localize_symbols(source: Path, target: Path, symbols: Sequence[str]) -> None
         raise NativeError(f"objcopy of {source.name} failed: {result.stderr.strip()}")
 
 
-def load_shared_object(path: Path, name: str, tasks: bool = True) -> NativeFunction:
+def load_shared_object(path: Path, name: str, tasks: bool = True, products: bool = False) -> NativeFunction:
     """Load a shared object written by ``link_objects``; ``tasks``: it may call the task runtime,
-    which is loaded first (code without parallel loops need not wait for its C build)."""
+    which is loaded first (code without parallel loops need not wait for its C build);
+    ``products``: it calls the C GEMM (``gemm``), loaded first too."""
     if tasks:
         load_task_runtime()
+    if products:
+        gemm.load()
     try:
         library = ctypes.CDLL(str(path))
         address = ctypes.cast(getattr(library, packed_symbol(name)), ctypes.c_void_p).value

@@ -63,6 +63,7 @@ from mlir.dialects.transform import interpreter
 
 from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.batch_split import TASKS_MAX, partials_added, rows_per_task, split_over_batch
+from mlir_nn.codegen.gemm_calls import library_product
 from mlir_nn.codegen.im2col_panels import (
     drop_im2col_tags,
     im2col_panels,
@@ -1654,15 +1655,19 @@ def _apply_schedule(module: ir.Module, itemsize: int, thread_count: int | None, 
 
 
 def rewrite_matmuls(module: ir.Module, threads: bool = True, batch_rows: int | None = None,
-                    thread_count: int | None = None, quick: bool = False) -> tuple[int, int]:
+                    thread_count: int | None = None, quick: bool = False,
+                    library: bool = False) -> tuple[int, int]:
     """Rewrite every linalg.matmul of ``module``: (blocked, looped) counts (a product with a
     short k is looped: one element-wise pass, ``short_products``). With ``threads``,
     products with enough work spread their blocks over threads, unless they run in a task
     already (large element-wise ops go on threads after bufferization: ``parallel_maps``).
     ``batch_rows``: the rows a dynamic batch is priced at (``product_plan``). ``thread_count``: the
     threads the step computes on, when known (a batch's row groups packed in one block a thread).
-    ``quick``: the quick tier's schedule, less unrolled (QUICK_K_UNROLL, QUICK_SMALL_K_STEP)."""
-    matmuls = collect_linalg_ops(module, lambda op: op.name == "linalg.matmul")
+    ``quick``: the quick tier's schedule, less unrolled (QUICK_K_UNROLL, QUICK_SMALL_K_STEP).
+    ``library``: products that the C GEMM computes (``gemm_calls.library_product``) stay
+    ``linalg.matmul`` (``gemm_calls.products_as_calls`` makes them calls once bufferized)."""
+    matmuls = collect_linalg_ops(module, lambda op: op.name == "linalg.matmul"
+                                 and not (library and library_product(op)))
     blocked, itemsize = 0, 4
     with module.context:
         for number, op in enumerate(matmuls):

@@ -73,9 +73,9 @@ class StepPipeline:
     def quick(self, graph: Graph) -> Built:
         """The native first tier of a cpu step: the traced graph (no e-graph optimizer), lowered
         by the cpu pipeline without threads (``serial_pipeline``: one module, no compile workers;
-        split into kernels from ``tiered.QUICK_SPLIT_PRODUCTS`` products on) and compiled by LLVM
-        at ``QUICK_OPT_LEVEL`` in this process; kept in memory only (the disk caches get the
-        optimized code)."""
+        split into kernels from ``tiered.QUICK_SPLIT_PRODUCTS`` products on), its products calls
+        of the C GEMM (``backends.gemm``), and compiled by LLVM at ``QUICK_OPT_LEVEL`` in this
+        process; kept in memory only (the disk caches get the optimized code)."""
         from mlir_nn.backends.cpu import TARGET, CpuExecutable, compile_kernel, serial_pipeline
 
         pipeline = serial_pipeline(load_pipeline(TARGET), split=quick_split(graph))
@@ -92,9 +92,11 @@ class StepPipeline:
         alternated runs, 2 cores at a load of 7-9): 1x16 0.77 -> 0.47 s, 4x256 1.05 -> 0.83 s.
         Not for the interpreter tier, whose compile process builds it."""
         if self.backend == "cpu" and not (self.tiered and self.first_tier == "interpreter"):
-            from mlir_nn.backends import thin_call
+            from mlir_nn.backends import gemm, thin_call
 
             thin_call.prepare()
+            if self.tiered:  # the native first tier's products call the C GEMM
+                gemm.prepare()
 
     def check(self, compiling: bool) -> None:
         """Fail at a step's first call on what would otherwise fail calls later: the cpu

@@ -272,8 +272,9 @@ def test_the_serial_pipeline_is_the_cpu_pipeline_without_its_threads():
 
 
 @pytest.mark.parametrize("serial", [False, True], ids=["cpu", "cpu-serial"])
-@pytest.mark.parametrize("make", [lambda: matmul_zoo(37, 70, "float32"), lambda: elementwise_zoo(3, "float64")],
-                         ids=["products", "elementwise"])
+@pytest.mark.parametrize("make", [lambda: matmul_zoo(37, 70, "float32"), lambda: elementwise_zoo(3, "float64"),
+                                  lambda: elementwise_zoo(5, "float32")],
+                         ids=["products", "elementwise", "elementwise-f32"])
 def test_llvm_at_O0_computes_what_the_reference_does(make, serial):
     """The quick tier's code (``opt_level=0`` and its pipeline, mlir_nn.jit.tiered) at awkward
     batch sizes; it is a kernel of its own, never the one at the default level. Its pipeline
@@ -286,6 +287,8 @@ def test_llvm_at_O0_computes_what_the_reference_does(make, serial):
     if serial:
         assert not kernel.threaded and "mlirAsyncRuntim" not in kernel.stages["llvm"]
         assert "llvm.func" in kernel.stages["llvm"] and "linalg" in kernel.stages
+    if graph.inputs[0].dtype == "float32" and "exp" in {n.op for n in graph.nodes}:  # libm's, not expanded
+        assert "llvm.intr.exp" in kernel.stages["llvm"]
     executable = CpuExecutable(graph, kernel)
     rng = np.random.default_rng(7)
     tolerance = TOL[graph.inputs[0].dtype]
@@ -320,14 +323,14 @@ def test_a_compile_without_llvm_text_runs_the_same_code_and_a_later_request_for_
             np.testing.assert_allclose(got, expected, **TOL["float32"])
 
 
-def test_code_for_llvm_at_O0_is_less_unrolled():
-    """At ``opt_level=0`` (the quick tier) the products' schedule is the quick one
-    (``cpu_matmul.rewrite_matmuls(quick=True)``): fewer FMAs for LLVM to compile than at -O1 from
-    the same graph and pipeline."""
+def test_code_for_llvm_at_O0_calls_the_c_gemm_for_its_products():
+    """At ``opt_level=0`` (the quick tier) the float products call the C GEMM (``codegen.gemm_calls``):
+    no FMA of theirs for LLVM to compile, which the code at -O1 has."""
     graph, pipeline = matmul_zoo(257, 33, "float32"), serial_pipeline(load_pipeline("cpu"))
-    fmas = [compile_kernel(graph, pipeline, use_disk=False, opt_level=level, workers=False).stages["llvm"]
-            .count("llvm.intr.fmuladd") for level in (0, 1)]
-    assert 0 < fmas[0] < fmas[1]
+    texts = [compile_kernel(graph, pipeline, use_disk=False, opt_level=level, workers=False).stages["llvm"]
+             for level in (0, 1)]
+    assert "llvm.call @mlirnn_gemm_f32" in texts[0] and "mlirnn_gemm" not in texts[1]
+    assert texts[0].count("llvm.intr.fmuladd") == 0 < texts[1].count("llvm.intr.fmuladd")
 
 
 def _tiny_graph(scale: float) -> Graph:
