@@ -1,8 +1,8 @@
 """One module of a split step (a kernel, or the step that calls them) to an object file.
 
 The module runs the rest of the pipeline (from ``kernel_split.SPLIT_PASS`` on) by itself,
-then LLVM compiles it. Functions that the lowering added to a kernel (the bodies and
-dispatchers of its parallel loops) are made internal, so the objects of many kernels link
+then LLVM compiles it. Functions that the lowering added to a kernel (the bodies of its
+parallel loops, ``parallel_bodies``) are made internal, so the objects of many kernels link
 into one shared object, and renamed after the chunk in its LLVM text, so that the texts
 merge into one module.
 Runs in the compiling process or in a worker (``kernel_pool``); imports MLIR.
