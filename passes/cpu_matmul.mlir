@@ -14,11 +14,11 @@
 //   k) into a zero-filled accumulator (`mlirnn.acc_init`), is split into tasks
 //   (`mlirnn.parallel`: on threads; after the schedule, mlir_nn/codegen/zero_start.py drops
 //   the accumulator's zero fill: the first kc slice's register blocks start from zero).
-//   Row blocks are the tasks' inner dim: MLIR 22's async-parallel-for runs blocks twice or
-//   three times (block count from the unaligned block size, coordinates wrapping around)
+//   Row blocks are the tasks' inner dim (chosen under the async lowering that preceded the
+//   OpenMP one: MLIR 22's async-parallel-for ran blocks twice or three times (block count from the unaligned block size, coordinates wrapping around)
 //   when a block spans more than the inner dim's static trip count; a dynamic (batch) or
 //   long inner dim keeps it on its unaligned code path (measured: dW 1024x512x1024 with one
-//   thread used 2.4x the CPU time of the serial build with column blocks inside);
+//   thread used 2.4x the CPU time of the serial build with column blocks inside));
 //   within a task: for each kc slice of k, for each column panel, for each row panel, a
 //   loop over the slice's k of rank-1 updates with the {tm} x {tn} accumulators in
 //   registers (one broadcast of A and one FMA per vector register of B). No block is

@@ -13,8 +13,8 @@ step first checks its inputs for NaN and infinity, and class labels for integers
 (``input_guard``), and writes nothing when it finds a bad one; the status word says which
 input it was.
 
-Threads: the blocks of large matrix products and element-wise ops run as tasks of the
-task runtime (``mlir_nn.codegen.cpu_matmul``, ``task_runtime``). A fork copies only the
+Threads: the blocks of large matrix products and element-wise ops are parallel loops that
+run on the task runtime's threads (``mlir_nn.codegen.cpu_matmul``, ``task_runtime``). A fork copies only the
 calling thread: in the child the runtime starts its pool again on the first task, and
 each step's call lock is renewed (another thread may have held it).
 """
@@ -41,14 +41,7 @@ from mlir_nn.backends.compile_cache import LIBRARY as LIBRARY_NAME
 from mlir_nn.backends.compile_cache import cache_key, read_entry, write_entry
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.memref_args import ArgumentBlock
-from mlir_nn.backends.native import (
-    OPT_LEVEL,
-    NativeFunction,
-    gemm_calls,
-    link_objects,
-    load_shared_object,
-    task_runtime_calls,
-)
+from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, gemm_calls, link_objects, load_shared_object
 from mlir_nn.backends.thread_pool import num_threads
 from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph, conv_forms
@@ -84,19 +77,18 @@ class Kernel:
 
     @property
     def threaded(self) -> bool:
-        """True when some of its products run as tasks on the task runtime's threads."""
-        return PARALLEL_FN in self.stages.get("llvm", "")
+        """True when some of its loops run on the task runtime's threads."""
+        return task_runtime.REGION in self.stages.get("llvm", "")
 
 
 _MEMORY: dict[str, Kernel] = {}
 _BACKEND_SOURCES = ("backends/cpu.py", "support/cpu_target.py", "backends/lowering.py", "backends/native.py",
                     "backends/memory_plan.py", "backends/input_guard.py", "backends/kernel_split.py",
                     "backends/kernel_build.py", "backends/kernel_cache.py", "backends/host_cpu.py",
-                    "backends/task_aliasing.py")
+                    "backends/task_runtime.py", "backends/task_aliasing.py", "backends/parallel_bodies.py")
 PLAN_PASS = "buffer-deallocation-pipeline"  # the memory plan and the input check run right before it
 SCHEDULE = "cpu_matmul.mlir"  # the transform schedule mlir_nn.codegen.cpu_matmul applies
-PARALLEL_FN = "parallel_compute_fn"  # a parallel loop body outlined by the async-parallel-for pass
-THREAD_PASS = "async-parallel-for"
+THREAD_PASS = task_runtime.THREAD_PASS
 
 
 def runs_threads(pipeline: Pipeline) -> bool:
@@ -179,7 +171,7 @@ def prepare_compile(workers: bool = True, tasks: bool = True, products: bool = F
 
 
 def serial_pipeline(pipeline: Pipeline, split: bool = False) -> Pipeline:
-    """``pipeline`` without threads: none of the async passes that spread parallel loops over
+    """``pipeline`` without threads: without ``THREAD_PASS``, which spreads parallel loops over
     threads, and (unless ``split``) no ``kernel_split.SPLIT_PASS``, so the step stays one
     function (compiled in the calling process, as the quick tier's is: ``mlir_nn.jit.tiered``).
     With ``split`` its kernels become functions of their own, in one module when compiled
@@ -187,7 +179,7 @@ def serial_pipeline(pipeline: Pipeline, split: bool = False) -> Pipeline:
     from mlir_nn.backends.kernel_split import SPLIT_PASS
 
     kept = tuple(p for p in pipeline.passes
-                 if (split or not p.startswith(SPLIT_PASS)) and "async" not in p.split("{")[0])
+                 if (split or not p.startswith(SPLIT_PASS)) and not p.startswith(THREAD_PASS))
     return Pipeline(f"{pipeline.name}-serial" + ("-split" if split else ""), kept)
 
 
@@ -203,8 +195,8 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
                     quick: bool = False) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None,
                                                   Split | None, tuple[str, ...]]:
     """``lower`` and the step's memory plan (None when the pipeline has no ``PLAN_PASS``).
-    Large products use threads when ``threads`` is set and the pipeline has the async
-    passes. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
+    Large products use threads when ``threads`` is set and the pipeline has
+    ``THREAD_PASS``. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
     argument and an input check guards the body (``memory_plan``, ``input_guard``). A
     pipeline with ``kernel_split.SPLIT_PASS`` stops there: the step is split into kernels
     (the fifth item; ``stages`` then has no "llvm" text yet), else that item is None (and
@@ -398,7 +390,9 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
         text = compile_lowered(module, job, llvm_text)
         if text is not None:
             stages["llvm"] = text
-        jobs, tasks, products = [job], bool(task_runtime_calls(module)), bool(gemm_calls(module))
+        jobs = [job]
+        tasks = task_runtime.REGION in text if text is not None else runs_threads(pipeline)
+        products = bool(gemm_calls(module))
     else:
         tail = tail_pipeline(pipeline)
         count = kernel_pool.worker_count() + 1 if workers else 1  # the caller builds too
@@ -415,7 +409,7 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
         stages["llvm"] = merge_texts(texts + [kernels_only(s.text, s.kernels & split.kernels.keys()) for s in linked])
         if use_disk:
             _store_kernels(jobs, texts, keys, name)
-        tasks = task_runtime.API_PREFIX in stages["llvm"]
+        tasks = task_runtime.REGION in stages["llvm"]
         products = any(symbol in stages["llvm"] for symbol in gemm.SYMBOLS)
     timings["llvm"] = time.perf_counter() - start
     start = time.perf_counter()

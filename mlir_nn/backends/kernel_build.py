@@ -1,8 +1,8 @@
 """One module of a split step (a kernel, or the step that calls them) to an object file.
 
 The module runs the rest of the pipeline (from ``kernel_split.SPLIT_PASS`` on) by itself,
-then LLVM compiles it. Functions that the lowering added to a kernel (the bodies and
-dispatchers of its parallel loops) are made internal, so the objects of many kernels link
+then LLVM compiles it. Functions that the lowering added to a kernel (the bodies of its
+parallel loops, ``parallel_bodies``) are made internal, so the objects of many kernels link
 into one shared object, and renamed after the chunk in its LLVM text, so that the texts
 merge into one module.
 Runs in the compiling process or in a worker (``kernel_pool``); imports MLIR.
@@ -23,7 +23,9 @@ from mlir_nn.backends.host_cpu import tune_for_host
 from mlir_nn.backends.kernel_split import NOALIAS, Chunk, pass_pointers
 from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
 from mlir_nn.backends.native import OPT_LEVEL, compile_object
+from mlir_nn.backends.parallel_bodies import BODY_PREFIX, loops_without_barrier, outline_parallel_bodies
 from mlir_nn.backends.task_aliasing import mark_task_arguments
+from mlir_nn.backends.task_runtime import THREAD_PASS
 from mlir_nn.codegen.copies import strided_copies_as_loops
 from mlir_nn.codegen.lane_loads import scalarize_lane_loads
 from mlir_nn.codegen.walk import symbol
@@ -45,13 +47,13 @@ class Job:
 
 def lower_tail(module: ir.Module, tail: Pipeline) -> None:
     """The pipeline's passes from the split on, with the hooks the cpu backend runs there."""
-    run_pipeline(module, tail, {"async-to-async-runtime": _mark_tasks,
-                                "convert-linalg-to-loops": strided_copies_as_loops})
+    run_pipeline(module, tail, {THREAD_PASS: _outline_bodies, "convert-linalg-to-loops": strided_copies_as_loops})
     scalarize_lane_loads(module)
 
 
-def _mark_tasks(module: ir.Module) -> None:
-    mark_task_arguments(module)  # (a hook: its pass runs after it)
+def _outline_bodies(module: ir.Module) -> None:
+    outline_parallel_bodies(module)  # (a hook: its pass runs after it)
+    mark_task_arguments(module)
 
 
 def _is_definition(op: ir.Operation) -> bool:
@@ -84,12 +86,13 @@ def rename(text: str, names: list[str], prefix: str) -> str:
 
 def mark_kernels(module: ir.Module, kernels: tuple[str, ...]) -> None:
     """Kernels stay functions of their own (LLVM would inline each into the step, and keep
-    it too); ``noalias`` on the pointer arguments that ``kernel_split`` found unshared in
-    kernels, and ``task_aliasing`` in their parallel tasks."""
+    it too), and so do their parallel loops' bodies (called twice: from the loop and from its
+    guard for a single iteration, ``parallel_bodies``); ``noalias`` on the pointer arguments
+    that ``kernel_split`` found unshared in kernels, and ``task_aliasing`` in their bodies."""
     for op in [op.operation for op in module.body.operations]:
         if op.name != "llvm.func" or not op.regions[0].blocks:
             continue
-        if symbol(op) in kernels:
+        if symbol(op) in kernels or symbol(op).startswith(BODY_PREFIX):
             op.attributes["no_inline"] = ir.UnitAttr.get()
         if NOALIAS not in op.attributes:
             continue
@@ -133,6 +136,7 @@ def compile_lowered(module: ir.Module, job: Job, text: bool = True) -> str | Non
             pass_pointers(module, job.chunk.step)
         internal = localize(module, job.chunk.public)
         mark_kernels(module, job.chunk.kernels)
+        loops_without_barrier(module, (*job.chunk.kernels, job.chunk.step))
         inline_step(module, job.chunk.step)
         tune_for_host(module)
         printed = module.operation.get_asm(assume_verified=True) if text else None  # (str() verifies: 10% more)

@@ -108,9 +108,9 @@ class Split:
 
 
 def _cost(text: str) -> int:
-    """A kernel's LLVM work, roughly: its text's length, tripled for a parallel loop (whose body
-    the async lowering emits twice, besides a dispatcher)."""
-    return len(text) * (3 if "scf.forall" in text else 1)
+    """A kernel's LLVM work, roughly: its text's length (a parallel loop's body is compiled once,
+    ``parallel_bodies``)."""
+    return len(text)
 
 
 @dataclass(frozen=True)

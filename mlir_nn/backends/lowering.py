@@ -100,11 +100,12 @@ def _verify(module: ir.Module, pipeline: Pipeline, index: int) -> None:
 
 
 def non_llvm_ops(module: ir.Module) -> list[str]:
-    """Names of ops that the LLVM translation cannot take (anything outside the llvm dialect)."""
+    """Names of ops that the LLVM translation cannot take (anything outside the llvm dialect and
+    OpenMP's, whose parallel loops it outlines: the threaded loops, ``task_runtime``)."""
     found: set[str] = set()
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if not op.name.startswith("llvm.") and op.name != "builtin.module":
+        if not op.name.startswith(("llvm.", "omp.")) and op.name != "builtin.module":
             found.add(op.name)
         return ir.WalkResult.ADVANCE
 

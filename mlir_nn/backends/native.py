@@ -72,8 +72,8 @@ def runtime_libs() -> list[str]:
 
 def load_task_runtime() -> None:
     """The runtime of the steps' parallel loops (``task_runtime``), loaded once with global
-    symbols: the JIT and the cached shared objects find its ``mlirAsyncRuntime*`` functions
-    among the process's symbols."""
+    symbols: the JIT and the cached shared objects find its ``__kmpc_*`` functions among the
+    process's symbols."""
     task_runtime.load()
 
 
@@ -112,7 +112,7 @@ def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Seq
     """Compile the LLVM-dialect ``module`` at ``opt_level`` into the object file ``path``.
     ``placeholders`` are functions it calls that other objects define: the JIT, which only
     compiles here, is told they exist, and the object keeps relocations to them. So are the
-    task runtime's functions that it declares: a cold compile does not wait for the runtime's
+    task runtime's functions (``task_runtime.CALLS``): a cold compile does not wait for the runtime's
     C build (``task_runtime``), which only loading the linked object needs; and the C GEMM's
     (``gemm``), for the same reason."""
     with interrupts_deferred():  # never half loaded (see support.interrupts)
@@ -120,7 +120,7 @@ def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Seq
 
     try:
         engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=runtime_libs(), enable_pic=True)
-        for name in [*placeholders, *task_runtime_calls(module), *gemm_calls(module)]:
+        for name in [*placeholders, *task_runtime.CALLS, *gemm_calls(module)]:
             engine.raw_register_runtime(name, ctypes.c_void_p(_PLACEHOLDER))
         if not engine.raw_lookup(symbol):
             raise NativeError(f"symbol {symbol} not found in the compiled code")
@@ -132,22 +132,13 @@ def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Seq
 _PLACEHOLDER = 0x1000  # an address the JIT's own link resolves placeholders to; never called
 
 
-def _declared(module: ir.Module) -> list[str]:
-    """The functions that the LLVM-dialect ``module`` declares without defining them."""
+def gemm_calls(module: ir.Module) -> list[str]:
+    """The functions of the C GEMM (``gemm``) that the LLVM-dialect ``module`` declares."""
     from mlir_nn.codegen.walk import symbol
 
     declared = (op.operation for op in module.body.operations)
-    return [symbol(op) for op in declared if op.name == "llvm.func" and not op.regions[0].blocks]
-
-
-def task_runtime_calls(module: ir.Module) -> list[str]:
-    """The functions of the task runtime (MLIR's async runtime API) that ``module`` declares."""
-    return [name for name in _declared(module) if name.startswith(task_runtime.API_PREFIX)]
-
-
-def gemm_calls(module: ir.Module) -> list[str]:
-    """The functions of the C GEMM (``gemm``) that ``module`` declares."""
-    return [name for name in _declared(module) if name in gemm.SYMBOLS]
+    names = (symbol(op) for op in declared if op.name == "llvm.func" and not op.regions[0].blocks)
+    return [name for name in names if name in gemm.SYMBOLS]
 
 
 def link_objects(objects: Sequence[Path], path: Path) -> None:

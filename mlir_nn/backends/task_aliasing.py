@@ -1,15 +1,15 @@
-"""``noalias`` on the buffers of a kernel's parallel tasks, as on the kernel's own.
+"""``noalias`` on the buffers of a kernel's parallel loop bodies, as on the kernel's own.
 
-``async-parallel-for`` moves the body of a kernel's parallel loop into ``parallel_compute_fn``,
-which takes the loop's buffers as arguments of its own (memrefs); the ``noalias`` that
-``kernel_split`` found for the kernel's buffers (their pointers) did not reach them, so LLVM kept every store of a task
-(a per-channel partial sum, a packed panel) in memory where a value in a register would do, and
-guarded vector loops with overlap checks. A task's buffer is marked when it views a buffer
-of its kernel marked ``noalias`` (``kernel_split.NOALIAS``) that no other buffer of the task
-views; this runs on the kernels right after ``async-parallel-for``, while each task is still a
-``func.func`` that its kernel calls directly with the buffers, and tags the task with NOALIAS
-as ``kernel_split`` tags kernels (the LLVM conversion drops ``llvm.noalias`` on memref
-arguments; ``kernel_build.mark_kernels`` applies the tag to the lowered functions).
+``parallel_bodies`` moves the body of a kernel's parallel loop into a function of its own,
+which takes the loop's buffers as arguments (memrefs); the ``noalias`` that ``kernel_split``
+found for the kernel's buffers (their pointers) did not reach them, so LLVM kept every store of
+a body (a per-channel partial sum, a packed panel) in memory where a value in a register would
+do, and guarded vector loops with overlap checks. A body's buffer is marked when it views a
+buffer of its kernel marked ``noalias`` (``kernel_split.NOALIAS``) that no other buffer of the
+body views; this runs on the kernels right after the bodies are outlined, while each body is
+still a ``func.func`` that its kernel calls with the buffers, and tags the body with NOALIAS as
+``kernel_split`` tags kernels (the LLVM conversion drops ``llvm.noalias`` on memref arguments;
+``kernel_build.mark_kernels`` applies the tag to the lowered functions).
 """
 
 from __future__ import annotations
@@ -17,10 +17,8 @@ from __future__ import annotations
 from mlir import ir
 
 from mlir_nn.backends.kernel_split import NOALIAS, aligned_pointer_positions, kernel_buffers, root_buffer
+from mlir_nn.backends.parallel_bodies import BODY_PREFIX
 from mlir_nn.codegen.walk import symbol
-
-TASK_PREFIX = "parallel_compute_fn"  # the functions async-parallel-for outlines
-DISPATCH_PREFIX = "async_dispatch_fn"  # and those that start the tasks, forwarding the buffers
 
 
 def _noalias_buffers(kernel: ir.Operation) -> set[ir.Value]:
@@ -35,7 +33,7 @@ def _task_calls(kernel: ir.Operation) -> list[ir.Operation]:
     calls: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "func.call" and ir.FlatSymbolRefAttr(op.attributes["callee"]).value.startswith(TASK_PREFIX):
+        if op.name == "func.call" and ir.FlatSymbolRefAttr(op.attributes["callee"]).value.startswith(BODY_PREFIX):
             calls.append(op)
         return ir.WalkResult.ADVANCE
 
@@ -55,25 +53,25 @@ def _marked_parameters(call: ir.Operation, noalias: set[ir.Value]) -> list[bool]
 
 
 def mark_task_arguments(module: ir.Module) -> int:
-    """Mark the buffers of each task that its kernel calls once with them (see the module's
-    docstring); returns how many buffers were marked."""
+    """Mark the buffers of each parallel body that its kernel calls with them (see the module's
+    docstring: in every call; the loop calls it, and its guard for a single iteration); returns
+    how many buffers were marked."""
     functions = {symbol(op): op for op in [op.operation for op in module.body.operations] if op.name == "func.func"}
     calls_by_task: dict[str, list[tuple[ir.Operation, ir.Operation]]] = {}
     for kernel in functions.values():
-        if not symbol(kernel).startswith((TASK_PREFIX, DISPATCH_PREFIX)):
+        if not symbol(kernel).startswith(BODY_PREFIX):
             for call in _task_calls(kernel):
                 callee = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
                 calls_by_task.setdefault(callee, []).append((call, kernel))
     count = 0
     for task, calls in calls_by_task.items():
-        if len(calls) != 1 or task not in functions:
-            continue  # (each parallel loop gets a task function of its own, called once from its kernel)
-        call, kernel = calls[0]
-        marked = _marked_parameters(call, _noalias_buffers(kernel))
+        if len({kernel for _, kernel in calls}) != 1 or task not in functions:
+            continue  # (each parallel loop gets a body of its own, called from its kernel only)
+        noalias = _noalias_buffers(calls[0][1])
+        marked = [all(marks) for marks in zip(*(_marked_parameters(call, noalias) for call, _ in calls))]
         if any(marked):
-            positions = aligned_pointer_positions(list(call.operands))
+            positions = aligned_pointer_positions(list(calls[0][0].operands))
             functions[task].attributes[NOALIAS] = ir.DenseI64ArrayAttr.get(
                 [p for p, mark in zip(positions, marked, strict=True) if mark and p is not None])
             count += sum(marked)
     return count
-

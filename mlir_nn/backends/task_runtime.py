@@ -1,12 +1,12 @@
-"""The task runtime of compiled steps (``task_runtime.c``): MLIR's async runtime C API on a
-pool where the waiting thread works too.
+"""The thread runtime of compiled steps (``task_runtime.c``): the part of libomp's ABI
+(``__kmpc_*``) that MLIR's OpenMP lowering of parallel loops calls, on a pool where the
+calling thread works too.
 
-The parallel loops of a step are lowered by MLIR's async passes to calls of the
-``mlirAsyncRuntime*`` functions; the JIT and the cached shared objects find them among
-the process's global symbols, so the runtime is loaded (``RTLD_GLOBAL``) before any step.
-It is built once per machine and cache (``c_build``) and needs only the C library and
-pthreads. ``MLIR_NN_NUM_THREADS`` (``thread_pool``) sets the computing threads: the pool
-gets one fewer, since the caller of a step runs tasks while it waits for them.
+The JIT and the cached shared objects find its functions among the process's global
+symbols, so the runtime is loaded (``RTLD_GLOBAL``) before any step. It is built once per
+machine and cache (``c_build``) and needs only the C library and pthreads (not libomp).
+``MLIR_NN_NUM_THREADS`` (``thread_pool``) sets the computing threads: the pool gets one
+fewer, since the caller of a step is the first thread of each team.
 """
 
 from __future__ import annotations
@@ -19,9 +19,15 @@ from mlir_nn.backends.c_build import CBuild
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.thread_pool import num_threads
 
-API_PREFIX = "mlirAsyncRuntim"  # of the functions it defines for MLIR (one is spelled "Runtim")
+# the functions that the LLVM translation of OpenMP's parallel loops calls (none is declared
+# in the LLVM dialect: a compile registers them as placeholders)
+CALLS = ("__kmpc_fork_call", "__kmpc_for_static_init_8u", "__kmpc_for_static_fini", "__kmpc_barrier",
+         "__kmpc_global_thread_num")
+THREAD_PASS = "convert-scf-to-openmp"  # the pass that makes parallel loops forks of the runtime's teams
+REGION = "omp.parallel"  # in LLVM-dialect text: code that forks teams on the runtime
 BUILD = CBuild(Path(__file__).with_name("task_runtime.c"), "task-runtime", "libmlirnn_tasks.so", "task runtime",
                lambda: ["-pthread"], lambda: [])
+
 
 def prepare() -> None:
     """Start building the runtime in the background unless it is loaded or the cache holds it."""
@@ -39,28 +45,21 @@ def load() -> ctypes.CDLL:
     except OSError as error:
         raise NativeError(f"loading the task runtime {path} failed: {error}") from None
     library.mlirnn_runtime_set_threads.argtypes = [ctypes.c_int]
-    library.mlirnn_runtime_live_objects.restype = ctypes.c_longlong
-    library.mlirnn_runtime_tasks_started.restype = ctypes.c_longlong
-    library.mlirAsyncRuntimGetNumWorkerThreads.restype = ctypes.c_int64
+    library.mlirnn_runtime_teams_forked.restype = ctypes.c_longlong
     library.mlirnn_runtime_set_threads(num_threads())
     return library
 
 
 def computing_threads() -> int:
-    """Threads that run a step's tasks: the pool's and the caller."""
-    return int(load().mlirAsyncRuntimGetNumWorkerThreads())
+    """Threads that run a step's parallel loops: the pool's and the caller."""
+    return int(load().mlirnn_runtime_threads())
 
 
 def pool_threads_started() -> int:
-    """Pool threads started in this process (they start with the first task)."""
+    """Pool threads started in this process (they start with the first team)."""
     return int(load().mlirnn_runtime_started_threads())
 
 
-def live_objects() -> int:
-    """Tokens, values and groups not yet freed: 0 whenever no step is running."""
-    return int(load().mlirnn_runtime_live_objects())
-
-
-def tasks_started() -> int:
-    """Tasks queued in this process so far (a parallel loop of one block queues none)."""
-    return int(load().mlirnn_runtime_tasks_started())
+def teams_forked() -> int:
+    """Parallel loops run by more than one thread in this process so far."""
+    return int(load().mlirnn_runtime_teams_forked())

@@ -2,8 +2,8 @@
 
 ``MLIR_NN_NUM_THREADS`` sets the computing threads; the default is the number of cores
 this process may run on (``os.sched_getaffinity``). The task runtime (``task_runtime``)
-starts one pool thread fewer: the thread that calls a step runs tasks too while it waits
-for them, so a step keeps every core busy without a thread more than there are cores.
+starts one pool thread fewer: the thread that calls a step is the first thread of each
+parallel loop's team, so a step keeps every core busy without a thread more than there are cores.
 """
 
 from __future__ import annotations

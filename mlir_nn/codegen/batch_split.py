@@ -6,9 +6,9 @@ batch 20000 it was a third of a 24-48-48-24 step, all of it on one core. Here th
 cut at run time into ``tasks`` = floor(batch / rows_min) equal ranges (1 to TASKS_MAX), an
 ``scf.forall``: each task computes the same product over its rows (at least ``rows_min``)
 into a zeroed partial C of its own, and C plus the partials used is one pass at the end. A
-batch under 2 * ``rows_min`` rows (the moons step's) is one task, which the async lowering
-calls directly: no task is queued. The partial sums live in the step's workspace (TASKS_MAX
-of them, static).
+batch under 2 * ``rows_min`` rows (the moons step's) is one task, which the step calls
+directly (``backends.parallel_bodies``): no team of threads is forked. The partial sums
+live in the step's workspace (TASKS_MAX of them, static).
 """
 
 from __future__ import annotations

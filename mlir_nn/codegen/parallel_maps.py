@@ -2,9 +2,10 @@
 
 An element-wise ``linalg.generic`` over a 2-D buffer (a product's epilogue, an optimizer's
 update) runs as an ``scf.forall`` over blocks of PARALLEL_MAP_ROWS rows, or of more short rows
-(PARALLEL_MAP_MIN elements), which the pipeline's async lowering spreads over threads. Over a
+(PARALLEL_MAP_MIN elements), which the pipeline's thread pass spreads over threads. Over a
 dynamic batch, the blocks are counted at run time: a batch of one block (the moons step's)
-calls its one task directly, and a large one (24-48-48-24 at batch 20000) is spread.
+calls its body directly (``backends.parallel_bodies``), and a large one (24-48-48-24 at batch
+20000) is spread.
 Passes over tensors of rank 3 and more (layout transposes, bias and activation epilogues,
 reductions over inner loops, copies and fills) are spread over their leading dim in blocks of
 at least PARALLEL_MAP_MIN inner iterations (elements read: a row statistic reads its whole
@@ -15,14 +16,15 @@ vectorized their tiled loops into them and a VGG step on one thread took 25% lon
 stayed serial (a fifth of a VGG-small step on one core).
 
 Given the computing threads, a pass over a static leading dim is cut into at most one block a
-thread: the async lowering queues one task a block (on 2 threads it made 8 to 16 of the 8 to 32
-blocks of each pass of the GPT steps: 1245 tasks a small step in all, 3329 a medium one), and with
-blocks taken first come, first served a row read by one pass may have been written by the pass
-before it on either core. With one block a thread, the caller runs the first and a pool thread
-the next: 493 and 953 tasks; on two cores that share no L3, the small step 17.0 -> 16.8 ms
-(medians of 4 interleaved fresh-process pairs at real-time priority; fastest steps 16.3 -> 15.3),
-medium 76.7 -> 76.4 ms; interleaved with PyTorch eager (``benchmarks/gpt_step.py``, 5 pairs) small
-17.1 -> 16.7 ms (0.66x -> 0.65x eager).
+thread (measured with the async lowering that preceded OpenMP's, which queued one task a block (on
+2 threads it made 8 to 16 of the 8 to 32 blocks of each pass of the GPT steps: 1245 tasks a small
+step in all, 3329 a medium one), and with blocks taken first come, first served a row read by one
+pass may have been written by the pass before it on either core. With one block a thread, the
+caller runs the first and a pool thread the next: 493 and 953 tasks; on two cores that share no
+L3, the small step 17.0 -> 16.8 ms (medians of 4 interleaved fresh-process pairs at real-time
+priority; fastest steps 16.3 -> 15.3), medium 76.7 -> 76.4 ms; interleaved with PyTorch eager
+(``benchmarks/gpt_step.py``, 5 pairs) small 17.1 -> 16.7 ms (0.66x -> 0.65x eager)). The runtime's
+static schedule gives thread t the t-th contiguous range of blocks in every loop.
 
 This runs after ``fuse_updates`` and ``hoist_scalars``, on the fused passes. Tiled on
 tensors, before the pipeline's element-wise fusion, each op of an update chain became a loop

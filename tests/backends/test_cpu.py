@@ -17,7 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlir_nn.backends import get_backend
-from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, clear_memory_cache, compile_kernel, serial_pipeline
+from mlir_nn.backends.cpu import (
+    THREAD_PASS,
+    CpuBackend,
+    CpuExecutable,
+    clear_memory_cache,
+    compile_kernel,
+    serial_pipeline,
+)
 from mlir_nn.backends.lowering import LoweringError
 from mlir_nn.backends.native import OPT_LEVEL
 from mlir_nn.backends.reference import evaluate
@@ -260,13 +267,12 @@ def test_user_pipeline_file(tmp_path):
 
 def test_the_serial_pipeline_is_the_cpu_pipeline_without_its_threads():
     """The quick tier's pipeline: cpu.pipeline in its order, less the kernel split's first pass and
-    the async passes (the step stays one module, its parallel loops none)."""
+    its thread pass (the step stays one module, its parallel loops serial)."""
     full, serial = load_pipeline("cpu"), serial_pipeline(load_pipeline("cpu"))
     dropped = [p for p in full.passes if p not in serial.passes]
     assert [p for p in full.passes if p in serial.passes] == list(serial.passes)
     assert dropped and dropped[0] == "scf-forall-to-parallel"
-    assert all(p == "scf-forall-to-parallel" or p.startswith(("async-", "convert-async")) for p in dropped)
-    assert not any("async" in p for p in serial.passes)
+    assert dropped == ["scf-forall-to-parallel", THREAD_PASS]
     split = serial_pipeline(load_pipeline("cpu"), split=True)  # the quick tier's for deep steps
     assert list(split.passes) == [p for p in full.passes if p == "scf-forall-to-parallel" or p in serial.passes]
 
@@ -285,7 +291,7 @@ def test_llvm_at_O0_computes_what_the_reference_does(make, serial):
     kernel = compile_kernel(graph, pipeline, use_disk=False, opt_level=0, workers=False)
     assert kernel.opt_level == 0 and kernel.source == "compiled"
     if serial:
-        assert not kernel.threaded and "mlirAsyncRuntim" not in kernel.stages["llvm"]
+        assert not kernel.threaded and "__kmpc" not in kernel.stages["llvm"]
         assert "llvm.func" in kernel.stages["llvm"] and "linalg" in kernel.stages
     if graph.inputs[0].dtype == "float32" and "exp" in {n.op for n in graph.nodes}:  # libm's, not expanded
         assert "llvm.intr.exp" in kernel.stages["llvm"]

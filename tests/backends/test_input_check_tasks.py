@@ -11,7 +11,7 @@ import pytest
 
 from mlir_nn.backends.cpu import CpuBackend
 from mlir_nn.backends.input_guard import CHECK_TASK_ELEMENTS, CHECK_TASKS_MAX
-from mlir_nn.backends.task_runtime import tasks_started
+from mlir_nn.backends.task_runtime import teams_forked
 from mlir_nn.ir import Graph, make_node
 
 WIDTH = 300
@@ -50,11 +50,11 @@ def test_bad_elements_anywhere_stop_the_step_and_good_input_runs(executable, row
             bad = x.copy()
             bad.flat[position] = value
             kept = w.copy()
-            before = tasks_started()
+            before = teams_forked()
             with pytest.raises(ValueError, match="input x contains 1 NaN or infinite"):
                 executable.run([bad, y], [kept])
             np.testing.assert_array_equal(kept, w)  # nothing written
-            assert (tasks_started() > before) == (x.size >= 2 * CHECK_TASK_ELEMENTS), (rows, position)
+            assert (teams_forked() > before) == (x.size >= 2 * CHECK_TASK_ELEMENTS), (rows, position)
     got = w.copy()
     executable.run([x, y], [got])
     want = w.astype(np.float64) - (x.astype(np.float64) * y).sum(0)

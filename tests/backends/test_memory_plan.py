@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mlir_nn.backends.memory_plan import HEADER, MemoryPlan, first_fit, first_fit_linear
-from mlir_nn.backends.task_runtime import tasks_started
+from mlir_nn.backends.task_runtime import teams_forked
 from mlir_nn.backends.workspace import KEEP, Workspaces
 from tests.backends.test_cpu import make_step
 
@@ -87,9 +87,6 @@ def test_workspaces_are_kept_per_batch_size_and_reused():
     assert workspaces.get(3)[0] is not first  # the least recently used one was dropped
 
 
-TASK_FRAME = "async_execute_fn"  # a task's coroutine (its name perhaps prefixed with its kernel's)
-
-
 def allocating_functions(llvm: str) -> set[str]:
     """The functions of the LLVM dialect text ``llvm`` that call malloc, aligned_alloc or free."""
     found, function = set(), None
@@ -106,13 +103,12 @@ def test_the_moons_step_calls_no_malloc_and_reuses_buffers():
     x, y = np.ones((10, 2), np.float32), np.ones((10, 1), np.float32)
     compiled = step.lower(x, y)
     llvm = compiled.as_text("llvm")
-    # only a task's coroutine frame is allocated (``async_execute_fn``), and at batch 10 each
-    # parallel loop is one task, called directly: none is queued, no frame allocated
-    assert all(TASK_FRAME in name for name in allocating_functions(llvm))
-    before = tasks_started()
+    # nothing is allocated, and at batch 10 each parallel loop has one iteration: no team is forked
+    assert not allocating_functions(llvm)
+    before = teams_forked()
     for _ in range(3):
         step(x, y)
-    assert tasks_started() == before
+    assert teams_forked() == before
     # the only stack slots are the 4-byte MXCSR words of the flush-to-zero bracket (codegen.fp_env)
     slots = re.findall(r"(%\d+) = llvm.alloca", llvm)
     assert all(re.search(rf"llvm.x86.sse.(st|ld)mxcsr\"\({slot}\)", llvm) for slot in slots)
@@ -165,7 +161,7 @@ def test_packed_products_take_their_panels_from_the_workspace(batch):
     compiled = fast.lower(x, y)
     plan = compiled.executable.kernel.plan
     assert plan.heap_buffers == 0 and plan.linear_fixed > 0  # padded panels planned: products were packed
-    assert all(TASK_FRAME in name for name in allocating_functions(compiled.as_text("llvm")))
+    assert not allocating_functions(compiled.as_text("llvm"))
     for _ in range(3):
         np.testing.assert_allclose(fast(x, y), slow(x, y), rtol=2e-4, atol=2e-5)
     for p, q in zip(fast_model.parameters(), slow_model.parameters()):
@@ -329,7 +325,7 @@ def test_a_cnn_training_step_allocates_nothing_per_step(dynamic_batch):
     x, y = rng.standard_normal((24, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 24).astype(np.float32)
     compiled = run.lower(x, y)
     assert compiled.executable.kernel.plan.heap_buffers == 0
-    assert all(TASK_FRAME in name for name in allocating_functions(compiled.as_text("llvm")))
+    assert not allocating_functions(compiled.as_text("llvm"))
     losses = [float(run(x, y).item()) for _ in range(3)]
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(10):

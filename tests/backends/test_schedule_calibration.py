@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mlir_nn.backends.schedule_calibration import FORCED, LARGE, TASK_ROWS, _compiled, _product
-from mlir_nn.backends.task_runtime import tasks_started
+from mlir_nn.backends.task_runtime import teams_forked
 from mlir_nn.cli import main
 from mlir_nn.support.schedule_rates import FORMAT, ScheduleRates, stored
 
@@ -36,7 +36,7 @@ def test_the_hand_off_probe_queues_tasks_on_threads():
     executable = _compiled(_product(TASK_ROWS, LARGE, LARGE), "blocked", threads=True)
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((TASK_ROWS, LARGE), (LARGE, LARGE)))
-    before = tasks_started()
+    before = teams_forked()
     (got,) = executable.run([a], [b])
-    assert tasks_started() > before
+    assert teams_forked() > before
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)

@@ -1,4 +1,4 @@
-"""noalias on the buffers of parallel tasks (real MLIR passes: async-parallel-for, the LLVM conversion)."""
+"""noalias on the buffers of parallel loop bodies (real MLIR passes: OpenMP's lowering, the LLVM conversion)."""
 
 import pytest
 from mlir import ir
@@ -6,12 +6,12 @@ from mlir.passmanager import PassManager
 
 from mlir_nn.backends.kernel_build import mark_kernels
 from mlir_nn.backends.kernel_split import NOALIAS
-from mlir_nn.backends.task_aliasing import TASK_PREFIX, mark_task_arguments
+from mlir_nn.backends.parallel_bodies import BODY_PREFIX, outline_parallel_bodies
+from mlir_nn.backends.task_aliasing import mark_task_arguments
 
-_THREADS = "scf-forall-to-parallel,async-parallel-for{async-dispatch=true min-task-size=1 num-workers=-1}"
-_TO_LLVM = ("async-to-async-runtime,async-runtime-ref-counting,convert-async-to-llvm,convert-linalg-to-loops,"
-            "expand-strided-metadata,lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-to-llvm,"
-            "reconcile-unrealized-casts")
+_THREADS = "scf-forall-to-parallel"
+_TO_LLVM = ("convert-scf-to-openmp,convert-linalg-to-loops,expand-strided-metadata,lower-affine,"
+            "finalize-memref-to-llvm,convert-scf-to-cf,convert-openmp-to-llvm,convert-to-llvm,reconcile-unrealized-casts")
 # a 64x32 buffer rebuilt from its pointer argument, as kernel_split's kernels take their buffers
 _DESCRIPTOR = "!llvm.struct<(ptr, ptr, i64, array<2 x i64>, array<2 x i64>)>"
 _FIELDS = ((0, "%P"), (1, "%P"), (2, "%c0"), ("3, 0", "%c64"), ("3, 1", "%c32"), ("4, 0", "%c32"), ("4, 1", "%c1"))
@@ -54,34 +54,35 @@ func.func @kscale(%pa: !llvm.ptr, %pb: !llvm.ptr) attributes {mlir_nn.noalias = 
 
 
 def _task_noalias(marked: str, source: str) -> tuple[int, list[int] | None, list[int]]:
-    """(buffers marked, the task's NOALIAS before lowering, its noalias pointer arguments after)."""
+    """(buffers marked, the body's NOALIAS before lowering, its noalias pointer arguments after)."""
     with ir.Context():
         module = ir.Module.parse(_KERNEL.replace("MARKED", marked).replace("SOURCE", source))
         PassManager.parse(f"builtin.module({_THREADS})").run(module.operation)
+        assert outline_parallel_bodies(module) == 1
         count = mark_task_arguments(module)
         task = next(op.operation for op in module.body.operations
-                    if ir.StringAttr(op.operation.attributes["sym_name"]).value.startswith(TASK_PREFIX))
+                    if ir.StringAttr(op.operation.attributes["sym_name"]).value.startswith(BODY_PREFIX))
         tagged = list(ir.DenseI64ArrayAttr(task.attributes[NOALIAS])) if NOALIAS in task.attributes else None
         PassManager.parse(f"builtin.module({_TO_LLVM})").run(module.operation)
         mark_kernels(module, ("kscale",))
         lowered = next(op.operation for op in module.body.operations
-                       if ir.StringAttr(op.operation.attributes["sym_name"]).value.startswith(TASK_PREFIX))
+                       if ir.StringAttr(op.operation.attributes["sym_name"]).value.startswith(BODY_PREFIX))
         attrs = ir.ArrayAttr(lowered.attributes["arg_attrs"]) if "arg_attrs" in lowered.attributes else []
         return count, tagged, [i for i in range(len(attrs)) if "llvm.noalias" in str(attrs[i])]
 
 
-def test_a_task_of_a_kernel_with_unshared_buffers_gets_them_noalias():
+def test_the_body_of_a_kernel_loop_with_unshared_buffers_gets_them_noalias():
     count, tagged, pointers = _task_noalias("0, 1", "%b")
-    # the task's arguments: its block range (index values) first, then %a and %b
+    # the body's arguments: its induction variable first, then the views of %a and %b
     assert count == 2 and tagged is not None and len(tagged) == 2 and tagged[1] - tagged[0] == 7
     assert pointers == tagged
 
 
 @pytest.mark.parametrize("marked, source", [
-    ("0, 1", "%a"),  # both of the task's buffers view %a (its two halves)
+    ("0, 1", "%a"),  # both of the body's buffers view %a (its two halves)
     ("0", "%b"),  # %b may alias another argument of the kernel
 ])
-def test_a_task_buffer_that_may_share_memory_is_not_marked(marked, source):
+def test_a_body_buffer_that_may_share_memory_is_not_marked(marked, source):
     count, tagged, pointers = _task_noalias(marked, source)
     if source == "%a":
         assert (count, tagged, pointers) == (0, None, [])
