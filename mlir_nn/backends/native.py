@@ -72,8 +72,7 @@ def runtime_libs() -> list[str]:
 
 def load_task_runtime() -> None:
     """The runtime of the steps' parallel loops (``task_runtime``), loaded once with global
-    symbols: the JIT and the cached shared objects find its ``__kmpc_*`` functions among the
-    process's symbols."""
+    symbols: the cached shared objects find its functions among the process's symbols."""
     task_runtime.load()
 
 
@@ -101,6 +100,7 @@ def jit(module: ir.Module, name: str, opt_level: int = OPT_LEVEL) -> tuple[Nativ
     load_task_runtime()
     try:
         engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=runtime_libs(), enable_pic=True)
+        task_runtime.register(engine)
         address = engine.raw_lookup("_mlir_ciface_" + name)
     except (RuntimeError, ValueError) as error:
         raise NativeError(f"LLVM JIT of {name} failed: {error}") from None
@@ -148,9 +148,9 @@ def link_objects(objects: Sequence[Path], path: Path) -> None:
         raise NativeError("no C compiler/linker (cc or gcc) on PATH to build the cached shared object")
     lib = runtime_lib_dir()
     # -Bsymbolic: calls inside the object bind to its own symbols (a step named "step" must
-    # not call glibc's legacy step()). The task runtime's symbols resolve at load time.
+    # not call glibc's legacy step()). The task runtime's (wrapped) symbols resolve at load time.
     command = [linker, "-shared", "-o", str(path), *map(str, objects), f"-L{lib}", "-lmlir_c_runner_utils",
-               f"-Wl,-rpath,{lib}", "-Wl,-Bsymbolic", "-lm"]
+               f"-Wl,-rpath,{lib}", "-Wl,-Bsymbolic", *task_runtime.link_flags(), "-lm"]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise NativeError(f"linking {path.name} failed: {result.stderr.strip()}")

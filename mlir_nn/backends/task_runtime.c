@@ -11,6 +11,10 @@
  * they sleep, so that the next parallel loop of a step starts without a wake-up through the
  * kernel (after YIELD_AFTER_NS of it, yielding their core between looks).
  *
+ * The functions are exported as __wrap___kmpc_* (the steps' shared objects are linked with the
+ * linker's --wrap for each, and the JIT is given their addresses): a libomp in the same process
+ * (a library's OpenMP) never binds to this partial runtime, nor the steps to it.
+ *
  * One team runs at a time: a fork while another team runs (a step called from a second Python
  * thread, or a parallel loop inside a team's microtask) runs its microtask serially on the
  * thread that forks, as a team of one. A pool thread that cannot be started leaves its share
@@ -35,6 +39,7 @@
 #endif
 
 #define API __attribute__((visibility("default")))
+#define KMPC(name) __wrap___kmpc_##name /* see the top: linked with --wrap */
 #define SPIN_NS 200000 /* how long an idle thread looks for work before it sleeps */
 /* After this long without work a spinning thread yields its core between looks: on a machine
  * with more runnable threads than cores, the thread it waits for (the one running the last part
@@ -188,7 +193,7 @@ static void reset_in_child(void) {
 
 /* ---- libomp's ABI, the part that MLIR's OpenMP lowering of a parallel loop calls ---- */
 
-API void __kmpc_fork_call(Ident *loc, int32_t argc, Microtask fn, ...) {
+API void KMPC(fork_call)(Ident *loc, int32_t argc, Microtask fn, ...) {
     (void)loc;
     if (argc > MAX_ARGS) {
         fprintf(stderr, "mlir-nn task runtime: a parallel region with %d arguments (at most %d)\n", argc, MAX_ARGS);
@@ -248,14 +253,14 @@ static void publish(void) {
     }
 }
 
-API int32_t __kmpc_global_thread_num(Ident *loc) {
+API int32_t KMPC(global_thread_num)(Ident *loc) {
     (void)loc;
     return thread_id;
 }
 
 static bool barrier_passed(unsigned seen) { return atomic_load(&pool.barriers) != seen; }
 
-API void __kmpc_barrier(Ident *loc, int32_t gtid) {
+API void KMPC(barrier)(Ident *loc, int32_t gtid) {
     (void)loc, (void)gtid;
     if (team_size <= 1) return;
     unsigned seen = atomic_load(&pool.barriers);
@@ -270,7 +275,7 @@ API void __kmpc_barrier(Ident *loc, int32_t gtid) {
 /* This thread's share of iterations *plower..*pupper (inclusive, step 1): the team's threads
  * take contiguous ranges in order, the first trips % size of them one iteration more. A thread
  * with none gets *pupper = *plower - 1. */
-API void __kmpc_for_static_init_8u(Ident *loc, int32_t gtid, int32_t schedule, int32_t *plast, uint64_t *plower,
+API void KMPC(for_static_init_8u)(Ident *loc, int32_t gtid, int32_t schedule, int32_t *plast, uint64_t *plower,
                                    uint64_t *pupper, int64_t *pstride, int64_t incr, int64_t chunk) {
     (void)loc, (void)gtid, (void)chunk;
     if (schedule != KMP_SCH_STATIC || incr != 1) {
@@ -294,7 +299,7 @@ API void __kmpc_for_static_init_8u(Ident *loc, int32_t gtid, int32_t schedule, i
     *pstride = (int64_t)trips;
 }
 
-API void __kmpc_for_static_fini(Ident *loc, int32_t gtid) { (void)loc, (void)gtid; }
+API void KMPC(for_static_fini)(Ident *loc, int32_t gtid) { (void)loc, (void)gtid; }
 
 /* ---- For Python ---- */
 

@@ -2,8 +2,11 @@
 (``__kmpc_*``) that MLIR's OpenMP lowering of parallel loops calls, on a pool where the
 calling thread works too.
 
-The JIT and the cached shared objects find its functions among the process's global
-symbols, so the runtime is loaded (``RTLD_GLOBAL``) before any step. It is built once per
+It defines them as ``__wrap___kmpc_*`` (``WRAPPED``), so that no libomp in the process binds to
+this partial runtime, nor the steps to a libomp: the steps' shared objects are linked with
+the linker's ``--wrap`` for each call (``link_flags``) and find the wrapped names among the
+process's global symbols, so the runtime is loaded (``RTLD_GLOBAL``) before any step; the JIT
+is told their addresses (``register``). It is built once per
 machine and cache (``c_build``) and needs only the C library and pthreads (not libomp).
 ``MLIR_NN_NUM_THREADS`` (``thread_pool``) sets the computing threads: the pool gets one
 fewer, since the caller of a step is the first thread of each team.
@@ -23,6 +26,7 @@ from mlir_nn.backends.thread_pool import num_threads
 # in the LLVM dialect: a compile registers them as placeholders)
 CALLS = ("__kmpc_fork_call", "__kmpc_for_static_init_8u", "__kmpc_for_static_fini", "__kmpc_barrier",
          "__kmpc_global_thread_num")
+WRAPPED = "__wrap_"  # the runtime's name of a call: this prefix and the call's name
 THREAD_PASS = "convert-scf-to-openmp"  # the pass that makes parallel loops forks of the runtime's teams
 REGION = "omp.parallel"  # in LLVM-dialect text: code that forks teams on the runtime
 BUILD = CBuild(Path(__file__).with_name("task_runtime.c"), "task-runtime", "libmlirnn_tasks.so", "task runtime",
@@ -48,6 +52,19 @@ def load() -> ctypes.CDLL:
     library.mlirnn_runtime_teams_forked.restype = ctypes.c_longlong
     library.mlirnn_runtime_set_threads(num_threads())
     return library
+
+
+def link_flags() -> list[str]:
+    """The linker flags that bind a shared object's calls of the runtime to its wrapped names."""
+    return [f"-Wl,--wrap={call}" for call in CALLS]
+
+
+def register(engine: object) -> None:
+    """Tell an MLIR ExecutionEngine (before its first lookup) where the calls are: the runtime's
+    wrapped functions (it is loaded first)."""
+    library = load()
+    for call in CALLS:
+        engine.raw_register_runtime(call, ctypes.cast(getattr(library, WRAPPED + call), ctypes.c_void_p))
 
 
 def computing_threads() -> int:

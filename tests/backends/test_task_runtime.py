@@ -84,6 +84,7 @@ def run_loops() -> None:
         PassManager.parse(f"builtin.module({PASSES})").run(module.operation)
         load_task_runtime()
         engine = ExecutionEngine(module, opt_level=2)
+        task_runtime.register(engine)
         for trips in TRIPS:
             counts, owner = np.zeros(trips, np.int32), np.full(trips, -1, np.int32)
             engine.invoke("flat", pointer(counts), pointer(owner))
@@ -147,3 +148,40 @@ def concurrent_steps(rounds: int) -> None:
 def test_steps_called_from_several_threads_at_once_finish_and_match(threads):
     program = "from tests.backends.test_task_runtime import concurrent_steps; concurrent_steps(6)"
     assert _run(program, threads)[-1] == str(threads > 1)
+
+
+# a stand-in for another OpenMP runtime in the process (a library's libomp): its __kmpc calls abort
+_OTHER_OPENMP = """
+#include <stdlib.h>
+void __kmpc_fork_call(void) { abort(); }
+void __kmpc_for_static_init_8u(void) { abort(); }
+void __kmpc_for_static_fini(void) { abort(); }
+void __kmpc_barrier(void) { abort(); }
+int __kmpc_global_thread_num(void) { abort(); }
+"""
+
+
+def beside_another_openmp(library: str) -> None:
+    """Run in a new process: load ``library`` (another runtime's __kmpc functions) with global
+    symbols first, then compile and run threaded steps, from the disk cache too, against the
+    reference; print how many teams of more than one thread ran."""
+    import ctypes
+
+    ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
+    graph = matmul_zoo(K, M, "float32")
+    for batch in (1, 13, 301):
+        check(graph, batch, batch)
+    print(task_runtime.teams_forked() > 0)
+
+
+def test_steps_never_bind_to_another_openmp_runtime_nor_it_to_this_one(tmp_path):
+    """The runtime defines only wrapped names, so a libomp loaded before it (PyTorch's, in some
+    builds) keeps its own __kmpc functions and the steps keep theirs."""
+    source, library = tmp_path / "other_openmp.c", tmp_path / "libother_openmp.so"
+    source.write_text(_OTHER_OPENMP)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    program = "from tests.backends.test_task_runtime import beside_another_openmp; beside_another_openmp({!r})"
+    assert _run(program.format(str(library)), 2)[-1] == "True"
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(task_runtime.BUILD.path())], capture_output=True,
+                              text=True, check=True).stdout
+    assert "__wrap___kmpc_fork_call" in exported and " __kmpc_" not in exported
