@@ -23,7 +23,7 @@ from mlir_nn.backends.host_cpu import tune_for_host
 from mlir_nn.backends.kernel_split import NOALIAS, Chunk, pass_pointers
 from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
 from mlir_nn.backends.native import OPT_LEVEL, compile_object
-from mlir_nn.backends.parallel_bodies import BODY_PREFIX, loops_without_barrier, outline_parallel_bodies
+from mlir_nn.backends.parallel_bodies import BODY_PREFIX, outline_parallel_bodies, schedule_worksharing_loops
 from mlir_nn.backends.task_aliasing import mark_task_arguments
 from mlir_nn.backends.task_runtime import THREAD_PASS
 from mlir_nn.codegen.copies import strided_copies_as_loops
@@ -136,7 +136,7 @@ def compile_lowered(module: ir.Module, job: Job, text: bool = True) -> str | Non
             pass_pointers(module, job.chunk.step)
         internal = localize(module, job.chunk.public)
         mark_kernels(module, job.chunk.kernels)
-        loops_without_barrier(module, (*job.chunk.kernels, job.chunk.step))
+        schedule_worksharing_loops(module, (*job.chunk.kernels, job.chunk.step))
         inline_step(module, job.chunk.step)
         tune_for_host(module)
         printed = module.operation.get_asm(assume_verified=True) if text else None  # (str() verifies: 10% more)

@@ -104,15 +104,19 @@ def _alone_when_single(loop: ir.Operation, name: str, arguments: list[ir.Value])
     loop.move_before(end)
 
 
-def loops_without_barrier(module: ir.Module, functions: tuple[str, ...]) -> None:
+def schedule_worksharing_loops(module: ir.Module, functions: tuple[str, ...]) -> None:
     """The worksharing loops of ``functions`` (LLVM dialect: the kernels, the step; their
     parallel loops' bodies are functions of their own) end without a barrier (``nowait``):
-    each is its parallel region's last op, whose end joins the team."""
+    each is its parallel region's last op, whose end joins the team. Their schedule is dynamic:
+    the task runtime gives each thread the range a static schedule would, and a thread whose
+    range is done takes iterations from the others' (``task_runtime.c``)."""
     nowait = ir.UnitAttr.get()
+    dynamic = ir.Attribute.parse("#omp<schedulekind dynamic>")
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op.name == "omp.wsloop":
             op.attributes["nowait"] = nowait
+            op.attributes["schedule_kind"] = dynamic
             return ir.WalkResult.SKIP
         return ir.WalkResult.ADVANCE
 

@@ -24,8 +24,8 @@ from mlir_nn.backends.thread_pool import num_threads
 
 # the functions that the LLVM translation of OpenMP's parallel loops calls (none is declared
 # in the LLVM dialect: a compile registers them as placeholders)
-CALLS = ("__kmpc_fork_call", "__kmpc_for_static_init_8u", "__kmpc_for_static_fini", "__kmpc_barrier",
-         "__kmpc_global_thread_num")
+CALLS = ("__kmpc_fork_call", "__kmpc_for_static_init_8u", "__kmpc_for_static_fini", "__kmpc_dispatch_init_8u",
+         "__kmpc_dispatch_next_8u", "__kmpc_barrier", "__kmpc_global_thread_num")
 WRAPPED = "__wrap_"  # the runtime's name of a call: this prefix and the call's name
 THREAD_PASS = "convert-scf-to-openmp"  # the pass that makes parallel loops forks of the runtime's teams
 REGION = "omp.parallel"  # in LLVM-dialect text: code that forks teams on the runtime

@@ -63,10 +63,11 @@ PASSES = ("convert-scf-to-openmp,expand-strided-metadata,finalize-memref-to-llvm
           "convert-openmp-to-llvm,convert-to-llvm,reconcile-unrealized-casts")
 
 
-def run_loops() -> None:
-    """Run in a new process: JIT ``LOOPS`` on the task runtime; for each trip count print the
-    iterations run other than once, whether the owners ascend, and the sizes of the threads'
-    ranges; then the nested loop's iterations run other than once."""
+def run_loops(dynamic: bool = False) -> None:
+    """Run in a new process: JIT ``LOOPS`` on the task runtime (``dynamic``: with the dynamic
+    schedule of split steps' loops); for each trip count print the iterations run other than
+    once, whether the owners ascend, and the sizes of the threads' ranges; then the nested
+    loop's iterations run other than once."""
     import ctypes
 
     from mlir import ir
@@ -75,6 +76,7 @@ def run_loops() -> None:
     from mlir.runtime import get_ranked_memref_descriptor
 
     from mlir_nn.backends.native import load_task_runtime
+    from mlir_nn.backends.parallel_bodies import schedule_worksharing_loops
 
     def pointer(array: np.ndarray) -> ctypes.c_void_p:
         return ctypes.pointer(ctypes.pointer(get_ranked_memref_descriptor(array)))
@@ -82,6 +84,8 @@ def run_loops() -> None:
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(LOOPS)
         PassManager.parse(f"builtin.module({PASSES})").run(module.operation)
+        if dynamic:
+            schedule_worksharing_loops(module, ("flat", "nested"))
         load_task_runtime()
         engine = ExecutionEngine(module, opt_level=2)
         task_runtime.register(engine)
@@ -115,6 +119,19 @@ def test_static_ranges_cover_every_iteration_once_in_order_and_balanced(threads)
         else:  # thread t runs the t-th of `threads` contiguous ranges, sizes differing by at most one
             assert sizes == [trips // threads + (t < trips % threads) for t in range(threads)], line
     assert lines[-1] == "nested 0"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_dynamic_schedules_run_every_iteration_once(threads):
+    """Each thread starts with its static range and takes the others' iterations once its own
+    are done: every iteration runs exactly once, whichever thread runs it."""
+    for _ in range(3):  # (which thread takes what varies from run to run)
+        lines = _run("from tests.backends.test_task_runtime import run_loops; run_loops(dynamic=True)", threads)
+        assert len(lines) == len(TRIPS) + 1
+        for trips, line in zip(TRIPS, lines):
+            got = line.split()
+            assert got[:2] == [str(trips), "0"] and sum(map(int, got[3:])) == trips, line
+        assert lines[-1] == "nested 0"
 
 
 def concurrent_steps(rounds: int) -> None:
