@@ -1292,8 +1292,8 @@ def _summed_in_tasks(operands: list[ir.Value], k_axes: list[int], panel_axes: tu
     along their dims ``k_axes``, their panels along ``panel_axes``) as one ``scf.forall`` whose
     tasks are chosen at run time. From a batch of ``k_ranges[1]`` rows, equal ranges of k of at
     least ``k_ranges[0]`` rows (2 to ``k_ranges[2]``), each summed into a partial accumulator of its
-    own (of ``partials``, [k_ranges[2], *C's shape]): the runtime's static schedule runs the first half
-    of the tasks on the calling thread, so each thread sums the rows it packed. Below, one range in tiles of C of
+    own (of ``partials``, [k_ranges[2], *C's shape]): the runtime gives the calling thread the first half
+    of the tasks first (``task_runtime.c``), so each thread sums the rows it packed. Below, one range in tiles of C of
     ``tiles`` (column panels, row panels), the tasks that the tagged product gets. The other
     partials are added to the first at the end (``partials_added``: no pass with one range). One
     product is built (and compiled) for both."""

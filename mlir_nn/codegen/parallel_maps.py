@@ -23,8 +23,8 @@ pass may have been written by the pass before it on either core. With one block 
 caller runs the first and a pool thread the next: 493 and 953 tasks; on two cores that share no
 L3, the small step 17.0 -> 16.8 ms (medians of 4 interleaved fresh-process pairs at real-time
 priority; fastest steps 16.3 -> 15.3), medium 76.7 -> 76.4 ms; interleaved with PyTorch eager
-(``benchmarks/gpt_step.py``, 5 pairs) small 17.1 -> 16.7 ms (0.66x -> 0.65x eager)). The runtime's
-static schedule gives thread t the t-th contiguous range of blocks in every loop.
+(``benchmarks/gpt_step.py``, 5 pairs) small 17.1 -> 16.7 ms (0.66x -> 0.65x eager)). The runtime gives
+thread t the t-th contiguous range of blocks first in every loop (``backends/task_runtime.c``).
 
 This runs after ``fuse_updates`` and ``hoist_scalars``, on the fused passes. Tiled on
 tensors, before the pipeline's element-wise fusion, each op of an update chain became a loop
