@@ -66,7 +66,7 @@ def measure(sizes: tuple[int, ...], batch: int, seconds: float,
 
     build = CBuild(Path(__file__).with_name("kernel_times.c"), "kernel-times", "libkernel_times.so",
                    "kernel tick recorder", lambda: [], lambda: [])
-    library = ctypes.CDLL(str(build.path()), mode=ctypes.RTLD_GLOBAL)  # the step's tick calls bind to it
+    library = build.load_global()  # the step's tick calls bind to it
     ticks = (ctypes.c_int64 * 65536).in_dll(library, "mlirnn_ticks")
     count = ctypes.c_int64.in_dll(library, "mlirnn_tick_count")
     order: list[str] = []

@@ -10,6 +10,7 @@ while egglog and LLVM do); ``path`` waits for that build, or builds, and returns
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
@@ -89,6 +90,15 @@ class CBuild:
             if not intact(target):
                 self._finish(*self._start(target), target)
             return target
+
+    def load_global(self) -> ctypes.CDLL:
+        """The built shared object (``path``) loaded with global symbols, which the compiled steps'
+        shared objects bind their calls to."""
+        target = self.path()
+        try:
+            return ctypes.CDLL(str(target), mode=ctypes.RTLD_GLOBAL)
+        except OSError as error:
+            raise NativeError(f"loading the {self.what} {target} failed: {error}") from None
 
     def _start(self, target: Path) -> tuple[subprocess.Popen, Path]:
         compiler = shutil.which("cc") or shutil.which("gcc")

@@ -14,13 +14,12 @@ from functools import cache
 from pathlib import Path
 
 from mlir_nn.backends.c_build import CBuild
-from mlir_nn.backends.errors import NativeError
 from mlir_nn.support.cpu_target import cpu_identity
 
 # what it defines, as ``codegen.gemm_calls.SYMBOLS`` names them (not imported: that loads MLIR,
 # which loading a cached step does not)
 SYMBOLS = ("mlirnn_gemm_f32", "mlirnn_gemm_f64")
-BUILD = CBuild(Path(__file__).with_name("gemm.c"), "gemm", "libmlirnn_gemm.so", "matrix products",
+BUILD = CBuild(Path(__file__).with_name("gemm.c"), "gemm", "libmlirnn_gemm.so", "matrix products' library",
                lambda: ["-O3", "-march=native"], lambda: [cpu_identity().encode()])
 
 
@@ -33,8 +32,4 @@ def prepare() -> None:
 @cache
 def load() -> ctypes.CDLL:
     """The library, built if needed and loaded once with global symbols."""
-    path = BUILD.path()
-    try:
-        return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    except OSError as error:
-        raise NativeError(f"loading the matrix products' library {path} failed: {error}") from None
+    return BUILD.load_global()

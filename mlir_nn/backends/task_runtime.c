@@ -287,6 +287,15 @@ static void publish(bool closable) {
     }
 }
 
+/* True for the forking thread of a team at its loop of `trips` iterations, which the pool's
+ * threads then join (publish); a loop of one iteration runs on the forking thread alone. */
+static bool team_loop_starts(uint64_t trips) {
+    if (!unpublished) return false;
+    unpublished = false;
+    if (trips < 2) team_size = 1;
+    return trips >= 2;
+}
+
 API int32_t KMPC(global_thread_num)(Ident *loc) {
     (void)loc;
     return thread_id;
@@ -318,11 +327,7 @@ API void KMPC(for_static_init_8u)(Ident *loc, int32_t gtid, int32_t schedule, in
         abort();
     }
     uint64_t trips = *pupper - *plower + 1; /* 0 when the loop has none (upper = lower - 1) */
-    if (unpublished) { /* the forking thread, first: a loop of one iteration runs alone */
-        unpublished = false;
-        if (trips < 2) team_size = 1;
-        else publish(false);
-    }
+    if (team_loop_starts(trips)) publish(false);
     uint64_t size = (uint64_t)team_size, id = (uint64_t)thread_id;
     uint64_t base = trips / size, extra = trips % size;
     uint64_t first = id * base + (id < extra ? id : extra);
@@ -393,18 +398,13 @@ API void KMPC(dispatch_init_8u)(Ident *loc, int32_t gtid, int32_t schedule, uint
                 (long long)incr, (unsigned long long)trips);
         abort();
     }
-    if (unpublished) { /* the forking thread of a team: a loop of one iteration runs alone */
-        unpublished = false;
-        if (trips < 2) {
-            team_size = 1;
-        } else {
-            uint64_t size = (uint64_t)team_size, base = trips / size, extra = trips % size;
-            for (uint64_t id = 0, first = 0; id < size; first += base + (id < extra), id++)
-                atomic_store(&ranges[id].range, packed(first, first + base + (id < extra)));
-            team_lower = lower;
-            team_trips = trips;
-            publish(true); /* after the ranges: the pool's threads read them once they join */
-        }
+    if (team_loop_starts(trips)) {
+        uint64_t size = (uint64_t)team_size, base = trips / size, extra = trips % size;
+        for (uint64_t id = 0, first = 0; id < size; first += base + (id < extra), id++)
+            atomic_store(&ranges[id].range, packed(first, first + base + (id < extra)));
+        team_lower = lower;
+        team_trips = trips;
+        publish(true); /* after the ranges: the pool's threads read them once they join */
     }
     if (team_size == 1) {
         alone_lower = lower;
@@ -417,8 +417,9 @@ API void KMPC(dispatch_init_8u)(Ident *loc, int32_t gtid, int32_t schedule, uint
 API int32_t KMPC(dispatch_next_8u)(Ident *loc, int32_t gtid, int32_t *plast, uint64_t *plower, uint64_t *pupper,
                                    int64_t *pstride) {
     (void)loc, (void)gtid;
-    uint64_t lower = alone_lower, trips = alone_back, at = alone_front < alone_back ? alone_front++ : UINT64_MAX;
-    if (team_size > 1) lower = team_lower, trips = team_trips, at = next_in_team();
+    bool team = team_size > 1;
+    uint64_t at = team ? next_in_team() : alone_front < alone_back ? alone_front++ : UINT64_MAX;
+    uint64_t lower = team ? team_lower : alone_lower, trips = team ? team_trips : alone_back;
     if (at == UINT64_MAX) return 0;
     *plower = *pupper = lower + at;
     *plast = at == trips - 1;

@@ -19,7 +19,6 @@ from functools import cache
 from pathlib import Path
 
 from mlir_nn.backends.c_build import CBuild
-from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.thread_pool import num_threads
 
 # the functions that the LLVM translation of OpenMP's parallel loops calls (none is declared
@@ -43,11 +42,7 @@ def prepare() -> None:
 def load() -> ctypes.CDLL:
     """The runtime, built if needed and loaded once with global symbols, its threads set from
     ``MLIR_NN_NUM_THREADS``."""
-    path = BUILD.path()
-    try:
-        library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    except OSError as error:
-        raise NativeError(f"loading the task runtime {path} failed: {error}") from None
+    library = BUILD.load_global()
     library.mlirnn_runtime_set_threads.argtypes = [ctypes.c_int]
     library.mlirnn_runtime_teams_forked.restype = ctypes.c_longlong
     library.mlirnn_runtime_set_threads(num_threads())

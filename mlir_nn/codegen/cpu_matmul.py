@@ -88,7 +88,7 @@ from mlir_nn.codegen.schedule_costs import (
     swapped_or_not,
     vector_rows_rate,
 )
-from mlir_nn.codegen.shaped import dim_sizes, indexing_maps, transposed, updated_input
+from mlir_nn.codegen.shaped import dim_sizes, matmul_transposes, transposed, updated_input
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_linalg_ops, in_tasks
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
@@ -219,17 +219,9 @@ def _operand_dims(amap: ir.AffineMap) -> list[int]:
     return [ir.AffineDimExpr(e).position for e in amap.results]
 
 
-def _transposes(op: ir.Operation) -> tuple[bool, bool]:
-    """(transpose_a, transpose_b) of a linalg.matmul from its indexing maps."""
-    if "indexing_maps" not in op.attributes:
-        return False, False
-    maps = indexing_maps(op)
-    return _operand_dims(maps[0]) == [2, 0], _operand_dims(maps[1]) == [1, 2]
-
-
 def _sizes(op: ir.Operation) -> tuple[int, int, int]:
     """(m, n, k) with MLIR's dynamic-size marker for the batch dim."""
-    ta, _ = _transposes(op)
+    ta, _ = matmul_transposes(op)
     a = ir.RankedTensorType(op.operands[0].type).shape
     c = ir.RankedTensorType(op.operands[2].type).shape
     return c[0], c[1], a[0] if ta else a[1]
@@ -299,7 +291,7 @@ def _strided_columns(op: ir.Operation, columns: int, batch_rows: int) -> bool:
     (k, n) in place though its rows are over IN_PLACE_STRIDE_MAX bytes apart (register blocks
     ``columns`` wide)."""
     m, _, _ = _sizes(op)
-    b, tb = op.operands[1], _transposes(op)[1]
+    b, tb = op.operands[1], matmul_transposes(op)[1]
     k, n = _static_shape(b)
     return (ir.ShapedType.is_dynamic_size(m) and batch_rows <= STRIDED_COLUMNS_ROWS_MAX and not tb
             and k is not None and n is not None and n % columns == 0 and n * _itemsize(b) > IN_PLACE_STRIDE_MAX)
@@ -386,7 +378,7 @@ def _narrow_over_batch(op: ir.Operation) -> bool:
     19.5 -> 8.7 ms per step, 1024-10 at 512 0.48 -> 0.34 ms. They run as vector code per
     block of rows (``SMALL_ROWS``), the forward in steps of k, the gradient in chunks."""
     m, n, k = _sizes(op)
-    ta, tb = _transposes(op)
+    ta, tb = matmul_transposes(op)
     lanes = vector_bytes() // _itemsize(op.result)
 
     def narrow(size: int) -> bool:
@@ -443,7 +435,7 @@ class LoopPlan:
 
 def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
     """The loop nest ``_as_generic`` builds for ``op`` (part of its ``product_plan``)."""
-    ta, tb = _transposes(op)
+    ta, tb = matmul_transposes(op)
     m, n, k = _sizes(op)
     # A sum over the batch into a column, C (m, 1) = A^T B (a width-1 output layer's weight
     # gradient), is planned as the row C^T = B^T A: per batch row, a vector of m (as C (m, 1),
@@ -1069,7 +1061,7 @@ def _tasks(op: ir.Operation, threads: int) -> tuple[int, int] | None:
         return None
     itemsize = _itemsize(op.result)
     tm, tn = register_block(itemsize)[0], block_columns(n, itemsize)
-    a, ta = op.operands[0], _transposes(op)[0]
+    a, ta = op.operands[0], matmul_transposes(op)[0]
     rows, columns = _image_panels(a, ta, tm)
     tm = (None if columns is not None else _rows_in_place(a, ta, tm, n)) or rows  # the register blocks' rows
     mc, nc, _ = cache_blocks(itemsize)
@@ -1082,7 +1074,7 @@ def _k_ranges(op: ir.Operation) -> tuple[int, int, int] | None:
     convolution columns, whose tasks take ranges of the batch from that batch on
     (``_summed_in_tasks``), their partial sums K_RANGES_PARTIALS_BYTES at most; None otherwise."""
     m, n, k = _sizes(op)
-    ta, tb = _transposes(op)
+    ta, tb = matmul_transposes(op)
     if not (ta and not tb and ir.ShapedType.is_dynamic_size(k) and _static_sizes(m, n)
             and m * n <= K_RANGES_OUTPUT_MAX):
         return None
@@ -1098,7 +1090,7 @@ def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update
     back when its columns are few (``_swapping``); with ``update``, the updated parameter, its
     operand with fewer columns scaled by the update's factor (``_update_of``)."""
     a, b, _ = op.operands
-    ta, tb = _transposes(op)
+    ta, tb = matmul_transposes(op)
     parallel = plan.threads
     if update is not None:
         m, n, _ = _sizes(op)
@@ -1125,7 +1117,7 @@ def _update_of(op: ir.Operation, plan: ProductPlan) -> Update | None:
     if (plan.kind != "blocked" or not _static_sizes(m, n) or n % (plan.columns or 1) or m < tm
             or n * _itemsize(op.result) <= IN_PLACE_STRIDE_MAX):
         return None
-    a, ta = op.operands[0], _transposes(op)[0]
+    a, ta = op.operands[0], matmul_transposes(op)[0]
     if _image_panels(a, ta, tm)[1] is not None:
         return None
     update = parameter_update(op.result)
@@ -1679,11 +1671,11 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True, batch_rows: int | N
             with ir.InsertionPoint(op), op.location:
                 if plan.rows is not None:
                     a, b, c = op.operands
-                    replacement = row_block_product(a, b, c, *_transposes(op), plan.rows, ir.InsertionPoint(op.parent),
-                                                    _is_zero_fill(c))
+                    replacement = row_block_product(a, b, c, *matmul_transposes(op), plan.rows,
+                                                    ir.InsertionPoint(op.parent), _is_zero_fill(c))
                 elif short:
                     a, b, _ = op.operands
-                    replacement = short_product(a, b, *_transposes(op), _sizes(op)[2])
+                    replacement = short_product(a, b, *matmul_transposes(op), _sizes(op)[2])
                 elif large:
                     update = _update_of(op, plan)
                     replacement = _as_blocked(op, plan, number, update)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, func, memref
 
-from mlir_nn.codegen.shaped import indexing_maps
+from mlir_nn.codegen.shaped import matmul_transposes
 from mlir_nn.codegen.walk import collect_ops
 
 SYMBOLS = {"f32": "mlirnn_gemm_f32", "f64": "mlirnn_gemm_f64"}
@@ -31,14 +31,6 @@ def library_product(op: ir.Operation) -> bool:
     of one element type, float32 or float64."""
     kinds = {_element(v) for v in op.operands[:3]}
     return op.name == "linalg.matmul" and len(kinds) == 1 and kinds <= SYMBOLS.keys()
-
-
-def _transposes(op: ir.Operation) -> tuple[bool, bool]:
-    """(A transposed, B transposed) from the product's indexing maps (none: neither)."""
-    if "indexing_maps" not in op.attributes:
-        return False, False
-    dims = [[ir.AffineDimExpr(e).position for e in m.results] for m in indexing_maps(op)[:2]]
-    return dims[0] == [2, 0], dims[1] == [1, 2]
 
 
 def _declare(module: ir.Module, symbol: str, operand: ir.Type) -> None:
@@ -64,7 +56,7 @@ def products_as_calls(module: ir.Module) -> int:
                 _declare(module, SYMBOLS[kind], operand)
                 declared.add(kind)
             with ir.InsertionPoint(op), op.location:
-                flags = [arith.constant(i64, int(t)) for t in _transposes(op)]
+                flags = [arith.constant(i64, int(t)) for t in matmul_transposes(op)]
                 matrices = [memref.cast(operand, v) for v in op.operands[:3]]
                 func.CallOp([], ir.FlatSymbolRefAttr.get(SYMBOLS[kind]), flags + matrices)
             op.erase()

@@ -33,6 +33,15 @@ def indexing_maps(op: ir.Operation) -> list[ir.AffineMap]:
     return [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
 
 
+def matmul_transposes(op: ir.Operation) -> tuple[bool, bool]:
+    """(transpose_a, transpose_b) of a linalg.matmul (on tensors or memrefs) from its indexing
+    maps (none: neither)."""
+    if "indexing_maps" not in op.attributes:
+        return False, False
+    dims = [[ir.AffineDimExpr(e).position for e in m.results] for m in indexing_maps(op)[:2]]
+    return dims[0] == [2, 0], dims[1] == [1, 2]
+
+
 def updated_input(op: ir.Operation) -> int | None:
     """Position of the input of a one-result linalg op that its result is written back into
     (``W - lr * grad`` materialized into ``W``, read with the init's map), or None."""
