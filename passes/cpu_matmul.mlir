@@ -216,8 +216,6 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.vector.lower_outerproduct
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    // (marked for the prefetch of the next row panel that follows bufferization, mlir_nn/codegen/panel_prefetch.py)
-    transform.annotate %k_loop "mlirnn.k_loop" : !transform.any_op
     // ({k_unroll} register kernels per iteration of the k loop)
     transform.loop.unroll %k_loop {factor = {k_unroll}} : !transform.any_op
     transform.yield

@@ -220,7 +220,6 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
         from mlir_nn.codegen.inline_math import inline_f32_math
         from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
         from mlir_nn.codegen.lane_loads import scalarize_lane_loads
-        from mlir_nn.codegen.panel_prefetch import prefetch_next_row_panels
         from mlir_nn.codegen.parallel_maps import spread_maps
         from mlir_nn.codegen.partials_in_place import sum_over_first_partials
         from mlir_nn.codegen.recompute import recompute_cheap_maps
@@ -263,8 +262,6 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
         flush_subnormals(module, symbol_name(graph))
         if quick:  # bufferized: the products left as linalg.matmul become calls of the C GEMM
             products_as_calls(module)
-        else:
-            prefetch_next_row_panels(module)
 
     hooks = {"drop-equivalent-buffer-results": fuse_and_hoist,
              "buffer-results-to-out-params": copy_repeated_results,
