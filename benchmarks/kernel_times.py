@@ -8,7 +8,8 @@ on its real buffers, at ~40 ns a call and with both threads free (``perf`` takes
 the two cores). Steps run in slices with the one-way time of a cache line between the
 cores (``core_latency``) measured before and after each slice, which gives its placement.
 Per placement: the median of each kernel and of the step; with both placements seen, the
-kernels sorted by how much slower they run far. The compile cache is a fresh temporary
+kernels sorted by how much slower they run far. Each kernel is listed with the shapes of the buffers
+it is called with (its name is a hash of its text). The compile cache is a fresh temporary
 folder (an instrumented step must not be cached for others).
 
 ``--twice`` calls each kernel twice in a row: the second call finds its inputs where the
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 STEPS_PER_SLICE = 15
 _CALL = re.compile(r"^(\s*)(?:func\.)?call @(\w+)\(")
 _TICK = "func.call @mlirnn_tick() : () -> ()"
+_BUFFER = re.compile(r"memref<((?:[?\d]+x)*)[a-z]+\d*[,>]")
 
 
 def instrument(step: str, kernels: set[str], twice: bool = False) -> tuple[str, list[str]]:
@@ -55,10 +57,24 @@ def instrument(step: str, kernels: set[str], twice: bool = False) -> tuple[str, 
     return "\n".join(lines), order
 
 
+def buffers(step: str, kernels: set[str]) -> dict[str, str]:
+    """The shapes of the buffers each kernel of ``kernels`` is called with in ``step`` (a split
+    step's text), e.g. ``?x12x784 ?x784x12`` for a packing of 784-wide rows into 12-row panels:
+    what tells the kernels apart in the report (their names are hashes of their text)."""
+    found: dict[str, str] = {}
+    for line in step.splitlines():
+        match = _CALL.match(line)
+        kernel = match and match.group(2).rsplit("_", 1)[0]
+        if kernel in kernels and kernel not in found:
+            found[kernel] = " ".join(shape.rstrip("x") or "scalar" for shape in _BUFFER.findall(line))
+    return found
+
+
 def measure(sizes: tuple[int, ...], batch: int, seconds: float,
-            twice: bool = False) -> tuple[list[str], dict[str, list[np.ndarray]]]:
-    """The kernels in call order and, per placement, one row per step: each kernel's time
-    (ns), then the step's from its first tick to its last (``twice``: see ``instrument``)."""
+            twice: bool = False) -> tuple[list[str], dict[str, list[np.ndarray]], dict[str, str]]:
+    """The kernels in call order, per placement one row per step: each kernel's time (ns), then
+    the step's from its first tick to its last (``twice``: see ``instrument``), and each
+    kernel's ``buffers``."""
     from benchmarks.core_latency import one_way_ns
     from benchmarks.grid import Point, data, mlir_nn_step, placement
     from mlir_nn.backends import kernel_split
@@ -70,10 +86,12 @@ def measure(sizes: tuple[int, ...], batch: int, seconds: float,
     ticks = (ctypes.c_int64 * 65536).in_dll(library, "mlirnn_ticks")
     count = ctypes.c_int64.in_dll(library, "mlirnn_tick_count")
     order: list[str] = []
+    shapes: dict[str, str] = {}
     split_step = kernel_split.split_step
 
     def split_instrumented(module: object) -> kernel_split.Split:
         split = split_step(module)
+        shapes.update(buffers(split.step, set(split.kernels)))
         split.step, calls = instrument(split.step, set(split.kernels), twice)
         order.extend(calls)
         return split
@@ -98,22 +116,24 @@ def measure(sizes: tuple[int, ...], batch: int, seconds: float,
             taken.append(np.append(stamps[1::2] - stamps[0::2], stamps[-1] - stamps[0]))
         rows.setdefault(placement([before, one_way_ns(rounds=500, repeats=3)]), []).extend(taken)
         if time.monotonic() > end:
-            return order, rows
+            return order, rows, shapes
 
 
-def report(order: list[str], rows: dict[str, list[np.ndarray]], top: int) -> list[str]:
+def report(order: list[str], rows: dict[str, list[np.ndarray]], top: int, shapes: dict[str, str]) -> list[str]:
     medians = {side: np.median(np.array(taken), axis=0) / 1e3 for side, taken in rows.items()}
     lines = [f"{side}: {len(rows[side])} steps, {m[-1]:.1f} us first to last tick, kernels {m[:-1].sum():.1f} us"
              for side, m in medians.items()]
     if "near" in medians and "far" in medians:
         near, far = medians["near"][:-1], medians["far"][:-1]
-        lines.append(f"{'call':>4} {'kernel':<32} {'near us':>9} {'far us':>9} {'far - near':>10}")
+        lines.append(f"{'call':>4} {'kernel':<32} {'near us':>9} {'far us':>9} {'far - near':>10}  buffers")
         for i in np.argsort(near - far)[:top]:
-            lines.append(f"{i:4d} {order[i]:<32} {near[i]:9.1f} {far[i]:9.1f} {far[i] - near[i]:+10.1f}")
+            lines.append(f"{i:4d} {order[i]:<32} {near[i]:9.1f} {far[i]:9.1f} {far[i] - near[i]:+10.1f}  "
+                         f"{shapes.get(order[i].removesuffix('-again'), '')}")
     else:
         side, m = next(iter(medians.items()))
-        lines.append(f"{'call':>4} {'kernel':<32} {side + ' us':>9}")
-        lines += [f"{i:4d} {order[i]:<32} {m[i]:9.1f}" for i in np.argsort(-m[:-1])[:top]]
+        lines.append(f"{'call':>4} {'kernel':<32} {side + ' us':>9}  buffers")
+        lines += [f"{i:4d} {order[i]:<32} {m[i]:9.1f}  {shapes.get(order[i].removesuffix('-again'), '')}"
+                  for i in np.argsort(-m[:-1])[:top]]
     return lines
 
 
@@ -128,9 +148,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache:
         os.environ["MLIR_NN_CACHE_DIR"] = cache
-        order, rows = measure(tuple(int(n) for n in args.sizes.split("-")), args.batch, args.seconds,
-                              args.twice)
-    print("\n".join(report(order, rows, args.top)))
+        order, rows, shapes = measure(tuple(int(n) for n in args.sizes.split("-")), args.batch, args.seconds,
+                                      args.twice)
+    print("\n".join(report(order, rows, args.top, shapes)))
 
 
 if __name__ == "__main__":

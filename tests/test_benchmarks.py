@@ -155,3 +155,13 @@ def test_kernel_times_instruments_each_kernel_call():
     assert text.count("@mlirnn_tick()") == 5 and text.splitlines()[0] == "func.func private @mlirnn_tick()"
     text, order = instrument(step, {"kb"}, twice=True)
     assert order == ["kb", "kb-again"] and text.count("call @kb_d(%0)") == 2 and text.count("@mlirnn_tick()") == 5
+
+
+def test_kernel_times_names_the_buffers_of_each_kernel():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.kernel_times import buffers
+
+    step = ("    func.call @kp_d(%1, %2, %3) : (index, memref<?x12x784xf32, strided<[9408, 784, 1]>>, "
+            "memref<32x784x32xf32>) -> ()\n  call @kq_d(%4, %5) : (memref<f32>, memref<1024xf64>) -> ()\n"
+            "  call @kp_d(%6, %7, %8) : (index, memref<?x1x1xf32>, memref<1x1x1xf32>) -> ()")
+    assert buffers(step, {"kp", "kq"}) == {"kp": "?x12x784 32x784x32", "kq": "scalar 1024"}

@@ -544,7 +544,9 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
     narrow = large and _narrow_over_batch(op)
     large = large and not narrow
     if (large or _over_batch_rows(op)) and _has_short_k(op):
-        return ProductPlan("short-k", False, f"k <= {SHORT_K}: one pass with its epilogue")
+        # (an element-wise pass: with threads, ``parallel_maps`` runs it in blocks of rows, several on threads)
+        where = ", in blocks of rows (on threads where there are several)" if threads else ""
+        return ProductPlan("short-k", threads, f"k <= {SHORT_K}: one pass with its epilogue{where}")
     swapping = _swapping(op, rates) if large else None
     swaps = swapping is not None and swapping[0].name == "blocked-swapped"
     small_swapped = swaps and _static_sizes(m, n, k) and m * n * k <= SWAPPED_LOOP_MAX

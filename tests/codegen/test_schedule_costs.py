@@ -62,7 +62,7 @@ def test_the_default_table_breaks_even_at_the_thresholds_measured_before():
     (64, 48, 40, "blocked", False),  # packing pays, threads do not
     (8, 8, 8, "small-vector", False),  # too small to pack
     ("N", 1000, 10, "small-rows", True),  # narrow over the batch
-    ("N", 12, 300, "short-k", False),
+    ("N", 12, 300, "short-k", True),  # one pass, in blocks of rows on threads (it said one thread)
 ])
 def test_the_default_table_picks_the_clear_cut_schedules(m, k, n, kind, threads):
     (plan,) = _plans(_product(m, k, n))
