@@ -213,12 +213,13 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
         from mlir_nn.codegen import emit_linalg, symbol_name
         from mlir_nn.codegen.copies import strided_copies_as_loops
         from mlir_nn.codegen.cpu_matmul import rewrite_matmuls
+        from mlir_nn.codegen.flat_sums import flatten_whole_reductions
         from mlir_nn.codegen.fp_env import flush_subnormals
         from mlir_nn.codegen.fuse_updates import fuse_elementwise_chains
         from mlir_nn.codegen.gemm_calls import products_as_calls
         from mlir_nn.codegen.hoist_scalars import hoist_scalar_work
         from mlir_nn.codegen.inline_math import inline_f32_math
-        from mlir_nn.codegen.inplace import copy_repeated_results, write_updates_in_place
+        from mlir_nn.codegen.inplace import copy_repeated_results, publish_step, write_updates_in_place
         from mlir_nn.codegen.lane_loads import scalarize_lane_loads
         from mlir_nn.codegen.parallel_maps import spread_maps
         from mlir_nn.codegen.partials_in_place import sum_over_first_partials
@@ -263,7 +264,9 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
         if quick:  # bufferized: the products left as linalg.matmul become calls of the C GEMM
             products_as_calls(module)
 
-    hooks = {"drop-equivalent-buffer-results": fuse_and_hoist,
+    hooks = {"eliminate-empty-tensors": flatten_whole_reductions,  # once fused (see codegen.flat_sums)
+             "drop-equivalent-buffer-results": fuse_and_hoist,
+             "inline": lambda module: publish_step(module, symbol_name(graph)),  # its update results dropped
              "buffer-results-to-out-params": copy_repeated_results,
              PLAN_PASS: plan_and_guard,
              "convert-bufferization-to-memref": to_memrefs,

@@ -113,14 +113,16 @@ def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Seq
     ``placeholders`` are functions it calls that other objects define: the JIT, which only
     compiles here, is told they exist, and the object keeps relocations to them. So are the
     task runtime's functions (``task_runtime.CALLS``): a cold compile does not wait for the runtime's
-    C build (``task_runtime``), which only loading the linked object needs; and the C GEMM's
-    (``gemm``), for the same reason."""
+    C build (``task_runtime``), which only loading the linked object needs; and every function
+    the module declares (the C GEMM's, MLIR's runtime's, libm's), which ``link_objects`` resolves:
+    the JIT loads no runtime library (``libmlir_c_runner_utils`` pulls in MLIR's 186 MB shared
+    library: 25-40 ms of each compiling process's first compile, more with cold page caches)."""
     with interrupts_deferred():  # never half loaded (see support.interrupts)
         from mlir.execution_engine import ExecutionEngine
 
     try:
-        engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=runtime_libs(), enable_pic=True)
-        for name in [*placeholders, *task_runtime.CALLS, *gemm_calls(module)]:
+        engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=[], enable_pic=True)
+        for name in dict.fromkeys([*placeholders, *task_runtime.CALLS, *declared_functions(module)]):
             engine.raw_register_runtime(name, ctypes.c_void_p(_PLACEHOLDER))
         if not engine.raw_lookup(symbol):
             raise NativeError(f"symbol {symbol} not found in the compiled code")
@@ -132,13 +134,17 @@ def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Seq
 _PLACEHOLDER = 0x1000  # an address the JIT's own link resolves placeholders to; never called
 
 
-def gemm_calls(module: ir.Module) -> list[str]:
-    """The functions of the C GEMM (``gemm``) that the LLVM-dialect ``module`` declares."""
+def declared_functions(module: ir.Module) -> list[str]:
+    """The functions that the LLVM-dialect ``module`` declares and does not define."""
     from mlir_nn.codegen.walk import symbol
 
     declared = (op.operation for op in module.body.operations)
-    names = (symbol(op) for op in declared if op.name == "llvm.func" and not op.regions[0].blocks)
-    return [name for name in names if name in gemm.SYMBOLS]
+    return [symbol(op) for op in declared if op.name == "llvm.func" and not op.regions[0].blocks]
+
+
+def gemm_calls(module: ir.Module) -> list[str]:
+    """The functions of the C GEMM (``gemm``) that the LLVM-dialect ``module`` declares."""
+    return [name for name in declared_functions(module) if name in gemm.SYMBOLS]
 
 
 def link_objects(objects: Sequence[Path], path: Path) -> None:

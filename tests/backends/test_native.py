@@ -77,3 +77,35 @@ print(json.dumps({"lib": str(runtime_lib_dir()), "opt": llvm_tool("opt"), "none"
     assert Path(found["lib"]).resolve() == lib.resolve()
     assert Path(found["opt"]).resolve() == opt.resolve()
     assert found["none"] is None and found["missing"] is None and found["metadata"] is False
+
+
+# copies a 1-D memref through MLIR's runtime library (memrefCopy, in libmlir_c_runner_utils)
+_CALLS_MLIR_RUNTIME = """
+llvm.func @memrefCopy(i64, !llvm.ptr, !llvm.ptr)
+llvm.func @_mlir_ciface_copy(%size: i64, %from: !llvm.ptr, %to: !llvm.ptr) {
+  llvm.call @memrefCopy(%size, %from, %to) : (i64, !llvm.ptr, !llvm.ptr) -> ()
+  llvm.return
+}
+"""
+
+
+def test_compiling_an_object_loads_no_runtime_library_and_the_link_resolves_its_calls(tmp_path):
+    """The JIT that compiles an object loads none of MLIR's runtime libraries (the C runner
+    utilities pull in MLIR's whole shared library): in a fresh process, a function calling
+    ``memrefCopy`` compiles with ``libMLIR.so`` never mapped, and the shared object linked from it
+    loads with the call resolved (to the runtime library, which the link names)."""
+    program = f"""
+import ctypes
+from pathlib import Path
+from mlir import ir
+from mlir_nn.backends.native import compile_object, link_objects
+with ir.Context():
+    compile_object(ir.Module.parse({_CALLS_MLIR_RUNTIME!r}), "_mlir_ciface_copy", Path({str(tmp_path / "f.o")!r}))
+assert "libMLIR.so" not in Path("/proc/self/maps").read_text(), "the compile loaded MLIR's shared library"
+link_objects([Path({str(tmp_path / "f.o")!r})], Path({str(tmp_path / "f.so")!r}))
+library = ctypes.CDLL({str(tmp_path / "f.so")!r})
+assert library._mlir_ciface_copy
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr[-3000:]
