@@ -86,6 +86,8 @@ _BACKEND_SOURCES = ("backends/cpu.py", "support/cpu_target.py", "backends/loweri
                     "backends/memory_plan.py", "backends/input_guard.py", "backends/kernel_split.py",
                     "backends/kernel_build.py", "backends/kernel_cache.py", "backends/host_cpu.py",
                     "backends/task_runtime.py", "backends/task_aliasing.py", "backends/parallel_bodies.py")
+# passes after which the step, private until its update results are dropped, is made public (before the second)
+PUBLISH_AFTER = ("drop-equivalent-buffer-results", "inline")
 PLAN_PASS = "buffer-deallocation-pipeline"  # the memory plan and the input check run right before it
 SCHEDULE = "cpu_matmul.mlir"  # the transform schedule mlir_nn.codegen.cpu_matmul applies
 THREAD_PASS = task_runtime.THREAD_PASS
@@ -238,7 +240,11 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
     recompute_cheap_maps(module)  # x * c read again by a later pass: recomputed there, not stored
     slot = {p.attr("name"): len(graph.inputs) + i for i, p in enumerate(graph.params)}
     fn = module.body.operations[0]
-    write_updates_in_place(module, fn, len(graph.outputs), [slot[name] for name, _ in graph.updates])
+    # the step is private until the update results are dropped, then public again (publish_step); a
+    # pipeline without those passes (a user's) gets a public wrapper that calls it
+    publish = [p.split("{")[0] for p in pipeline.passes if p.split("{")[0] in PUBLISH_AFTER] == list(PUBLISH_AFTER)
+    write_updates_in_place(module, fn, len(graph.outputs), [slot[name] for name, _ in graph.updates],
+                           wrapper=not publish)
     rewrite_matmuls(module, threads, graph.batch_rows, num_threads() if threads else None, quick, library=quick)
     timings["codegen"] = time.perf_counter() - start
     start = time.perf_counter()
@@ -266,7 +272,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
 
     hooks = {"eliminate-empty-tensors": flatten_whole_reductions,  # once fused (see codegen.flat_sums)
              "drop-equivalent-buffer-results": fuse_and_hoist,
-             "inline": lambda module: publish_step(module, symbol_name(graph)),  # its update results dropped
+             PUBLISH_AFTER[1]: lambda module: publish and publish_step(module, symbol_name(graph)),
              "buffer-results-to-out-params": copy_repeated_results,
              PLAN_PASS: plan_and_guard,
              "convert-bufferization-to-memref": to_memrefs,

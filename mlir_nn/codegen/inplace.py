@@ -40,14 +40,19 @@ def _fresh_copy(value: ir.Value) -> ir.Value:
     return linalg.copy(value, outs=[tensor.empty(sizes, kind.element_type)])
 
 
-def write_updates_in_place(module: ir.Module, fn: func.FuncOp, n_outputs: int, update_args: Sequence[int]) -> None:
-    """Make results ``n_outputs..`` of ``fn`` in-place writes to arguments ``update_args``."""
+def write_updates_in_place(module: ir.Module, fn: func.FuncOp, n_outputs: int, update_args: Sequence[int],
+                           wrapper: bool = False) -> None:
+    """Make results ``n_outputs..`` of ``fn`` in-place writes to arguments ``update_args``.
+    ``wrapper``: for a pipeline that does not drop the update results and inline (a user's), a
+    public ``@<name>`` calls the private step and returns only the outputs, instead of
+    ``publish_step`` making the step public again (the quadratic call above, but a valid step)."""
     name = ir.StringAttr(fn.sym_name).value
     block = fn.regions[0].blocks[0]
     ret = list(block.operations)[-1]
     values = list(ret.operands)
     if len(values) != n_outputs + len(update_args):
         raise ValueError(f"write_updates_in_place: {len(values)} results, expected {n_outputs} + {len(update_args)}")
+    arg_types = [a.type for a in block.arguments]
     with module.context, ret.location:
         kept = []
         for v in values:  # copies of argument values are taken first, before anything is written
@@ -72,6 +77,14 @@ def write_updates_in_place(module: ir.Module, fn: func.FuncOp, n_outputs: int, u
         fn.attributes["sym_name"] = ir.StringAttr.get(name + IMPL_SUFFIX)
         fn.attributes["sym_visibility"] = ir.StringAttr.get("private")
         del fn.attributes["llvm.emit_c_interface"]
+        if not wrapper:
+            return
+        with ir.InsertionPoint(module.body):
+            public = func.FuncOp(name, ir.FunctionType.get(arg_types, [v.type for v in kept[:n_outputs]]))
+            public.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+            entry = public.add_entry_block()
+        with ir.InsertionPoint(entry):
+            func.ReturnOp(list(func.CallOp(fn, list(entry.arguments)).results)[:n_outputs])
 
 
 def publish_step(module: ir.Module, name: str) -> None:

@@ -83,3 +83,28 @@ def test_an_adam_step_updates_every_parameter_in_place_like_the_reference(rows):
         np.testing.assert_allclose(got_loss, want_loss, rtol=1e-4)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dropped", [("inline{default-pipeline=}",),
+                                     ("drop-equivalent-buffer-results", "inline{default-pipeline=}")])
+def test_a_pipeline_that_does_not_drop_and_inline_calls_the_step_through_a_public_wrapper(dropped):
+    """A user's pipeline without those passes still compiles a step that updates in place (it
+    failed with "no function with a C interface" while the step stayed private)."""
+    from mlir_nn.backends.cpu import CpuBackend
+    from mlir_nn.backends.reference import evaluate
+    from mlir_nn.support.pipelines import Pipeline, load_pipeline
+
+    default = load_pipeline("cpu")
+    mine = Pipeline("mine", tuple(p for p in default.passes if p not in dropped))
+    assert len(mine.passes) == len(default.passes) - len(dropped)
+    module = emit_linalg(_scaled_graph())
+    with module.context:
+        write_updates_in_place(module, module.body.operations[0], 1, [1], wrapper=True)
+        assert _functions(module) == [("scaled" + IMPL_SUFFIX, "private", False), ("scaled", None, True)]
+    graph = _scaled_graph()
+    executable = CpuBackend(pipeline=mine).compile(graph)
+    x, w = np.arange(21, dtype=np.float32).reshape(7, 3), np.array([1.0, -2.0, 0.5], np.float32)
+    want, updates = evaluate(graph, [x], [w.copy()], 7)
+    (got,) = executable.run([x], [w])
+    np.testing.assert_allclose(got, want[0], rtol=1e-5)
+    np.testing.assert_allclose(w, updates[0], rtol=1e-6)  # written into the parameter's own array
