@@ -272,11 +272,12 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
 
     hooks = {"eliminate-empty-tensors": flatten_whole_reductions,  # once fused (see codegen.flat_sums)
              "drop-equivalent-buffer-results": fuse_and_hoist,
-             PUBLISH_AFTER[1]: lambda module: publish and publish_step(module, symbol_name(graph)),
              "buffer-results-to-out-params": copy_repeated_results,
              PLAN_PASS: plan_and_guard,
              "convert-bufferization-to-memref": to_memrefs,
              "convert-linalg-to-loops": strided_copies_as_loops}
+    if publish:
+        hooks[PUBLISH_AFTER[1]] = lambda module: publish_step(module, symbol_name(graph))
     tail = tail_pipeline(pipeline)
     head = Pipeline(pipeline.name, pipeline.passes[:len(pipeline.passes) - len(tail.passes)])
     passes = run_pipeline(module, head if tail.passes else pipeline, hooks)
