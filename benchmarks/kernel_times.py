@@ -41,16 +41,21 @@ _TICK = "func.call @mlirnn_tick() : () -> ()"
 _BUFFER = re.compile(r"memref<((?:[?\d]+x)*)[a-z]+\d*[,>]")
 
 
+def _kernel_called(line: str) -> tuple[str, str] | None:
+    """(indent, kernel name less the declaration's suffix) of a line of a split step that calls a function."""
+    match = _CALL.match(line)
+    return (match.group(1), match.group(2).rsplit("_", 1)[0]) if match else None
+
+
 def instrument(step: str, kernels: set[str], twice: bool = False) -> tuple[str, list[str]]:
     """``step`` (a split step's text) with a tick before and after each call of a kernel
     (its name, less the declaration's suffix, in ``kernels``), and the kernels in call order.
     ``twice``: each call is made twice in a row (the second named ``<kernel>-again``)."""
     lines, order = ["func.func private @mlirnn_tick()"], []
     for line in step.splitlines():
-        match = _CALL.match(line)
-        kernel = match and match.group(2).rsplit("_", 1)[0]
+        indent, kernel = _kernel_called(line) or ("", None)
         if kernel in kernels:
-            lines += [match.group(1) + _TICK, line, match.group(1) + _TICK] * (2 if twice else 1)
+            lines += [indent + _TICK, line, indent + _TICK] * (2 if twice else 1)
             order += [kernel, kernel + "-again"] if twice else [kernel]
         else:
             lines.append(line)
@@ -63,8 +68,7 @@ def buffers(step: str, kernels: set[str]) -> dict[str, str]:
     what tells the kernels apart in the report (their names are hashes of their text)."""
     found: dict[str, str] = {}
     for line in step.splitlines():
-        match = _CALL.match(line)
-        kernel = match and match.group(2).rsplit("_", 1)[0]
+        kernel = (_kernel_called(line) or ("", None))[1]
         if kernel in kernels and kernel not in found:
             found[kernel] = " ".join(shape.rstrip("x") or "scalar" for shape in _BUFFER.findall(line))
     return found

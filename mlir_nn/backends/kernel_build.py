@@ -141,7 +141,7 @@ def compile_lowered(module: ir.Module, job: Job, text: bool = True) -> str | Non
         tune_for_host(module)
         printed = module.operation.get_asm(assume_verified=True) if text else None  # (str() verifies: 10% more)
         try:
-            compile_object(module, job.chunk.public[0], job.path, job.chunk.calls, job.opt_level)
+            compile_object(module, job.chunk.public[0], job.path, job.opt_level)
         except NativeError:
             # ops the passes left unlowered, named (checked only here: a walk of every op in
             # Python, 35 ms of a 16x256 Adam step's build)

@@ -107,22 +107,21 @@ def jit(module: ir.Module, name: str, opt_level: int = OPT_LEVEL) -> tuple[Nativ
     return NativeFunction(address, engine, packed_symbol(name)), engine
 
 
-def compile_object(module: ir.Module, symbol: str, path: Path, placeholders: Sequence[str] = (),
-                   opt_level: int = OPT_LEVEL) -> None:
+def compile_object(module: ir.Module, symbol: str, path: Path, opt_level: int = OPT_LEVEL) -> None:
     """Compile the LLVM-dialect ``module`` at ``opt_level`` into the object file ``path``.
-    ``placeholders`` are functions it calls that other objects define: the JIT, which only
-    compiles here, is told they exist, and the object keeps relocations to them. So are the
-    task runtime's functions (``task_runtime.CALLS``): a cold compile does not wait for the runtime's
-    C build (``task_runtime``), which only loading the linked object needs; and every function
-    the module declares (the C GEMM's, MLIR's runtime's, libm's), which ``link_objects`` resolves:
-    the JIT loads no runtime library (``libmlir_c_runner_utils`` pulls in MLIR's 186 MB shared
+    Every function the module declares (other chunks' kernels, the C GEMM's, MLIR's runtime's,
+    libm's) is a placeholder: the JIT, which only compiles here, is told it exists, and the object
+    keeps relocations to it, which ``link_objects`` resolves. So are the task runtime's functions
+    (``task_runtime.CALLS``, which the translation of OpenMP's ops adds): a cold compile does not
+    wait for the runtime's C build (``task_runtime``), which only loading the linked object needs.
+    The JIT loads no runtime library (``libmlir_c_runner_utils`` pulls in MLIR's 186 MB shared
     library: 25-40 ms of each compiling process's first compile, more with cold page caches)."""
     with interrupts_deferred():  # never half loaded (see support.interrupts)
         from mlir.execution_engine import ExecutionEngine
 
     try:
         engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=[], enable_pic=True)
-        for name in dict.fromkeys([*placeholders, *task_runtime.CALLS, *declared_functions(module)]):
+        for name in dict.fromkeys([*task_runtime.CALLS, *declared_functions(module)]):
             engine.raw_register_runtime(name, ctypes.c_void_p(_PLACEHOLDER))
         if not engine.raw_lookup(symbol):
             raise NativeError(f"symbol {symbol} not found in the compiled code")
