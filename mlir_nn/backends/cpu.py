@@ -47,6 +47,7 @@ from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph, conv_forms
 from mlir_nn.ir.arguments import check_arguments, input_error, label_inputs
 from mlir_nn.support import schedule_rates
+from mlir_nn.support.collection import collection_paused
 from mlir_nn.support.cpu_target import register_block
 from mlir_nn.support.disk_cache import writable
 from mlir_nn.support.interrupts import interrupts_deferred
@@ -345,6 +346,15 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         kernel = cached_kernel(graph, pipeline, threads, opt_level)
         if kernel is not None:
             return kernel
+    with collection_paused():  # the garbage collector's passes cost a cold compile 5-10%
+        kernel = _compile(graph, pipeline, key, use_disk, threads, opt_level, workers, llvm_text)
+    _MEMORY[key] = kernel
+    return kernel
+
+
+def _compile(graph: Graph, pipeline: Pipeline, key: str, use_disk: bool, threads: bool, opt_level: int,
+             workers: bool, llvm_text: bool) -> Kernel:
+    """``compile_kernel``'s fresh compile (stored on disk under ``key`` with ``use_disk``)."""
     with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
         from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
         from mlir_nn.codegen import symbol_name
@@ -369,9 +379,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
             start = time.perf_counter()
             _store(key, library, symbol_name(graph), stages, plan)
             timings["cache-write"] = time.perf_counter() - start
-    kernel = Kernel(native, stages, plan, timings, "compiled", pipeline, opt_level)
-    _MEMORY[key] = kernel
-    return kernel
+    return Kernel(native, stages, plan, timings, "compiled", pipeline, opt_level)
 
 
 def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, str], timings: dict[str, float],
