@@ -362,7 +362,8 @@ def _compile(graph: Graph, pipeline: Pipeline, key: str, use_disk: bool, threads
     # the workers import MLIR while this process lowers (started already when the step came through
     # the jit pipeline), and cc runs
     prepare_compile(workers, tasks=runs_threads(pipeline), products=opt_level == 0)
-    host_cpu.prepare()  # the target every compiled function is tuned for
+    if opt_level > 0:  # the target every function compiled with IR passes is tuned for (kernel_build)
+        host_cpu.prepare()
     # at -O0 LLVM schedules nothing: the schedule's unrolled copies would cost compile time only
     module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads, llvm_text=False,
                                                               quick=opt_level == 0)

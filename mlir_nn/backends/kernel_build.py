@@ -138,7 +138,8 @@ def compile_lowered(module: ir.Module, job: Job, text: bool = True) -> str | Non
         mark_kernels(module, job.chunk.kernels)
         schedule_worksharing_loops(module, (*job.chunk.kernels, job.chunk.step))
         inline_step(module, job.chunk.step)
-        tune_for_host(module)
+        if job.opt_level > 0:  # at -O0 nothing vectorizes (host_cpu's gathers): the JIT's host target
+            tune_for_host(module)  # serves, without waiting for the host's probe (two LLVM tools run)
         printed = module.operation.get_asm(assume_verified=True) if text else None  # (str() verifies: 10% more)
         try:
             compile_object(module, job.chunk.public[0], job.path, job.opt_level)
