@@ -45,9 +45,11 @@ class Job:
     opt_level: int = OPT_LEVEL
 
 
-def lower_tail(module: ir.Module, tail: Pipeline) -> None:
-    """The pipeline's passes from the split on, with the hooks the cpu backend runs there."""
-    run_pipeline(module, tail, {THREAD_PASS: _outline_bodies, "convert-linalg-to-loops": strided_copies_as_loops})
+def lower_tail(module: ir.Module, tail: Pipeline, parsed: bool = False) -> None:
+    """The pipeline's passes from the split on, with the hooks the cpu backend runs there;
+    ``parsed``: the module was just parsed, which verified it."""
+    run_pipeline(module, tail, {THREAD_PASS: _outline_bodies, "convert-linalg-to-loops": strided_copies_as_loops},
+                 verified=parsed)
     scalarize_lane_loads(module)
 
 
@@ -113,11 +115,12 @@ def inline_step(module: ir.Module, step: str) -> None:
             op.attributes["always_inline"] = ir.UnitAttr.get()
 
 
-def lower_chunk(job: Job) -> ir.Module:
-    """``job``'s chunk parsed in a context of its own (the module keeps it) and lowered by its tail."""
-    with ir.Context():
+def lower_chunk(job: Job, context: ir.Context | None = None) -> ir.Module:
+    """``job``'s chunk parsed in ``context`` (default: a context of its own, which the module
+    keeps; a new context loads every dialect, 5-7 ms) and lowered by its tail."""
+    with context or ir.Context():
         module = ir.Module.parse(job.chunk.text)
-        lower_tail(module, job.tail)
+        lower_tail(module, job.tail, parsed=True)
     return module
 
 
