@@ -391,8 +391,9 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     and load it; adds the "llvm" stage (unless ``llvm_text`` is off and the step was compiled in
     this process: not split, or split without ``workers`` or ``use_disk``) and the time of each
     part. With ``use_disk`` a split step links the kernels it finds in the kernel cache and stores
-    the ones it compiles; without ``workers`` it is one module."""
-    from mlir_nn.backends.kernel_build import Job, compile_lowered, kernels_only, lower_chunk, merge_texts
+    the ones it compiles; without ``workers`` it is one module, which without ``use_disk`` stays
+    in this process's JIT (``kernel_build.compile_resident``: nothing linked or loaded)."""
+    from mlir_nn.backends.kernel_build import Job, compile_resident, kernels_only, lower_chunk, merge_texts
     from mlir_nn.backends.kernel_split import Chunk
     from mlir_nn.codegen import symbol_name
 
@@ -407,11 +408,16 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
         else:  # every kernel a function of its own in the one module
             job = Job(split.chunks(1)[0], tail_pipeline(pipeline), library.parent / "chunk0.o", opt_level)
             module = lower_chunk(job, module.context)  # (the lowering's)
-        text = compile_lowered(module, job, llvm_text)
+        threaded = runs_threads(pipeline)
+        # kept in memory when not stored: no object file, link or load (10-15 ms)
+        text, resident = compile_resident(module, job, llvm_text, resident=not use_disk, tasks=threaded)
         if text is not None:
             stages["llvm"] = text
+        if resident is not None:
+            timings["llvm"] = time.perf_counter() - start
+            return resident
         jobs = [job]
-        tasks = task_runtime.REGION in text if text is not None else runs_threads(pipeline)
+        tasks = task_runtime.REGION in text if text is not None else threaded
         products = bool(gemm_calls(module))
     else:
         tail = tail_pipeline(pipeline)

@@ -567,3 +567,19 @@ def test_the_computing_threads_are_part_of_the_cache_key(monkeypatch, tmp_path):
     clear_memory_cache()
     monkeypatch.setenv(ENV, "4")
     assert compile_kernel(graph).source == "disk"
+
+
+def test_a_step_compiled_without_the_disk_cache_stays_in_memory_and_computes_the_reference():
+    """The quick tier's compile (one module, no disk cache, no workers) keeps its code in the JIT
+    (``kernel_build.compile_resident``): nothing linked, at awkward batch sizes as the reference."""
+    graph = matmul_zoo(13, 70, "float32")
+    kernel = compile_kernel(graph, serial_pipeline(load_pipeline("cpu")), use_disk=False, opt_level=0,
+                            workers=False, llvm_text=False)
+    assert type(kernel.native.owner).__name__ == "ExecutionEngine" and "link" not in kernel.timings
+    executable = CpuExecutable(graph, kernel)
+    rng = np.random.default_rng(11)
+    for batch in (1, 7, 13, 33, 257, 4099):
+        inputs, params = arguments(graph, batch, rng)
+        want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        for got, expected in zip(executable.run(inputs, params), want):
+            np.testing.assert_allclose(got, expected, **TOL["float32"])
