@@ -59,7 +59,6 @@ from dataclasses import dataclass
 
 from mlir import ir
 from mlir.dialects import arith, bufferization, scf, tensor
-from mlir.dialects.transform import interpreter
 
 from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.batch_split import TASKS_MAX, partials_added, rows_per_task, split_over_batch
@@ -1637,6 +1636,9 @@ def _schedule_tags(module: ir.Module) -> _Tags:
 
 
 def _apply_schedule(module: ir.Module, itemsize: int, thread_count: int | None, quick: bool) -> None:
+    # imported when a schedule runs (3 ms: none does in the quick tier, whose products call the C GEMM)
+    from mlir.dialects.transform import interpreter
+
     tags = _schedule_tags(module)
     text = _schedule_text(itemsize, tags.tasks, tags.chunks, tags.splits, tags.small_tasks, thread_count, quick)
     schedule = ir.Module.parse(text, module.context)
