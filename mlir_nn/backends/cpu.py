@@ -47,6 +47,7 @@ from mlir_nn.backends.workspace import MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph, conv_forms
 from mlir_nn.ir.arguments import check_arguments, input_error, label_inputs
 from mlir_nn.support import schedule_rates
+from mlir_nn.support.collection import collection_paused
 from mlir_nn.support.cpu_target import register_block
 from mlir_nn.support.disk_cache import writable
 from mlir_nn.support.interrupts import interrupts_deferred
@@ -194,15 +195,16 @@ def tail_pipeline(pipeline: Pipeline) -> Pipeline:
 
 
 def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm_text: bool = True,
-                    quick: bool = False) -> tuple[object, dict[str, str], dict[str, float], MemoryPlan | None,
-                                                  Split | None, tuple[str, ...]]:
+                    quick: bool = False, linalg_text: bool = True) -> tuple[
+                        object, dict[str, str], dict[str, float], MemoryPlan | None, Split | None, tuple[str, ...]]:
     """``lower`` and the step's memory plan (None when the pipeline has no ``PLAN_PASS``).
     Large products use threads when ``threads`` is set and the pipeline has
     ``THREAD_PASS``. Right before ``PLAN_PASS`` the step's buffers become views of one workspace
     argument and an input check guards the body (``memory_plan``, ``input_guard``). A
     pipeline with ``kernel_split.SPLIT_PASS`` stops there: the step is split into kernels
     (the fifth item; ``stages`` then has no "llvm" text yet), else that item is None (and
-    ``stages`` has the "llvm" text unless ``llvm_text`` is off: the compile prints it). The
+    ``stages`` has the "llvm" text unless ``llvm_text`` is off: the compile prints it; the "linalg"
+    text unless ``linalg_text`` is off: 9 ms of the quick tier's 8x64 Adam compile). The
     last item lists the passes run: ``PLAN_PASS`` is skipped when the plan left no heap buffer
     (``memory_plan.needs_deallocation``; it took 0.3 to 0.5 s of a deep MLP's build). ``quick``: for
     LLVM at -O0, the float products call the C GEMM (``codegen.gemm_calls``), the others' schedule
@@ -232,7 +234,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
     threads = threads and runs_threads(pipeline)
     # float32 sums accumulate in float64; batched products' loops run as tasks on threads
     module = emit_linalg(graph, wide_sums=True, strided_copies=True, batch_tasks=threads)
-    stages = {"linalg": module.operation.get_asm(assume_verified=True)}  # (verified next)
+    stages = {"linalg": module.operation.get_asm(assume_verified=True)} if linalg_text else {}  # (verified next)
     if not quick:  # at -O0 nothing vectorizes: the expansions only cost compile time (quick tier,
         # Adam MLPs at batch 128, compile CPU time: 8x64 0.60 -> 0.45 s, 4x256 0.32 -> 0.26; a
         # 4099x256 float32 exp + sigmoid: 9-11 ms either way)
@@ -335,8 +337,8 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     LLVM's (0: no IR passes, for the quick tier, ``mlir_nn.jit.tiered``); ``workers=False``
     starts no compile workers and compiles a split step as one module, in this process;
     ``llvm_text=False`` (with ``use_disk`` off: the disk cache keeps every stage)
-    leaves the "llvm" stage out of a fresh compile (the quick tier: printing it took 0.05 s of a
-    4x256 Adam MLP's first call), split or not when compiled in this process (``workers`` off)."""
+    leaves the "llvm" and "linalg" stages out of a fresh compile (the quick tier: printing them took
+    0.05 s of a 4x256 Adam MLP's first call), split or not when compiled in this process (``workers`` off)."""
     pipeline = pipeline or load_pipeline(TARGET)
     key = _key(graph, pipeline, threads, opt_level)
     if key in _MEMORY and (not llvm_text or "llvm" in _MEMORY[key].stages):
@@ -345,6 +347,15 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
         kernel = cached_kernel(graph, pipeline, threads, opt_level)
         if kernel is not None:
             return kernel
+    with collection_paused():  # the garbage collector's passes cost a cold compile 5-10%
+        kernel = _compile(graph, pipeline, key, use_disk, threads, opt_level, workers, llvm_text)
+    _MEMORY[key] = kernel
+    return kernel
+
+
+def _compile(graph: Graph, pipeline: Pipeline, key: str, use_disk: bool, threads: bool, opt_level: int,
+             workers: bool, llvm_text: bool) -> Kernel:
+    """``compile_kernel``'s fresh compile (stored on disk under ``key`` with ``use_disk``)."""
     with interrupts_deferred():  # MLIR's modules register dialects as they load: never half loaded
         from mlir_nn.backends.lowering import LoweringError, check_lowered_to_llvm
         from mlir_nn.codegen import symbol_name
@@ -352,10 +363,11 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     # the workers import MLIR while this process lowers (started already when the step came through
     # the jit pipeline), and cc runs
     prepare_compile(workers, tasks=runs_threads(pipeline), products=opt_level == 0)
-    host_cpu.prepare()  # the target every compiled function is tuned for
+    if opt_level > 0:  # the target every function compiled with IR passes is tuned for (kernel_build)
+        host_cpu.prepare()
     # at -O0 LLVM schedules nothing: the schedule's unrolled copies would cost compile time only
     module, stages, timings, plan, split, _ = lower_with_plan(graph, pipeline, threads, llvm_text=False,
-                                                              quick=opt_level == 0)
+                                                              quick=opt_level == 0, linalg_text=llvm_text or use_disk)
     if plan is None:
         if split is None:  # what it left unlowered, named first (else checked only if LLVM fails)
             check_lowered_to_llvm(module, pipeline)
@@ -369,9 +381,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
             start = time.perf_counter()
             _store(key, library, symbol_name(graph), stages, plan)
             timings["cache-write"] = time.perf_counter() - start
-    kernel = Kernel(native, stages, plan, timings, "compiled", pipeline, opt_level)
-    _MEMORY[key] = kernel
-    return kernel
+    return Kernel(native, stages, plan, timings, "compiled", pipeline, opt_level)
 
 
 def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, str], timings: dict[str, float],
@@ -381,8 +391,9 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     and load it; adds the "llvm" stage (unless ``llvm_text`` is off and the step was compiled in
     this process: not split, or split without ``workers`` or ``use_disk``) and the time of each
     part. With ``use_disk`` a split step links the kernels it finds in the kernel cache and stores
-    the ones it compiles; without ``workers`` it is one module."""
-    from mlir_nn.backends.kernel_build import Job, compile_lowered, kernels_only, lower_chunk, merge_texts
+    the ones it compiles; without ``workers`` it is one module, which without ``use_disk`` stays
+    in this process's JIT (``kernel_build.compile_resident``: nothing linked or loaded)."""
+    from mlir_nn.backends.kernel_build import Job, compile_resident, kernels_only, lower_chunk, merge_texts
     from mlir_nn.backends.kernel_split import Chunk
     from mlir_nn.codegen import symbol_name
 
@@ -396,12 +407,17 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
                       opt_level)
         else:  # every kernel a function of its own in the one module
             job = Job(split.chunks(1)[0], tail_pipeline(pipeline), library.parent / "chunk0.o", opt_level)
-            module = lower_chunk(job)
-        text = compile_lowered(module, job, llvm_text)
+            module = lower_chunk(job, module.context)  # (the lowering's)
+        threaded = runs_threads(pipeline)
+        # kept in memory when not stored: no object file, link or load (10-15 ms)
+        text, resident = compile_resident(module, job, llvm_text, resident=not use_disk, tasks=threaded)
         if text is not None:
             stages["llvm"] = text
+        if resident is not None:
+            timings["llvm"] = time.perf_counter() - start
+            return resident
         jobs = [job]
-        tasks = task_runtime.REGION in text if text is not None else runs_threads(pipeline)
+        tasks = task_runtime.REGION in text if text is not None else threaded
         products = bool(gemm_calls(module))
     else:
         tail = tail_pipeline(pipeline)

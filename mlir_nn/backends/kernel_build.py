@@ -22,7 +22,7 @@ from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.host_cpu import tune_for_host
 from mlir_nn.backends.kernel_split import NOALIAS, Chunk, pass_pointers
 from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
-from mlir_nn.backends.native import OPT_LEVEL, compile_object
+from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, compile_in_memory, compile_object
 from mlir_nn.backends.parallel_bodies import BODY_PREFIX, outline_parallel_bodies, schedule_worksharing_loops
 from mlir_nn.backends.task_aliasing import mark_task_arguments
 from mlir_nn.backends.task_runtime import THREAD_PASS
@@ -45,9 +45,11 @@ class Job:
     opt_level: int = OPT_LEVEL
 
 
-def lower_tail(module: ir.Module, tail: Pipeline) -> None:
-    """The pipeline's passes from the split on, with the hooks the cpu backend runs there."""
-    run_pipeline(module, tail, {THREAD_PASS: _outline_bodies, "convert-linalg-to-loops": strided_copies_as_loops})
+def lower_tail(module: ir.Module, tail: Pipeline, parsed: bool = False) -> None:
+    """The pipeline's passes from the split on, with the hooks the cpu backend runs there;
+    ``parsed``: the module was just parsed, which verified it."""
+    run_pipeline(module, tail, {THREAD_PASS: _outline_bodies, "convert-linalg-to-loops": strided_copies_as_loops},
+                 verified=parsed)
     scalarize_lane_loads(module)
 
 
@@ -113,11 +115,12 @@ def inline_step(module: ir.Module, step: str) -> None:
             op.attributes["always_inline"] = ir.UnitAttr.get()
 
 
-def lower_chunk(job: Job) -> ir.Module:
-    """``job``'s chunk parsed in a context of its own (the module keeps it) and lowered by its tail."""
-    with ir.Context():
+def lower_chunk(job: Job, context: ir.Context | None = None) -> ir.Module:
+    """``job``'s chunk parsed in ``context`` (default: a context of its own, which the module
+    keeps; a new context loads every dialect, 5-7 ms) and lowered by its tail."""
+    with context or ir.Context():
         module = ir.Module.parse(job.chunk.text)
-        lower_tail(module, job.tail)
+        lower_tail(module, job.tail, parsed=True)
     return module
 
 
@@ -131,6 +134,14 @@ def compile_lowered(module: ir.Module, job: Job, text: bool = True) -> str | Non
     its LLVM-dialect text (None unless ``text``). A step lowered whole (no split) comes here
     straight from the lowering, in its own context: no print and parse between them (a 4x256
     Adam MLP step's 25k lines)."""
+    return compile_resident(module, job, text, resident=False)[0]
+
+
+def compile_resident(module: ir.Module, job: Job, text: bool = True, resident: bool = True,
+                     tasks: bool = False) -> tuple[str | None, NativeFunction | None]:
+    """``compile_lowered``, but (``resident``) the code stays in this process's JIT when every
+    function it calls is here (``native.compile_in_memory``; ``tasks``: it calls the task
+    runtime): (text, its entry point), else it goes to ``job.path`` as an object: (text, None)."""
     with module.context:
         if job.chunk.step:
             pass_pointers(module, job.chunk.step)
@@ -138,10 +149,15 @@ def compile_lowered(module: ir.Module, job: Job, text: bool = True) -> str | Non
         mark_kernels(module, job.chunk.kernels)
         schedule_worksharing_loops(module, (*job.chunk.kernels, job.chunk.step))
         inline_step(module, job.chunk.step)
-        tune_for_host(module)
+        if job.opt_level > 0:  # at -O0 nothing vectorizes (host_cpu's gathers): the JIT's host target
+            tune_for_host(module)  # serves, without waiting for the host's probe (two LLVM tools run)
         printed = module.operation.get_asm(assume_verified=True) if text else None  # (str() verifies: 10% more)
+        native = None
         try:
-            compile_object(module, job.chunk.public[0], job.path, job.opt_level)
+            if resident:
+                native = compile_in_memory(module, job.chunk.public[0], job.opt_level, tasks)
+            if native is None:
+                compile_object(module, job.chunk.public[0], job.path, job.opt_level)
         except NativeError:
             # ops the passes left unlowered, named (checked only here: a walk of every op in
             # Python, 35 ms of a 16x256 Adam step's build)
@@ -149,8 +165,8 @@ def compile_lowered(module: ir.Module, job: Job, text: bool = True) -> str | Non
             raise
         # a step's only chunk keeps its names (0.7 s of matching for the autoencoder)
         if printed is None or job.chunk.whole:
-            return printed
-        return rename(printed, internal, job.chunk.public[0])
+            return printed, native
+        return rename(printed, internal, job.chunk.public[0]), native
 
 
 def warm_up() -> None:

@@ -36,13 +36,15 @@ def verify_hooks() -> bool:
     return switch(VERIFY_VARIABLE, False, "1: verify the module after every hook of a pass pipeline")
 
 
-def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook] | None = None) -> tuple[str, ...]:
+def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook] | None = None,
+                 verified: bool = False) -> tuple[str, ...]:
     """Lower ``module`` in place; the passes run. ``hooks`` maps a pass name to a function
     run on the module right before the first pass whose name starts with it; one that returns
     True skips that pass. The module is verified as it comes (what mlir-nn's code generator
     made), not after every pass (MLIR's default: a fifth of the pass time of a deep MLP's step),
     nor after each hook unless ``verify_hooks()`` (25 ms each at 16x256 Adam, five per step); on
     failure, a rerun pass by pass on a copy, verifying each pass and hook, finds the culprit.
+    ``verified``: the module is known valid as it comes (just parsed), its first check is skipped.
     The copy is a clone taken up front (a tenth of the time of printing the module, which a
     step of a few hundred kernels took 0.15 s for)."""
     original = module.operation.clone()
@@ -58,7 +60,7 @@ def run_pipeline(module: ir.Module, pipeline: Pipeline, hooks: Mapping[str, Hook
                 if k > 0 and cuts[k - 1][1](module) is True:
                     lo += 1
                 if hi > lo:
-                    if k == 0 or every:
+                    if (k == 0 and not verified) or every:
                         _verify(module, pipeline, lo)
                     manager = PassManager.parse("builtin.module(" + ",".join(pipeline.passes[lo:hi]) + ")")
                     manager.enable_verifier(False)

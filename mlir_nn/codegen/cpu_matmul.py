@@ -59,7 +59,6 @@ from dataclasses import dataclass
 
 from mlir import ir
 from mlir.dialects import arith, bufferization, scf, tensor
-from mlir.dialects.transform import interpreter
 
 from mlir_nn.codegen import linalg_ops as linalg
 from mlir_nn.codegen.batch_split import TASKS_MAX, partials_added, rows_per_task, split_over_batch
@@ -1637,6 +1636,9 @@ def _schedule_tags(module: ir.Module) -> _Tags:
 
 
 def _apply_schedule(module: ir.Module, itemsize: int, thread_count: int | None, quick: bool) -> None:
+    # imported when a schedule runs (3 ms: none does in the quick tier, whose products call the C GEMM)
+    from mlir.dialects.transform import interpreter
+
     tags = _schedule_tags(module)
     text = _schedule_text(itemsize, tags.tasks, tags.chunks, tags.splits, tags.small_tasks, thread_count, quick)
     schedule = ir.Module.parse(text, module.context)
@@ -1657,7 +1659,8 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True, batch_rows: int | N
     already (large element-wise ops go on threads after bufferization: ``parallel_maps``).
     ``batch_rows``: the rows a dynamic batch is priced at (``product_plan``). ``thread_count``: the
     threads the step computes on, when known (a batch's row groups packed in one block a thread).
-    ``quick``: the quick tier's schedule, less unrolled (QUICK_K_UNROLL, QUICK_SMALL_K_STEP).
+    ``quick``: the quick tier's schedule, less unrolled (QUICK_K_UNROLL, QUICK_SMALL_K_STEP), and
+    no schedule for the sums over the batch (``row_sums``).
     ``library``: products that the C GEMM computes (``gemm_calls.library_product``) stay
     ``linalg.matmul`` (``gemm_calls.products_as_calls`` makes them calls once bufferized)."""
     matmuls = collect_linalg_ops(module, lambda op: op.name == "linalg.matmul"
@@ -1695,7 +1698,10 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True, batch_rows: int | N
                 _epilogues_into_fresh_tensors(replacement)
             blocked += large
         drop_im2col_tags(module)
-        sums = tag_row_sums(module, threads)
+        # the quick tier's sums over the batch stay loops: their schedule's vector code cost its
+        # compile 10-20 ms (Adam MLPs, batch 128: 1x16 0.210 -> 0.199 s, 4x256 0.299 -> 0.277 s)
+        # and bought its steps nothing at -O0 (8x64 0.39 ms, 4x256 2.0 ms either way)
+        sums = 0 if quick else tag_row_sums(module, threads)
         if matmuls or sums:
             _apply_schedule(module, itemsize, thread_count, quick)
             start_accumulators_at_zero(module)

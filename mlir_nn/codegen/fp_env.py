@@ -13,61 +13,62 @@ from __future__ import annotations
 import platform
 
 from mlir import ir
-from mlir.dialects import arith, llvm, memref
 
 from mlir_nn.codegen.walk import collect_ops
 
 FTZ_DAZ = 0x8040  # MXCSR bit 15 (flush to zero) | bit 6 (denormals are zero)
+
+# The two scopes, parsed: building them with the llvm dialect's Python module meant importing it
+# (10-11 ms of a cold compile: ``codegen.dialects.llvm``). Each saves or loads MXCSR through a
+# 4-byte stack slot inside an alloca scope, so loops do not grow the stack; %saved in _RESTORE
+# stands for the value that _SET returns.
+_SET = f"""%0 = memref.alloca_scope -> (i32) {{
+  %one = arith.constant 1 : i32
+  %slot = llvm.alloca %one x i32 : (i32) -> !llvm.ptr
+  llvm.call_intrinsic "llvm.x86.sse.stmxcsr"(%slot) : (!llvm.ptr) -> ()
+  %saved = llvm.load %slot : !llvm.ptr -> i32
+  %bits = arith.constant {FTZ_DAZ} : i32
+  %flushing = llvm.or %saved, %bits : i32
+  llvm.store %flushing, %slot : i32, !llvm.ptr
+  llvm.call_intrinsic "llvm.x86.sse.ldmxcsr"(%slot) : (!llvm.ptr) -> ()
+  memref.alloca_scope.return %saved : i32
+}}"""
+_RESTORE = """memref.alloca_scope {
+  %saved = arith.constant 0 : i32
+  %one = arith.constant 1 : i32
+  %slot = llvm.alloca %one x i32 : (i32) -> !llvm.ptr
+  llvm.store %saved, %slot : i32, !llvm.ptr
+  llvm.call_intrinsic "llvm.x86.sse.ldmxcsr"(%slot) : (!llvm.ptr) -> ()
+  memref.alloca_scope.return
+}"""
 
 
 def supported() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def _mxcsr_slot() -> ir.Value:
-    """A 4-byte stack slot (inside an alloca scope, so loops do not grow the stack)."""
-    i32 = ir.IntegerType.get_signless(32)
-    return llvm.alloca(llvm.PointerType.get(), arith.constant(i32, 1), i32)
+def _insert(text: str, point: ir.InsertionPoint, location: ir.Location) -> ir.Operation:
+    """The op of ``text`` inserted at ``point``, it and its body at ``location`` (not the text's)."""
+    op = ir.Operation.parse(text)
 
+    def locate(inner: ir.Operation) -> ir.WalkResult:
+        inner.location = location
+        return ir.WalkResult.ADVANCE
 
-def _intrinsic(name: str, slot: ir.Value) -> None:
-    llvm.CallIntrinsicOp(None, name, [slot], [], [])
-
-
-def _set_flush(point: ir.InsertionPoint) -> ir.Value:
-    """At ``point``: save MXCSR, set FTZ|DAZ; the saved value."""
-    i32 = ir.IntegerType.get_signless(32)
-    with point:
-        scope = memref.AllocaScopeOp([i32])
-        body = scope.bodyRegion.blocks.append()
-        with ir.InsertionPoint(body):
-            slot = _mxcsr_slot()
-            _intrinsic("llvm.x86.sse.stmxcsr", slot)
-            saved = llvm.load(i32, slot)
-            llvm.store(llvm.or_(saved, arith.constant(i32, FTZ_DAZ)), slot)
-            _intrinsic("llvm.x86.sse.ldmxcsr", slot)
-            memref.AllocaScopeReturnOp([saved])
-    return scope.results[0]
-
-
-def _restore(point: ir.InsertionPoint, saved: ir.Value) -> None:
-    with point:
-        scope = memref.AllocaScopeOp([])
-        body = scope.bodyRegion.blocks.append()
-        with ir.InsertionPoint(body):
-            slot = _mxcsr_slot()
-            llvm.store(saved, slot)
-            _intrinsic("llvm.x86.sse.ldmxcsr", slot)
-            memref.AllocaScopeReturnOp([])
+    op.walk(locate)
+    point.insert(op)
+    return op
 
 
 def _bracket(block: ir.Block) -> None:
-    """Set FTZ|DAZ at the start of ``block`` and restore before its terminator."""
+    """Set FTZ|DAZ at the start of ``block`` (saving MXCSR) and restore it before its terminator."""
     operations = list(block.operations)
-    first = operations[0]
-    with first.location:
-        saved = _set_flush(ir.InsertionPoint(first))
-        _restore(ir.InsertionPoint(operations[-1]), saved)
+    location = operations[0].location
+    saved = _insert(_SET, ir.InsertionPoint(operations[0]), location).results[0]
+    restore = _insert(_RESTORE, ir.InsertionPoint(operations[-1]), location)
+    stand_in = restore.regions[0].blocks[0].operations[0]
+    stand_in.result.replace_all_uses_with(saved)
+    stand_in.erase()
 
 
 def flush_subnormals(module: ir.Module, name: str) -> None:

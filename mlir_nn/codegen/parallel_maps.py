@@ -38,7 +38,6 @@ import math
 import re
 
 from mlir import ir
-from mlir.dialects.transform import interpreter
 
 from mlir_nn.codegen.walk import collect_ops
 
@@ -210,5 +209,7 @@ def spread_maps(module: ir.Module, threads: int | None = None) -> int:
         body = "".join(_TILE.replace("SIZES", ", ".join(map(str, sizes))).replace("_K", f"_{k}")
                        for k, sizes in enumerate(sorted({sizes for _, sizes in found})))
         schedule = ir.Module.parse(_SEQUENCE.replace("BODY", body))
+        from mlir.dialects.transform import interpreter  # (only where maps go on threads)
+
         interpreter.apply_named_sequence(module.operation, schedule.body.operations[0], schedule)
     return len(found)

@@ -23,10 +23,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from mlir_nn.support.collection import collection_paused
 from mlir_nn.support.interrupts import interrupts_deferred
 
 _LOCK = threading.Lock()
-_state = {"ran": False, "running": False, "forked_after_run": False, "paused_gc": False}
+_state = {"ran": False, "running": False, "forked_after_run": False}
 
 
 def _after_fork_in_child() -> None:
@@ -34,9 +35,6 @@ def _after_fork_in_child() -> None:
     _state["forked_after_run"] = _state["forked_after_run"] or _state["ran"] or _state["running"]
     _state["running"] = False
     _LOCK = threading.Lock()  # a thread of the parent may have held it; it does not exist here
-    if _state["paused_gc"]:  # forked while another thread was optimizing
-        _state["paused_gc"] = False
-        gc.enable()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -49,17 +47,14 @@ def must_use_fresh_process() -> bool:
 
 @contextmanager
 def _paused_gc() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    _state["paused_gc"] = enabled
-    try:
-        yield
-    finally:
-        with interrupts_deferred():  # a Ctrl-C in a finalizer would be printed and lost
-            gc.collect()  # this thread's e-graphs are freed here, on this thread
-        _state["paused_gc"] = False
-        if enabled:
-            gc.enable()
+    """Automatic collection paused (in every thread: ``support.collection``), then this
+    thread's e-graphs freed here, on this thread."""
+    with collection_paused():
+        try:
+            yield
+        finally:
+            with interrupts_deferred():  # a Ctrl-C in a finalizer would be printed and lost
+                gc.collect()
 
 
 def on_this_thread(work: Callable[[], Any]) -> Any:

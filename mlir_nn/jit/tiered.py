@@ -20,11 +20,16 @@ kernels below ``QUICK_SPLIT_PRODUCTS`` products) and LLVM at ``QUICK_OPT_LEVEL``
 optimization; MLIR's engine runs the code generator at its default level whatever the -O
 level, and a true -O0 through LLVM's C API,
 fast instruction selection and register allocation, took the 4x256 Adam step's LLVM stage from
-0.32 to 0.16 s but its step from 1.7 to 15-21 ms), its float32 and float64 matrix products calls
+0.32 to 0.16 s but its step from 1.7 to 15-21 ms; LLVM's code generator told through its
+command-line options, -fast-isel, -regalloc=basic and no machine scheduling, took the 8x64 Adam
+step's from 85-92 to 60-79 ms but its step from 0.40 to 0.42 ms, 0.1 s more over the ~5000 steps
+before the optimized code comes), its float32 and float64 matrix products calls
 of a precompiled C GEMM (``codegen.gemm_calls``, ``backends/gemm.c``; their schedules and vector
 code had been about 60% of the 4x256 Adam step's quick compile: first call 0.82 -> 0.50 s, its
 step 2.14 -> 2.03 ms), f32 exp and erf libm's (``inline_math``'s expansions vectorize only at -O1
-and above), without the "llvm" stage's text (``as_text`` waits for the optimized code), and runs the
+and above), without the "linalg" and "llvm" stages' texts (``as_text`` waits for the optimized code),
+its sums over the batch plain loops, its functions not tuned for the host (``host_cpu``: nothing
+vectorizes at -O0), its code kept in the JIT that compiled it (no object file, link or load), and runs the
 first calls on that until the optimized code is ready; only then does the compile process
 start, so that the quick compile has the machine's cores (started with it, on 2 cores at a
 load of 4-7, it doubled the quick first call, 1.2 -> 2.6 s at 1x16 Adam, and brought the

@@ -308,16 +308,17 @@ def test_llvm_at_O0_computes_what_the_reference_does(make, serial):
 
 @pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
 def test_a_compile_without_llvm_text_runs_the_same_code_and_a_later_request_for_the_text_gets_it(split):
-    """``llvm_text=False`` (the quick tier) leaves the "llvm" stage out of a compile in this
+    """``llvm_text=False`` (the quick tier) leaves the "llvm" and "linalg" stages out of a compile in this
     process, whole or split into kernels (one module); the memory cache answers a later request
     for the text with a compile that has it."""
     clear_memory_cache()
     graph = matmul_zoo(41, 300, "float32")
     pipeline = serial_pipeline(load_pipeline("cpu"), split=split)
     bare = compile_kernel(graph, pipeline, use_disk=False, opt_level=0, workers=False, llvm_text=False)
-    assert "llvm" not in bare.stages and "linalg" in bare.stages and not bare.threaded
+    assert "llvm" not in bare.stages and "linalg" not in bare.stages and not bare.threaded
     texted = compile_kernel(graph, pipeline, use_disk=False, opt_level=0, workers=False)
     assert texted.source == "compiled" and "llvm.func" in texted.stages["llvm"]
+    assert "linalg.matmul" in texted.stages["linalg"]
     assert ("no_inline" in texted.stages["llvm"]) == split  # (kernels are functions of their own)
     again = compile_kernel(graph, pipeline, use_disk=False, opt_level=0, workers=False, llvm_text=False)
     assert again.source == "memory"
@@ -566,3 +567,19 @@ def test_the_computing_threads_are_part_of_the_cache_key(monkeypatch, tmp_path):
     clear_memory_cache()
     monkeypatch.setenv(ENV, "4")
     assert compile_kernel(graph).source == "disk"
+
+
+def test_a_step_compiled_without_the_disk_cache_stays_in_memory_and_computes_the_reference():
+    """The quick tier's compile (one module, no disk cache, no workers) keeps its code in the JIT
+    (``kernel_build.compile_resident``): nothing linked, at awkward batch sizes as the reference."""
+    graph = matmul_zoo(13, 70, "float32")
+    kernel = compile_kernel(graph, serial_pipeline(load_pipeline("cpu")), use_disk=False, opt_level=0,
+                            workers=False, llvm_text=False)
+    assert type(kernel.native.owner).__name__ == "ExecutionEngine" and "link" not in kernel.timings
+    executable = CpuExecutable(graph, kernel)
+    rng = np.random.default_rng(11)
+    for batch in (1, 7, 13, 33, 257, 4099):
+        inputs, params = arguments(graph, batch, rng)
+        want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        for got, expected in zip(executable.run(inputs, params), want):
+            np.testing.assert_allclose(got, expected, **TOL["float32"])

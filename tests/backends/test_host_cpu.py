@@ -76,3 +76,18 @@ def test_a_strided_copy_compiles_without_gathers_or_scatters(tuned, tmp_path: Pa
         pytest.skip("without AVX-512 LLVM has no scatters to choose")
     else:
         assert vector_memory > 0  # what the preferences remove (were this 0, the test above proves nothing)
+
+
+@pytest.mark.parametrize("opt_level", [0, 2])
+def test_only_code_compiled_with_ir_passes_is_tuned(opt_level):
+    """At -O0 (the quick tier) no loop vectorizes, so the JIT's own host target serves and the
+    compile does not wait for the host's probe: its functions carry no target attributes."""
+    from mlir_nn.backends.cpu import compile_kernel, serial_pipeline
+    from mlir_nn.ir import Graph, make_node
+    from mlir_nn.support.pipelines import load_pipeline
+
+    x = make_node("input", [], name="x", shape=("N", 5), dtype="float32")
+    graph = Graph((x,), (), (make_node("relu", [x]),), name="tuned")
+    kernel = compile_kernel(graph, serial_pipeline(load_pipeline("cpu")), use_disk=False, opt_level=opt_level,
+                            workers=False)
+    assert ("target_cpu" in kernel.stages["llvm"]) == (opt_level > 0)

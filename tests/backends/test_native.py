@@ -109,3 +109,45 @@ assert library._mlir_ciface_copy
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+_CALLS_EXPF = """
+llvm.func @expf(f32) -> f32
+llvm.func @e(%x: f32) -> f32 attributes {llvm.emit_c_interface} {
+  %y = llvm.call @expf(%x) : (f32) -> f32
+  llvm.return %y : f32
+}
+"""
+
+
+def _packed_call(native, x: float) -> float:
+    """Call a packed ``f32 (f32)`` entry point: its arguments' and result's addresses in an array."""
+    import ctypes
+
+    arg, result = ctypes.c_float(x), ctypes.c_float(0.0)
+    pointers = (ctypes.c_void_p * 2)(ctypes.addressof(arg), ctypes.addressof(result))
+    native.call(ctypes.addressof(pointers))
+    return result.value
+
+
+def test_code_kept_in_memory_calls_the_functions_of_this_process():
+    """``compile_in_memory``: libm's expf resolves in the process, the code runs from the JIT."""
+    import math
+
+    from mlir_nn.backends.native import compile_in_memory
+
+    with ir.Context():
+        native = compile_in_memory(ir.Module.parse(_CALLS_EXPF), "e", opt_level=0)
+    assert native is not None and type(native.owner).__name__ == "ExecutionEngine"
+    for x in (-3.5, 0.0, 1.25):
+        assert math.isclose(_packed_call(native, x), math.exp(x), rel_tol=1e-6)
+
+
+def test_code_that_calls_a_function_missing_here_is_not_kept_in_memory():
+    """A declared function this process lacks (MLIR's runtime library is never loaded by the
+    compile) sends the code through an object file: None, before LLVM runs."""
+    from mlir_nn.backends.native import compile_in_memory
+
+    missing = _CALLS_EXPF.replace("@expf", "@mlirnn_no_such_function")
+    with ir.Context():
+        assert compile_in_memory(ir.Module.parse(missing), "e", opt_level=0) is None

@@ -106,3 +106,17 @@ def test_a_max_over_the_batch_keeps_one_loop():
 def _generics(forall: ir.Operation) -> list[ir.Operation]:
     """The linalg.generic ops inside ``forall``."""
     return collect_ops(forall, lambda op: op.name == "linalg.generic")
+
+
+@pytest.mark.parametrize("width, dtype", [(1, "float32"), (32, "float32"), (13, "float64")])
+def test_the_quick_tier_sums_in_plain_loops_that_match_the_reference(width, dtype):
+    """The quick tier (LLVM at -O0, ``rewrite_matmuls(quick=True)``) leaves the sums untagged: plain
+    loops, no vector code, as exact as the tagged ones at every batch size."""
+    from mlir_nn.backends.cpu import CpuExecutable, compile_kernel, serial_pipeline
+    from mlir_nn.support.pipelines import load_pipeline
+
+    graph = _sums(width, dtype)
+    kernel = compile_kernel(graph, serial_pipeline(load_pipeline("cpu")), use_disk=False, opt_level=0,
+                            workers=False)
+    assert "vector<" not in kernel.stages["llvm"]
+    _check_totals(CpuExecutable(graph, kernel), width, dtype, ROWS)
