@@ -94,17 +94,27 @@ def packed_symbol(name: str) -> str:
 
 def jit(module: ir.Module, name: str, opt_level: int = OPT_LEVEL) -> tuple[NativeFunction, ExecutionEngine]:
     """JIT-compile the LLVM-dialect ``module`` at ``opt_level``; the engine can also dump an object."""
+    engine, address = _jitted(module, "_mlir_ciface_" + name, opt_level, runtime_libs(), tasks=True)
+    return NativeFunction(address, engine, packed_symbol(name)), engine
+
+
+def _jitted(module: ir.Module, symbol: str, opt_level: int, shared_libs: list[str],
+            tasks: bool) -> tuple[ExecutionEngine, int]:
+    """An ExecutionEngine holding ``module`` compiled at ``opt_level`` (with ``shared_libs``
+    loaded and, with ``tasks``, the task runtime's functions registered) and the address of
+    ``symbol`` in it (0: none; looking it up compiles the code)."""
     with interrupts_deferred():  # never half loaded (see support.interrupts)
         from mlir.execution_engine import ExecutionEngine
 
-    load_task_runtime()
+    if tasks:
+        load_task_runtime()
     try:
-        engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=runtime_libs(), enable_pic=True)
-        task_runtime.register(engine)
-        address = engine.raw_lookup("_mlir_ciface_" + name)
+        engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=shared_libs, enable_pic=True)
+        if tasks:
+            task_runtime.register(engine)
+        return engine, engine.raw_lookup(symbol)
     except (RuntimeError, ValueError) as error:
-        raise NativeError(f"LLVM JIT of {name} failed: {error}") from None
-    return NativeFunction(address, engine, packed_symbol(name)), engine
+        raise NativeError(f"LLVM JIT of {symbol.removeprefix('_mlir_ciface_')} failed: {error}") from None
 
 
 def compile_object(module: ir.Module, symbol: str, path: Path, opt_level: int = OPT_LEVEL) -> None:
@@ -138,24 +148,13 @@ def compile_in_memory(module: ir.Module, symbol: str, opt_level: int = OPT_LEVEL
     runtime's, loaded first, and libc's and libm's. None, before any compile, when it declares a
     function that is not loaded here (MLIR's runtime library's, whose 186 MB ``compile_object``
     and ``link_objects`` spare a process): such code goes through an object file."""
-    with interrupts_deferred():  # never half loaded (see support.interrupts)
-        from mlir.execution_engine import ExecutionEngine
-
     declared = declared_functions(module)
     if any(name in gemm.SYMBOLS for name in declared):
         gemm.load()  # (loaded with global symbols: the JIT finds them in the process)
     process = ctypes.CDLL(None)
     if not all(hasattr(process, name) for name in declared):
         return None
-    if tasks:
-        load_task_runtime()
-    try:
-        engine = ExecutionEngine(module, opt_level=opt_level, shared_libs=[], enable_pic=True)
-        if tasks:
-            task_runtime.register(engine)
-        address = engine.raw_lookup(symbol)
-    except (RuntimeError, ValueError) as error:
-        raise NativeError(f"LLVM JIT of {symbol} failed: {error}") from None
+    engine, address = _jitted(module, symbol, opt_level, [], tasks)
     return NativeFunction(address, engine, "_mlir_" + symbol)
 
 
