@@ -115,6 +115,26 @@ def inline_step(module: ir.Module, step: str) -> None:
             op.attributes["always_inline"] = ir.UnitAttr.get()
 
 
+def select_fast(module: ir.Module, interface: str) -> None:
+    """The C interface ``interface`` of a step split into kernels, with the step inlined, compiled
+    as ``optnone``: LLVM's fast instruction selection and no machine-level optimization for it alone.
+    Its body is only calls of the kernels and their arguments (the descriptors' fields loaded at
+    entry, live across every call), and the code generator, which the JIT runs at its default
+    level even at -O0, took most of the quick tier's LLVM time over it: 45 of 85 ms for 8x64 Adam,
+    97 of 135 ms for 16x64 (all kernels of a deep MLP are the same 24). With ``optnone`` (and
+    ``noinline``, which it needs) the step is inlined still (``always_inline``), its instruction
+    selection took 18 -> 4 ms (16x64, ``llc -time-passes``), and the kernels keep their code. Most of
+    what is left is register allocation (greedy, 33 of 51 ms at 16x64): its values live across every call.
+    Measured and not taken: the step optnone but not inlined (its 412 arguments passed by the C
+    interface): 16x64 JIT 101-110 -> 156-176 ms; the kernels called with ``preserve_mostcc``: the
+    step's code generation 50-65 ms either way; pieces on single elements (step counts, 0-d copies: 42
+    of 131 calls at 8x64) left in the step: JIT 5-6 ms less, first call within its noise."""
+    for op in [op.operation for op in module.body.operations]:
+        if op.name == "llvm.func" and symbol(op) == interface:
+            op.attributes["optimize_none"] = ir.UnitAttr.get()
+            op.attributes["no_inline"] = ir.UnitAttr.get()
+
+
 def lower_chunk(job: Job, context: ir.Context | None = None) -> ir.Module:
     """``job``'s chunk parsed in ``context`` (default: a context of its own, which the module
     keeps; a new context loads every dialect, 5-7 ms) and lowered by its tail."""
@@ -149,6 +169,8 @@ def compile_resident(module: ir.Module, job: Job, text: bool = True, resident: b
         mark_kernels(module, job.chunk.kernels)
         schedule_worksharing_loops(module, (*job.chunk.kernels, job.chunk.step))
         inline_step(module, job.chunk.step)
+        if job.opt_level == 0 and job.chunk.step and job.chunk.kernels:
+            select_fast(module, job.chunk.public[0])
         if job.opt_level > 0:  # at -O0 nothing vectorizes (host_cpu's gathers): the JIT's host target
             tune_for_host(module)  # serves, without waiting for the host's probe (two LLVM tools run)
         printed = module.operation.get_asm(assume_verified=True) if text else None  # (str() verifies: 10% more)

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlir_nn.backends import get_backend
+from mlir_nn.backends import get_backend, kernel_build
 from mlir_nn.backends.cpu import (
     THREAD_PASS,
     CpuBackend,
@@ -567,6 +567,39 @@ def test_the_computing_threads_are_part_of_the_cache_key(monkeypatch, tmp_path):
     clear_memory_cache()
     monkeypatch.setenv(ENV, "4")
     assert compile_kernel(graph).source == "disk"
+
+
+def test_a_split_step_at_o0_selects_fast_for_its_c_interface_only_and_computes_the_same(monkeypatch):
+    """At -O0 a step split into kernels and compiled as one module (the quick tier's deep steps)
+    has its C interface, where the step is inlined, marked ``optnone`` (``kernel_build.select_fast``),
+    and no kernel; it computes bit for bit what the unmarked code does at awkward batch sizes, and the
+    reference (to 257 rows: at 4099 both differ from it by up to 2.5x the float32 tolerance, the
+    quick tier's sums over the batch being plain float32 loops). At -O1 nothing is marked."""
+    graph = matmul_zoo(13, 70, "float32")
+    split = serial_pipeline(load_pipeline("cpu"), split=True)
+    kernel = compile_kernel(graph, split, use_disk=False, opt_level=0, workers=False, llvm_text=True)
+    marked = [line for line in kernel.stages["llvm"].splitlines()
+              if line.startswith("  llvm.func") and "optimize_none" in line]
+    assert len(marked) == 1 and "@_mlir_ciface_" in marked[0] and "no_inline" in marked[0]
+    assert kernel.stages["llvm"].count("  llvm.func @k") > 1  # (split: kernels, none of them marked)
+    monkeypatch.setattr(kernel_build, "select_fast", lambda module, interface: None)
+    clear_memory_cache()
+    unmarked = compile_kernel(graph, split, use_disk=False, opt_level=0, workers=False, llvm_text=True)
+    assert "optimize_none" not in unmarked.stages["llvm"]
+    executables = CpuExecutable(graph, kernel), CpuExecutable(graph, unmarked)
+    rng = np.random.default_rng(12)
+    for batch in (1, 7, 13, 33, 257, 4099):
+        inputs, params = arguments(graph, batch, rng)
+        want, _ = evaluate(graph, inputs, [p.copy() for p in params], batch)
+        got, plain = (executable.run(inputs, [p.copy() for p in params]) for executable in executables)
+        for fast, slow, expected in zip(got, plain, want):
+            np.testing.assert_array_equal(fast, slow)
+            if batch <= 257:
+                np.testing.assert_allclose(fast, expected, **TOL["float32"])
+    monkeypatch.undo()
+    clear_memory_cache()
+    optimized = compile_kernel(graph, split, use_disk=False, opt_level=1, workers=False, llvm_text=True)
+    assert "optimize_none" not in optimized.stages["llvm"]
 
 
 def test_a_step_compiled_without_the_disk_cache_stays_in_memory_and_computes_the_reference():
