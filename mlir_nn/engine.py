@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from mlir_nn.ir import DTypeError, Node, ShapeError, TensorType, make_node, op_def
-from mlir_nn.ir.shapes import BATCH, broadcast_shapes, dtype_name, fmt_shape, normalize_axes
+from mlir_nn.ir.shapes import BATCH, broadcast_shapes, dtype_name, fmt_shape, normalize_axes, numpy_name
 from mlir_nn.support.user_frame import describe, user_frame
 
 LEAF = "leaf"
@@ -290,7 +290,7 @@ class Tensor:
 
     @property
     def dtype(self) -> str:
-        return self._node.dtype if self._data is None else self._data.dtype.name  # type: ignore[union-attr]
+        return self._node.dtype if self._data is None else numpy_name(self._data.dtype)  # type: ignore[union-attr]
 
     @property
     def ndim(self) -> int:

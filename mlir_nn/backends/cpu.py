@@ -91,7 +91,7 @@ _BACKEND_SOURCES = ("backends/cpu.py", "support/cpu_target.py", "backends/loweri
 PUBLISH_AFTER = ("drop-equivalent-buffer-results", "inline")
 PLAN_PASS = "buffer-deallocation-pipeline"  # the memory plan and the input check run right before it
 SCHEDULE = "cpu_matmul.mlir"  # the transform schedule mlir_nn.codegen.cpu_matmul applies
-THREAD_PASS = task_runtime.THREAD_PASS
+THREAD_PASS, THREAD_LOWERING = task_runtime.THREAD_PASS, task_runtime.THREAD_LOWERING
 
 
 def runs_threads(pipeline: Pipeline) -> bool:
@@ -175,14 +175,16 @@ def prepare_compile(workers: bool = True, tasks: bool = True, products: bool = F
 
 def serial_pipeline(pipeline: Pipeline, split: bool = False) -> Pipeline:
     """``pipeline`` without threads: without ``THREAD_PASS``, which spreads parallel loops over
-    threads, and (unless ``split``) no ``kernel_split.SPLIT_PASS``, so the step stays one
-    function (compiled in the calling process, as the quick tier's is: ``mlir_nn.jit.tiered``).
-    With ``split`` its kernels become functions of their own, in one module when compiled
-    without workers: LLVM's loop passes take superlinear time in one function's size."""
+    threads, nor ``THREAD_LOWERING``, which would find nothing to lower (a conversion over the
+    whole module all the same: 9 ms of a 16x64 Adam step's quick build), and (unless ``split``)
+    no ``kernel_split.SPLIT_PASS``, so the step stays one function (compiled in the calling
+    process, as the quick tier's is: ``mlir_nn.jit.tiered``). With ``split`` its kernels become
+    functions of their own, in one module when compiled without workers: LLVM's loop passes take
+    superlinear time in one function's size."""
     from mlir_nn.backends.kernel_split import SPLIT_PASS
 
-    kept = tuple(p for p in pipeline.passes
-                 if (split or not p.startswith(SPLIT_PASS)) and not p.startswith(THREAD_PASS))
+    kept = tuple(p for p in pipeline.passes if (split or not p.startswith(SPLIT_PASS))
+                 and not p.startswith(THREAD_PASS) and not p.startswith(THREAD_LOWERING))
     return Pipeline(f"{pipeline.name}-serial" + ("-split" if split else ""), kept)
 
 

@@ -27,6 +27,7 @@ CALLS = ("__kmpc_fork_call", "__kmpc_for_static_init_8u", "__kmpc_for_static_fin
          "__kmpc_dispatch_next_8u", "__kmpc_barrier", "__kmpc_global_thread_num")
 WRAPPED = "__wrap_"  # the runtime's name of a call: this prefix and the call's name
 THREAD_PASS = "convert-scf-to-openmp"  # the pass that makes parallel loops forks of the runtime's teams
+THREAD_LOWERING = "convert-openmp-to-llvm"  # the pass that lowers what THREAD_PASS made
 REGION = "omp.parallel"  # in LLVM-dialect text: code that forks teams on the runtime
 BUILD = CBuild(Path(__file__).with_name("task_runtime.c"), "task-runtime", "libmlirnn_tasks.so", "task runtime",
                lambda: ["-pthread"], lambda: [])

@@ -8,7 +8,7 @@ from mlir import ir
 from mlir.dialects import arith, func, tensor
 
 from mlir_nn.codegen.builder import FunctionBuilder, Operand
-from mlir_nn.codegen.lowering import LOWERINGS
+from mlir_nn.codegen.lowering import ELEMENTWISE, LOWERINGS
 from mlir_nn.codegen.tensor_types import tensor_type
 from mlir_nn.ir import BATCH, Graph, Node
 
@@ -67,10 +67,23 @@ def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False, strided_
             if node.op == "const":
                 values[node] = float(node.attr("value"))
                 continue
+            operands = [values[i] for i in node.inputs]
+            if node.op not in ELEMENTWISE:
+                operands = [b.built(value) for value in operands]
+            b.defer_next = _deferred(b, node)
             with ir.Location.name(f"{node.op}{list(node.shape)}"):
-                values[node] = LOWERINGS[node.op](b, node, [values[i] for i in node.inputs])
-        func.ReturnOp([b.tensor_of(values[n], n.shape) for n in results])
+                values[node] = LOWERINGS[node.op](b, node, operands)
+            b.defer_next = False
+        func.ReturnOp([b.tensor_of(b.built(values[n]), n.shape) for n in results])
     return fn
+
+
+def _deferred(b: FunctionBuilder, node: Node) -> bool:
+    """Whether ``node`` is computed inside its reader's body (``builder.Deferred``): an
+    element-wise op, not a result, whose one reader is an element-wise op of its shape."""
+    readers = b.readers.get(node, [])
+    return (node.op in ELEMENTWISE and node not in b.results and len(readers) == 1
+            and readers[0].op in ELEMENTWISE and readers[0].shape == node.shape)
 
 
 def emit_linalg(

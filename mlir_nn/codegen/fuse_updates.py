@@ -51,15 +51,21 @@ def _is_memref(value: ir.Value) -> bool:
 
 
 class _Ewise:
-    """An element-wise generic over buffers: its inputs and outputs with their maps."""
+    """An element-wise generic over buffers, or a chain of them to be fused (``members``, in
+    order): its inputs and outputs with their maps, as the one fused op will have them."""
 
     def __init__(self, op: ir.Operation) -> None:
-        self.op = op
+        self.members = [op]
         n_in = len(op.opview.inputs)
         self.ins = list(op.operands)[:n_in]
         self.outs = list(op.operands)[n_in:]
         maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
         self.in_maps, self.out_maps = maps[:n_in], maps[n_in:]
+
+    @property
+    def op(self) -> ir.Operation:
+        """The last member: where the fused op goes."""
+        return self.members[-1]
 
     @cached_property
     def writes(self) -> frozenset[ir.Value]:
@@ -130,53 +136,59 @@ def _fusable(g: _Ewise, h: _Ewise) -> bool:
     return not h.writes & {_root(v) for v, m in zip(g.ins, g.in_maps) if len(m.results) == 0}
 
 
-def _fuse(g: _Ewise, h: _Ewise) -> ir.Operation:
-    """One generic at H's place computing G then H."""
-    replaced = {value for value in h.ins if value in g.outs}
-    # (maps are uniqued, hashed and compared as such: printing each, as a key, took 7 us, and most of
-    # the fusions' time at 16x64 Adam)
-    operands = list(dict.fromkeys(list(zip(g.ins, g.in_maps)) + [(v, m) for v, m in zip(h.ins, h.in_maps)
-                                                                   if v not in replaced]))
-    outs = list(zip(g.outs, g.out_maps)) + list(zip(h.outs, h.out_maps))
-    with h.op.context, h.op.location, ir.InsertionPoint(h.op):
+def _joined(g: _Ewise, h: _Ewise) -> _Ewise:
+    """G sunk into H, not built yet: the members of both, the inputs of G then those of H that G
+    does not write (each (buffer, map) once), the outputs of both."""
+    joined = object.__new__(_Ewise)
+    joined.members = g.members + h.members
+    # (maps are uniqued in their context and hashable: printing each to compare took 3-7 us)
+    unread = [(v, m) for v, m in zip(h.ins, h.in_maps) if v not in g.outs]
+    operands = dict.fromkeys(list(zip(g.ins, g.in_maps)) + unread)
+    joined.ins = [value for value, _ in operands]
+    joined.in_maps = [amap for _, amap in operands]
+    joined.outs, joined.out_maps = g.outs + h.outs, g.out_maps + h.out_maps
+    return joined
+
+
+def _materialize(chain: _Ewise) -> ir.Operation:
+    """One generic at the last member's place computing every member in turn, each reading the
+    values the members before it computed for the buffers they write; the members' bodies are
+    moved into it, not copied, and the members erased."""
+    last = chain.op
+    with last.context, last.location, ir.InsertionPoint(last):
         fused = linalg.GenericOp(
             [],
-            [v for v, _ in operands],
-            [v for v, _ in outs],
-            ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for _, m in operands + outs]),
-            h.op.attributes["iterator_types"],
+            chain.ins,
+            chain.outs,
+            ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in chain.in_maps + chain.out_maps]),
+            last.attributes["iterator_types"],
         )
-        types = [ir.MemRefType(v.type).element_type for v, _ in operands + outs]
-        block = fused.regions[0].blocks.append(*types)
-        position = {operand: i for i, operand in enumerate(operands)}
-        yielded: list[ir.Value] = []
-        g_new: dict[ir.Value, ir.Value] = {}
-        for part, out_base in ((g, 0), (h, len(g.outs))):
-            old = part.op.regions[0].blocks[0]
-            mapping: dict[ir.Value, ir.Value] = {}
-            for arg, value, amap in zip(list(old.arguments), part.ins, part.in_maps):
-                mapping[arg] = (
-                    g_new[value] if part is h and value in replaced else block.arguments[position[(value, amap)]]
-                )
-            for k, arg in enumerate(list(old.arguments)[len(part.ins) :]):
-                mapping[arg] = block.arguments[len(operands) + out_base + k]
-            with ir.InsertionPoint(block):
-                for inner in old.operations:
-                    if inner.name == "linalg.yield":
-                        values = [mapping.get(v, v) for v in inner.operands]
-                        if part is g:
-                            g_new.update(zip(g.outs, values))
-                        yielded.extend(values)
-                        continue
-                    copy = inner.clone()
-                    for i, v in enumerate(copy.operands):
-                        if v in mapping:
-                            copy.operands[i] = mapping[v]
-                    mapping.update(zip(inner.results, copy.results))
-        with ir.InsertionPoint(block):
-            linalg.YieldOp(yielded)
-    g.op.erase()
-    h.op.erase()
+        block = fused.regions[0].blocks.append(*[ir.MemRefType(v.type).element_type for v in chain.ins + chain.outs])
+    position = {operand: i for i, operand in enumerate(zip(chain.ins, chain.in_maps))}
+    computed: dict[ir.Value, ir.Value] = {}  # buffer -> its new value in the fused body
+    yielded: list[ir.Value] = []
+    out_base = len(chain.ins)
+    for member in chain.members:
+        part = _Ewise(member)
+        old = member.regions[0].blocks[0]
+        arguments = list(old.arguments)
+        for arg, value, amap in zip(arguments, part.ins, part.in_maps):
+            new = computed[value] if value in computed else block.arguments[position[(value, amap)]]
+            arg.replace_all_uses_with(new)
+        for k, arg in enumerate(arguments[len(part.ins):]):
+            arg.replace_all_uses_with(block.arguments[out_base + k])
+        out_base += len(part.outs)
+        for inner in list(old.operations):
+            if inner.name == "linalg.yield":
+                values = list(inner.operands)
+                computed.update(zip(part.outs, values))
+                yielded.extend(values)
+                break
+            block.append(inner)
+    with last.context, last.location, ir.InsertionPoint(block):
+        linalg.YieldOp(yielded)
+    for member in chain.members:
+        member.erase()
     return fused.operation
 
 
@@ -199,18 +211,23 @@ class _Scanned:
             self._touched[i] = _touched(self.ops[i])
         return self._touched[i]  # type: ignore[return-value]
 
-    def replace(self, i: int, j: int, fused: ir.Operation) -> None:
-        """Op ``i`` was fused into op ``j``: ``fused`` stands at j, i is gone."""
+    def chains(self) -> list[_Ewise]:
+        """The chains of more than one op."""
+        return [e for e in self._ewise if isinstance(e, _Ewise) and len(e.members) > 1]
+
+    def replace(self, i: int, j: int, chain: _Ewise) -> None:
+        """Op ``i`` was sunk into op ``j``: ``chain`` (both, built at the end) stands at j, i is gone."""
         for column in (self.ops, self._ewise, self._touched):
             del column[i]
         j -= 1
-        self.ops[j], self._ewise[j], self._touched[j] = fused, False, None
+        self.ops[j], self._ewise[j], self._touched[j] = chain.op, chain, (set(chain.reads), set(chain.writes))
 
 
 def _fuse_in_block(block: ir.Block) -> int:
     """Sink each element-wise generic into the next one that reads what it wrote (when no op
-    in between touches what it reads or writes); the count fused. One pass: a fused op is
-    visited again when the scan reaches its place."""
+    in between touches what it reads or writes); the count fused. One pass: a chain is
+    visited again when the scan reaches its place; each chain's op is built once, at the end
+    (building the op of every step of a chain took two thirds of this pass's time)."""
     scanned = _Scanned(block)
     fused = 0
     i = 0
@@ -229,8 +246,10 @@ def _fuse_in_block(block: ir.Block) -> int:
         if target is None:
             i += 1
             continue
-        scanned.replace(i, target, _fuse(g, scanned.ewise(target)))
+        scanned.replace(i, target, _joined(g, scanned.ewise(target)))
         fused += 1
+    for chain in scanned.chains():
+        _materialize(chain)
     return fused
 
 

@@ -277,6 +277,12 @@ def _softplus(b: FunctionBuilder, x: ir.Value) -> ir.Value:
     return arith.addf(arith.maximumf(x, b.scalar(0.0)), math.log1p(math.exp(arith.negf(math.absf(x)))))
 
 
+# ops lowered by one ``FunctionBuilder.elementwise`` of their operands (``add`` unless its operands
+# are placed slices): one read only by another of its shape is computed in that one's body
+ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "neg", "pow", "relu", "tanh", "sigmoid", "exp", "log", "sqrt",
+                         "relu_grad", "tanh_grad", "sigmoid_grad", "eq", "sign", "abs", "maximum", "minimum",
+                         "softplus", "erf"})
+
 LOWERINGS: dict[str, Rule] = {
     "add": _add,
     "sub": _ewise(arith.subf),

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from mlir_nn.backends import get_backend, kernel_build
 from mlir_nn.backends.cpu import (
+    THREAD_LOWERING,
     THREAD_PASS,
     CpuBackend,
     CpuExecutable,
@@ -267,12 +268,12 @@ def test_user_pipeline_file(tmp_path):
 
 def test_the_serial_pipeline_is_the_cpu_pipeline_without_its_threads():
     """The quick tier's pipeline: cpu.pipeline in its order, less the kernel split's first pass and
-    its thread pass (the step stays one module, its parallel loops serial)."""
+    its thread pass and that one's lowering (the step stays one module, its parallel loops serial)."""
     full, serial = load_pipeline("cpu"), serial_pipeline(load_pipeline("cpu"))
     dropped = [p for p in full.passes if p not in serial.passes]
     assert [p for p in full.passes if p in serial.passes] == list(serial.passes)
     assert dropped and dropped[0] == "scf-forall-to-parallel"
-    assert dropped == ["scf-forall-to-parallel", THREAD_PASS]
+    assert dropped == ["scf-forall-to-parallel", THREAD_PASS, THREAD_LOWERING]
     split = serial_pipeline(load_pipeline("cpu"), split=True)  # the quick tier's for deep steps
     assert list(split.passes) == [p for p in full.passes if p == "scf-forall-to-parallel" or p in serial.passes]
 

@@ -76,3 +76,37 @@ def test_mixed_dtypes_are_refused():
     graph = Graph((x, y), (), (make_node("neg", [x]), make_node("neg", [y])))
     with pytest.raises(TypeError, match="mixes dtypes"):
         emit_linalg(graph)
+
+
+def _chain_graph() -> Graph:
+    """relu(x * 2 + b) * y - y: a chain of element-wise ops, each read once by the next but ``s``,
+    which is also an output, and ``b``'s broadcast of a (3,) parameter."""
+    x = make_node("input", [], name="x", shape=("N", 3), dtype="float32")
+    y = make_node("input", [], name="y", shape=("N", 3), dtype="float32")
+    b = make_node("param", [], name="b", shape=(3,), dtype="float32")
+    two = make_node("const", [], value=2.0, dtype="float32")
+    s = make_node("add", [make_node("mul", [x, two]), b])
+    out = make_node("sub", [make_node("mul", [make_node("relu", [s]), y]), y])
+    return Graph((x, y), (b,), (out, s), name="chain")
+
+
+def test_element_wise_chains_are_emitted_as_one_op_each():
+    """An element-wise op read only by one element-wise op of its shape is computed in that
+    op's body (builder.Deferred): ``s`` (an output, so stored) is one generic, relu, the
+    products and the difference after it another; both compute what the reference does."""
+    import numpy as np
+
+    from mlir_nn.backends.cpu import CpuBackend
+    from mlir_nn.backends.reference import evaluate
+
+    graph = _chain_graph()
+    text = str(emit_linalg(graph))
+    assert text.count("linalg.generic") == 2
+    rng = np.random.default_rng(0)
+    for rows in (1, 7, 33):
+        inputs = [rng.standard_normal((rows, 3)).astype(np.float32) for _ in range(2)]
+        params = [rng.standard_normal(3).astype(np.float32)]
+        want, _ = evaluate(graph, inputs, [p.copy() for p in params], rows)
+        got = CpuBackend().compile(graph).run(inputs, params)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
