@@ -420,8 +420,9 @@ class Optimizer:
 
 
 def zeros_like(p: Tensor) -> Tensor:
-    """A zero tensor of ``p``'s shape and dtype (new optimizer state)."""
-    return Tensor(np.zeros(p.shape), dtype=p.dtype, label=f"{p.label}.state")
+    """A zero tensor of ``p``'s shape and dtype (new optimizer state), made in that dtype and not
+    copied (``Tensor._owning``)."""
+    return Tensor._owning(np.zeros(p.shape, dtype=p.dtype), label=f"{p.label}.state")
 
 
 class SGD(Optimizer):
