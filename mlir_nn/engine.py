@@ -230,26 +230,26 @@ class Tensor:
         self._base: Tensor | None = None  # the tensor this one is a detached view of
 
     @classmethod
-    def _owning(cls, array: np.ndarray, label: str = "") -> Tensor:
-        """A leaf holding ``array`` itself, not a copy: for arrays made just for it (an optimizer's
-        zero state, whose pages ``np.zeros`` leaves untouched until the step writes them; copied,
-        a 16x1024 MLP's Adam state took 0.7 s of its first step)."""
-        dtype_name(array.dtype)
+    def _leaf(cls, data: np.ndarray | None, node: Node | None, trace: Trace | None, label: str) -> Tensor:
+        """A leaf that requires a gradient, holding ``data`` as it is (or a traced ``node``)."""
         t = cls.__new__(cls)
-        t._data, t._grad, t.label = array, None, label
-        t._op, t._inputs, t._attrs = LEAF, (), {}
-        t._node, t._trace = None, None
-        t._requires_grad, t._base = True, None
-        return t
-
-    @classmethod
-    def _symbolic(cls, node: Node, trace: Trace, label: str = "") -> Tensor:
-        t = cls.__new__(cls)
-        t._data, t._grad, t.label = None, None, label
+        t._data, t._grad, t.label = data, None, label
         t._op, t._inputs, t._attrs = LEAF, (), {}
         t._node, t._trace = node, trace
         t._requires_grad, t._base = True, None
         return t
+
+    @classmethod
+    def _owning(cls, array: np.ndarray, label: str = "") -> Tensor:
+        """A leaf holding ``array`` itself, not a copy: for arrays made just for it (an optimizer's
+        zero state, whose pages ``np.zeros`` leaves untouched until the step writes them; copied,
+        a 16x1024 MLP's Adam state took up to 0.36 s of its first call)."""
+        dtype_name(array.dtype)
+        return cls._leaf(array, None, None, label)
+
+    @classmethod
+    def _symbolic(cls, node: Node, trace: Trace, label: str = "") -> Tensor:
+        return cls._leaf(None, node, trace, label)
 
     # ------------------------------------------------------------------ data access
 
