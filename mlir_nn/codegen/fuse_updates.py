@@ -150,7 +150,7 @@ def _joined(g: _Ewise, h: _Ewise) -> _Ewise:
     return joined
 
 
-def _materialize(chain: _Ewise) -> ir.Operation:
+def _materialize(chain: _Ewise) -> None:
     """One generic at the last member's place computing every member in turn, each reading the
     values the members before it computed for the buffers they write; the members' bodies are
     moved into it, not copied, and the members erased."""
@@ -189,7 +189,6 @@ def _materialize(chain: _Ewise) -> ir.Operation:
         linalg.YieldOp(yielded)
     for member in chain.members:
         member.erase()
-    return fused.operation
 
 
 class _Scanned:
