@@ -25,45 +25,51 @@ HUGE_PAGES_FROM = 1 << 22  # numpy's threshold for asking for huge pages
 MADV_POPULATE_WRITE = 23  # Linux 5.14 on: fault the range in, writable, leaving what it holds as it is
 _LIBC = ctypes.CDLL(None, use_errno=True)  # a CDLL call releases the GIL
 _LOCK = threading.Lock()
-_queue: queue.SimpleQueue | None = None  # arrays to fault in (and Events to set), for the worker thread
+_work: queue.SimpleQueue = queue.SimpleQueue()  # arrays whose pages to fault in
+_worker: threading.Thread | None = None  # the thread doing it, while there is work
 
 
-def _fault_in(work: queue.SimpleQueue) -> None:
-    """The worker: fault each array's pages in, on another core and without the GIL; where the
-    kernel has no MADV_POPULATE_WRITE nothing happens (the first writes fault them in as usual)."""
+def _fault_in() -> None:
+    """The worker: fault each array's pages in, on another core and without the GIL (where the
+    kernel has no MADV_POPULATE_WRITE nothing happens: the first writes fault them in as usual);
+    it ends when no work is left."""
+    global _worker
     while True:
-        item = work.get()
-        if isinstance(item, threading.Event):
-            item.set()
-        else:
-            _LIBC.madvise(ctypes.c_void_p(item.ctypes.data), ctypes.c_size_t(item.nbytes), MADV_POPULATE_WRITE)
-        del item  # the mapping may go once populated
+        with _LOCK:
+            try:
+                array = _work.get_nowait()
+            except queue.Empty:
+                _worker = None
+                return
+        _LIBC.madvise(ctypes.c_void_p(array.ctypes.data), ctypes.c_size_t(array.nbytes), MADV_POPULATE_WRITE)
+        del array  # the mapping may go once populated
 
 
-def _submit(item: np.ndarray | threading.Event) -> None:
-    global _queue
+def _submit(array: np.ndarray) -> None:
+    global _worker
     with _LOCK:
-        if _queue is None:
-            _queue = queue.SimpleQueue()
-            threading.Thread(target=_fault_in, args=(_queue,), name="mlir_nn-pages", daemon=True).start()
-        _queue.put(item)
+        _work.put(array)
+        if _worker is None:
+            _worker = threading.Thread(target=_fault_in, name="mlir_nn-pages", daemon=True)
+            _worker.start()
 
 
 def _forget_worker() -> None:
-    """In a forked child: the worker thread did not come along."""
-    global _queue, _LOCK
-    _queue, _LOCK = None, threading.Lock()
+    """In a forked child: the worker thread did not come along, nor its work."""
+    global _work, _worker, _LOCK
+    _work, _worker, _LOCK = queue.SimpleQueue(), None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_worker)
 
 
 def wait_populated() -> None:
-    """Until every mapping made so far is faulted in (for tests: nothing else needs to wait, since
-    populating leaves the contents alone and a step may write the pages meanwhile)."""
-    done = threading.Event()
-    _submit(done)
-    done.wait()
+    """Until every mapping made so far is faulted in and the worker has ended (nothing needs to
+    wait for it: populating leaves the contents alone, so a step may write the pages meanwhile)."""
+    with _LOCK:
+        worker = _worker
+    if worker is not None:
+        worker.join()
 
 
 def zeroed_bytes(nbytes: int) -> np.ndarray:
