@@ -1,13 +1,15 @@
-"""Large zeroed buffers on small pages, which a fresh process faults in several times faster.
+"""Large zeroed buffers on small pages, faulted in on another core.
 
 numpy asks the kernel for transparent huge pages (``madvise``) for every array from 4 MiB on.
 On a virtual machine that hands freed memory back to its host (free page reporting), the first
-write to each fresh 2 MiB page waits for the host: a fresh process first touched a 64 MiB
-``np.zeros`` array in 440-590 ms, on 4 KiB pages in 41-94 ms (2 vCPUs of a Zen 5 EPYC; on
-bare metal the two cost about the same). A step's workspace and an optimizer's state are
-fresh memory that its first call touches: 16x1024 MLPs at batch 128 in a fresh process, the
-native first tier's first call, SGD 550-630 -> 405-420 ms, Adam 0.8-1.3 -> 0.82-0.85 s. Their
-steps afterwards did not measurably slow (``benchmarks/grid.py --only 784-1024``).
+write to a fresh 2 MiB page may wait for the host: a fresh process first touched a 64 MiB
+``np.zeros`` array in 14-530 ms (depending on what the host had taken back), on 4 KiB pages
+in 80-93 ms (2 vCPUs of a Zen 5 EPYC; on bare metal the two cost about the same). A step's
+workspace and an optimizer's state are fresh memory that its first call writes: here they are
+mappings of their own on small pages, which a background thread faults in while the step
+traces and compiles. The native first tier's first call of 16x1024 MLPs at batch 128, fresh
+processes alternated, medians of 3: Adam 1108 -> 792 ms, SGD 442 -> 411; the large step of
+``benchmarks/grid.py`` ran as fast as before (12.2-12.5 ms either way).
 """
 
 from __future__ import annotations
