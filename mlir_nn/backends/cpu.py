@@ -235,7 +235,7 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
     start = time.perf_counter()
     threads = threads and runs_threads(pipeline)
     # float32 sums accumulate in float64; batched products' loops run as tasks on threads
-    module = emit_linalg(graph, wide_sums=True, strided_copies=True, batch_tasks=threads)
+    module = emit_linalg(graph, wide_sums=True, strided_copies=True, batch_tasks=threads, scalars=True)
     stages = {"linalg": module.operation.get_asm(assume_verified=True)} if linalg_text else {}  # (verified next)
     if not quick:  # at -O0 nothing vectorizes: the expansions only cost compile time (quick tier,
         # Adam MLPs at batch 128, compile CPU time: 8x64 0.60 -> 0.45 s, 4x256 0.32 -> 0.26; a

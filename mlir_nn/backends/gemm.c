@@ -34,8 +34,17 @@
     typedef T NAME##_uvec __attribute__((vector_size(VECTOR_BYTES), aligned(sizeof(T))));              \
     enum { NAME##_VL = VECTOR_BYTES / sizeof(T), NAME##_NR = 2 * (VECTOR_BYTES / sizeof(T)) };          \
                                                                                                        \
-    /* pa[p * MR + i] = op(A)[i, p] for i < rows (zeros after), p < kc */                              \
+    /* pa[p * MR + i] = op(A)[i, p] for i < rows (zeros after), p < kc; read along whichever of      \
+       i and p is contiguous (strided reads of a row-major operand, a row apart each, fall in one       \
+       cache set) */                                                                                   \
     static void NAME##_pack_a(T *pa, const T *a, int64_t rs, int64_t cs, int64_t rows, int64_t kc) {   \
+        if (cs == 1) {                                                                                 \
+            for (int64_t i = 0; i < rows; i++)                                                         \
+                for (int64_t p = 0; p < kc; p++) pa[p * MR + i] = a[i * rs + p];                       \
+            for (int64_t p = 0; p < kc && rows < MR; p++)                                              \
+                for (int64_t i = rows; i < MR; i++) pa[p * MR + i] = 0;                                \
+            return;                                                                                    \
+        }                                                                                              \
         for (int64_t p = 0; p < kc; p++, pa += MR) {                                                   \
             const T *column = a + p * cs;                                                              \
             int64_t i = 0;                                                                             \
@@ -44,8 +53,16 @@
         }                                                                                              \
     }                                                                                                  \
                                                                                                        \
-    /* pb[p * NR + j] = op(B)[p, j] for j < cols (zeros after), p < kc */                              \
+    /* pb[p * NR + j] = op(B)[p, j] for j < cols (zeros after), p < kc; along p where that is        \
+       contiguous (a transposed operand) */                                                            \
     static void NAME##_pack_b(T *pb, const T *b, int64_t rs, int64_t cs, int64_t cols, int64_t kc) {   \
+        if (rs == 1 && cs != 1) {                                                                      \
+            for (int64_t j = 0; j < cols; j++)                                                         \
+                for (int64_t p = 0; p < kc; p++) pb[p * NAME##_NR + j] = b[j * cs + p];                \
+            for (int64_t p = 0; p < kc && cols < NAME##_NR; p++)                                       \
+                for (int64_t j = cols; j < NAME##_NR; j++) pb[p * NAME##_NR + j] = 0;                  \
+            return;                                                                                    \
+        }                                                                                              \
         for (int64_t p = 0; p < kc; p++, pb += NAME##_NR) {                                            \
             const T *row = b + p * rs;                                                                 \
             int64_t j = 0;                                                                             \

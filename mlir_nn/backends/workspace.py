@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlir_nn.ir.shapes import Shape, resolve
+from mlir_nn.support.pages import zeroed_bytes
 
 KEEP = 4  # workspaces kept per step (the most recently used batch sizes)
 HEADER = 64  # bytes before the first buffer: the status word, padded to a cache line
@@ -93,7 +94,7 @@ class Workspaces:
     def _allocate(self, batch: int) -> Workspace:
         size = round_up(self.plan.workspace_bytes(batch))
         try:
-            raw = np.empty(size + ALIGN, np.uint8)
+            raw = zeroed_bytes(size + ALIGN)  # large ones on small pages: faulted in faster
         except (MemoryError, ValueError):  # ValueError: larger than the address space
             raise MemoryError(f"{self.step_name}: a batch of {batch} rows needs a workspace of "
                               f"{size / 2**20:,.1f} MiB for its intermediates, which cannot be allocated; "

@@ -3,7 +3,9 @@
 Operands are either tensor ``ir.Value``s or Python floats (``const`` nodes): constants
 stay scalars and are folded into the bodies of the ops that use them. An element-wise op read
 only by one element-wise op of its shape may be ``Deferred`` (``codegen.emit`` says which):
-not built, but computed inside the body of the op that reads it.
+not built, but computed inside the body of the op that reads it. For host code, an element-wise
+op with a 0-d result is a ``Scalar``: plain arithmetic in the function's body, which the
+bodies of the ops that read it use as it is.
 """
 
 from __future__ import annotations
@@ -35,9 +37,19 @@ class Deferred:
     operands: tuple[Deferred | ir.Value | float, ...]
     shapes: tuple[Shape, ...]
     fn: ScalarFn
+    result: bool = False  # a result of the step too: also written by the op that computes it
 
 
-Operand = ir.Value | float | Deferred
+@dataclass(frozen=True, eq=False)
+class Scalar:
+    """The element of a 0-d result, computed in the function's body (not a generic): an
+    optimizer's bias corrections and step counts, one set per parameter, were 4 of Adam's 7
+    generics per parameter, each a buffer, an op and its loops through every pass."""
+
+    value: ir.Value
+
+
+Operand = ir.Value | float | Deferred | Scalar
 
 PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
@@ -48,13 +60,14 @@ class FunctionBuilder:
 
     def __init__(
         self, dtype: str, batch: ir.Value | None, wide_sums: bool = False, strided_copies: bool = False,
-        batch_tasks: bool = False,
+        batch_tasks: bool = False, scalars: bool = False,
     ) -> None:
         self.dtype = dtype
         self.element = element_type(dtype)
         self.wide_sums = wide_sums and needs_wide_accumulator(dtype)  # see codegen.accumulate
         self.strided_copies = strided_copies  # pads as strided insert_slice (see codegen.windows.place)
         self.batch_tasks = batch_tasks  # batched products' loops as tasks (see codegen.batched_products)
+        self.scalars = scalars  # 0-d element-wise results as Scalars (host code only: a GPU step computes in kernels)
         self.batch = batch  # index Value holding the run-time batch size, if the graph has one
         self.source_of_transpose: dict[object, ir.Value] = {}  # transpose node -> its input tensor
         self.pieces: dict[object, tuple] = {}  # a sum of placed slices -> its pieces (codegen.joined_slices)
@@ -62,7 +75,7 @@ class FunctionBuilder:
         self.readers: dict[Node, list[Node]] = {}  # node -> the nodes that read it (set by codegen.emit)
         self.results: set[Node] = set()  # the step's outputs and updates
         self.defer_next = False  # the next ``elementwise`` returns a Deferred (set by codegen.emit)
-        self._built: dict[Deferred, ir.Value] = {}
+        self._built: dict[Deferred | Scalar, ir.Value] = {}
 
     # ------------------------------------------------------------------ scalars and sizes
 
@@ -118,6 +131,9 @@ class FunctionBuilder:
         ``out_shape`` computed in the body from their own operands). ``init`` is the tensor written
         into (a fresh tensor.empty when None).
         """
+        if self.scalars and not out_shape and init is None:
+            self.defer_next = False
+            return Scalar(fn(*(self._element(v) for v in operands)))
         if self.defer_next and init is None:
             self.defer_next = False
             return Deferred(tuple(out_shape), tuple(operands), tuple(shapes), fn)
@@ -127,42 +143,62 @@ class FunctionBuilder:
         operands = [self.built(v) if isinstance(v, Deferred) and tuple(s) != whole else v
                     for v, s in zip(operands, shapes)]
         leaves: dict[tuple[ir.Value, tuple], ir.AffineMap] = {}  # (tensor, its shape) -> its map, first use first
+        extra: list[Deferred] = []  # results computed in the body: outputs after the op's own
 
         def gather(values: Sequence[Operand], value_shapes: Sequence[Shape]) -> None:
             for value, shape in zip(values, value_shapes):
                 if isinstance(value, Deferred):
+                    if value.result and value not in extra:
+                        extra.append(value)
                     gather(value.operands, value.shapes)
-                elif not isinstance(value, float):
+                elif not isinstance(value, float | Scalar):
                     leaves.setdefault((value, tuple(shape)), broadcast_map(shape, out_shape))
 
         gather(operands, shapes)
-        out = self.empty(out_shape) if init is None else init
+        outs = [self.empty(out_shape) if init is None else init, *(self.empty(r.shape) for r in extra)]
 
-        @linalg.generic([v for v, _ in leaves], [out], [*leaves.values(), identity_map(rank)], [PARALLEL] * rank)
-        def result(*args: ir.Value) -> ir.Value:
+        @linalg.generic([v for v, _ in leaves], outs, [*leaves.values(), *[identity_map(rank)] * len(outs)],
+                        [PARALLEL] * rank)
+        def result(*args: ir.Value) -> ir.Value | list[ir.Value]:
             argument = dict(zip(leaves, args))
             computed: dict[Deferred, ir.Value] = {}
 
             def scalar(value: Operand, shape: Shape) -> ir.Value:
                 if isinstance(value, float):
                     return self.scalar(value)
+                if isinstance(value, Scalar):
+                    return value.value
                 if isinstance(value, Deferred):
                     if value not in computed:
                         computed[value] = value.fn(*(scalar(v, s) for v, s in zip(value.operands, value.shapes)))
                     return computed[value]
                 return argument[(value, tuple(shape))]
 
-            return fn(*(scalar(v, s) for v, s in zip(operands, shapes)))
+            value = fn(*(scalar(v, s) for v, s in zip(operands, shapes)))
+            return [value, *(computed[r] for r in extra)] if extra else value
 
-        return result
+        if not extra:
+            return result
+        self._built.update(zip(extra, result[1:]))
+        return result[0]
 
     def built(self, value: Operand) -> ir.Value | float:
-        """``value`` as a tensor (or a constant): a Deferred is built, once."""
-        if not isinstance(value, Deferred):
+        """``value`` as a tensor (or a constant): a Deferred is built, a Scalar put in a 0-d tensor, once."""
+        if not isinstance(value, Deferred | Scalar):
             return value
         if value not in self._built:
-            self._built[value] = self.elementwise(value.shape, value.operands, value.shapes, value.fn)
+            self._built[value] = (tensor.from_elements(ir.RankedTensorType.get([], self.element), [value.value])
+                                  if isinstance(value, Scalar) else
+                                  self.elementwise(value.shape, value.operands, value.shapes, value.fn))
         return self._built[value]
+
+    def _element(self, value: Operand) -> ir.Value:
+        """The element of a 0-d operand, in the function's body."""
+        if isinstance(value, float):
+            return self.scalar(value)
+        if isinstance(value, Scalar):
+            return value.value
+        return tensor.extract(value, [])
 
     def scaled_update(self, out_shape: Shape, product: ir.Value, operands: Sequence[Operand],
                       shapes: Sequence[Shape], subtract: bool) -> ir.Value:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from mlir import ir
 from mlir.dialects import arith, func, tensor
 
-from mlir_nn.codegen.builder import FunctionBuilder, Operand
+from mlir_nn.codegen.builder import Deferred, FunctionBuilder, Operand
 from mlir_nn.codegen.lowering import ELEMENTWISE, LOWERINGS
 from mlir_nn.codegen.tensor_types import tensor_type
 from mlir_nn.ir import BATCH, Graph, Node
@@ -36,11 +37,12 @@ def _batch_size(args: list[tuple[Node, ir.Value]]) -> ir.Value | None:
 
 
 def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False, strided_copies: bool = False,
-              batch_tasks: bool = False) -> func.FuncOp:
+              batch_tasks: bool = False, scalars: bool = False) -> func.FuncOp:
     """Append the step function of ``graph`` to ``module`` (inside its context); ``wide_sums``
     accumulates float32 reductions in float64 (``mlir_nn.codegen.accumulate``); ``strided_copies``
     pads and spreads window operands by strided slice copies (targets that lower subviews);
-    ``batch_tasks`` runs the loops of batched products as tasks (``scf.forall``)."""
+    ``batch_tasks`` runs the loops of batched products as tasks (``scf.forall``); ``scalars``
+    computes 0-d element-wise results in the function's body (``builder.Scalar``: host code)."""
     missing = sorted({n.op for n in graph.nodes} - set(LOWERINGS) - {"input", "param", "const"})
     if missing:
         raise NotImplementedError(f"codegen: no lowering for op(s) {', '.join(missing)}")
@@ -56,7 +58,7 @@ def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False, strided_
     with ir.InsertionPoint(entry):
         values: dict[Node, Operand] = dict(zip(leaves, entry.arguments))
         b = FunctionBuilder(dtype, _batch_size(list(zip(leaves, entry.arguments))), wide_sums, strided_copies,
-                            batch_tasks)
+                            batch_tasks, scalars)
         b.results = set(results)
         for node in graph.nodes:
             for i in dict.fromkeys(node.inputs):
@@ -72,29 +74,32 @@ def emit_into(module: ir.Module, graph: Graph, wide_sums: bool = False, strided_
                 operands = [b.built(value) for value in operands]
             b.defer_next = _deferred(b, node)
             with ir.Location.name(f"{node.op}{list(node.shape)}"):
-                values[node] = LOWERINGS[node.op](b, node, operands)
+                value = LOWERINGS[node.op](b, node, operands)
             b.defer_next = False
+            values[node] = replace(value, result=True) if isinstance(value, Deferred) and node in b.results else value
         func.ReturnOp([b.tensor_of(b.built(values[n]), n.shape) for n in results])
     return fn
 
 
 def _deferred(b: FunctionBuilder, node: Node) -> bool:
     """Whether ``node`` is computed inside its reader's body (``builder.Deferred``): an
-    element-wise op, not a result, whose one reader is an element-wise op of its shape."""
+    element-wise op whose one reader is an element-wise op of its shape. A result (an
+    optimizer's new m and v, read by the parameter's update) is then also an output of the op
+    that computes it: Adam's three passes over a parameter's shape one generic, not three."""
     readers = b.readers.get(node, [])
-    return (node.op in ELEMENTWISE and node not in b.results and len(readers) == 1
-            and readers[0].op in ELEMENTWISE and readers[0].shape == node.shape)
+    return (node.op in ELEMENTWISE and len(readers) == 1 and readers[0].op in ELEMENTWISE
+            and readers[0].shape == node.shape)
 
 
 def emit_linalg(
     graph: Graph, context: ir.Context | None = None, wide_sums: bool = False, strided_copies: bool = False,
-    batch_tasks: bool = False,
+    batch_tasks: bool = False, scalars: bool = False,
 ) -> ir.Module:
     """The MLIR module of ``graph`` (see the package docstring for the function convention)."""
     context = context or ir.Context()
     with context, ir.Location.unknown():
         module = ir.Module.create()
-        emit_into(module, graph, wide_sums, strided_copies, batch_tasks)
+        emit_into(module, graph, wide_sums, strided_copies, batch_tasks, scalars)
         if not module.operation.verify():
             raise RuntimeError(f"codegen: the module emitted for {graph.name} does not verify")
     return module

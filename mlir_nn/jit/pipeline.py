@@ -84,14 +84,22 @@ class StepPipeline:
         return Built(graph, None, CpuExecutable(graph, kernel))
 
     def before_trace(self) -> None:
-        """Start, as a new signature's trace begins, the C build of the call extension
-        (``thin_call``) that a cpu step run in this process needs: ``cc`` then runs on the other
-        core while the step traces and MLIR loads, not from the lowering on. With the task
-        runtime's build left out of the native first tier (``backends.cpu.prepare_compile``), its
-        first call in a fresh process and cache folder, Adam MLPs at batch 128 (medians of
-        alternated runs, 2 cores at a load of 7-9): 1x16 0.77 -> 0.47 s, 4x256 1.05 -> 0.83 s.
-        Not for the interpreter tier, whose compile process builds it."""
-        if self.backend == "cpu" and not (self.tiered and self.first_tier == "interpreter"):
+        """Start, as a new signature's trace begins, what compiling it in this process needs
+        and can get ready on the other core meanwhile: MLIR's native library
+        (``backends.mlir_preload``) and, for a cpu step, the C build of the call extension
+        (``thin_call``): ``cc`` then runs while the step traces and MLIR loads, not from the
+        lowering on. With the task runtime's build left out of the native first tier
+        (``backends.cpu.prepare_compile``), its first call in a fresh process and cache folder,
+        Adam MLPs at batch 128 (medians of alternated runs, 2 cores at a load of 7-9): 1x16
+        0.77 -> 0.47 s, 4x256 1.05 -> 0.83 s. Not for the interpreter tier, whose compile
+        process compiles the step."""
+        interpreter_first = self.backend == "cpu" and self.tiered and self.first_tier == "interpreter"
+        if self.backend not in ("cpu", "cuda") or interpreter_first:
+            return
+        from mlir_nn.backends import mlir_preload
+
+        mlir_preload.start()
+        if self.backend == "cpu":
             from mlir_nn.backends import gemm, thin_call
 
             thin_call.prepare()

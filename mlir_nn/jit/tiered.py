@@ -48,6 +48,7 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import struct
 import subprocess
 import sys
 import threading
@@ -113,6 +114,7 @@ def first_tier_default() -> str:
     return value
 
 
+_LENGTH = "<Q"  # the pickled payload's length, before it in a compile process's input (``_feed``)
 MAX_RUNNING = max(2, min(4, len(os.sched_getaffinity(0)) // 2 if hasattr(os, "sched_getaffinity") else 2))
 
 
@@ -137,9 +139,11 @@ class BackgroundCompile:
 
     def __init__(self, graph: Graph, batch_estimate: int | None, optimize: bool) -> None:
         self._owner = os.getpid()  # a forked child neither waits for nor stops its parent's compile
-        self._payload = pickle.dumps((graph, batch_estimate, optimize))
+        payload = pickle.dumps((graph, batch_estimate, optimize))
+        self._payload = struct.pack(_LENGTH, len(payload)) + payload
         self._started = False
         self._process: subprocess.Popen | None = None
+        self._feeding: threading.Thread | None = None  # writes the payload into the process's stdin
         with _QUEUE_LOCK:
             _QUEUE.append(self)
         _start_waiting()
@@ -154,11 +158,9 @@ class BackgroundCompile:
         except OSError:  # no process: done() is true at once and the caller compiles in this one
             return
         _RUNNING.add(self)
-        try:
-            self._process.stdin.write(self._payload)
-            self._process.stdin.close()
-        except OSError:  # it died at start: done() says so, and the caller compiles in process
-            pass
+        self._feeding = threading.Thread(target=_feed, args=(self._process.stdin, self._payload),
+                                         name="mlir_nn-compile-input", daemon=True)
+        self._feeding.start()
 
     @property
     def started(self) -> bool:
@@ -217,6 +219,19 @@ def _start_waiting() -> None:
             count += 1
 
 
+def _feed(pipe: Any, payload: bytes) -> None:
+    """Write a compile process's input into its pipe and close it, on a thread of its own: a
+    payload over the pipe's 64 KiB blocks until the process, still importing, reads it (a 16x16
+    Adam MLP's step, 0.11 s of its first call). The payload starts with its length (``_LENGTH``):
+    the process reads that many bytes, not up to an end of file that a child forked meanwhile,
+    holding the pipe open, would keep from coming."""
+    try:
+        pipe.write(payload)
+        pipe.close()
+    except OSError:  # it died at start: done() says so, and the caller compiles in process
+        pass
+
+
 def _forget_queue_after_fork() -> None:
     global _QUEUE_LOCK
     _QUEUE_LOCK = threading.Lock()  # another thread of the parent may have held it
@@ -238,7 +253,8 @@ def _compile_into_caches() -> None:
     from mlir_nn.backends import thin_call
     from mlir_nn.backends.cpu import compile_kernel, prepare_compile
 
-    graph, batch_estimate, optimize = pickle.loads(sys.stdin.buffer.read())
+    head = sys.stdin.buffer.read(struct.calcsize(_LENGTH))
+    graph, batch_estimate, optimize = pickle.loads(sys.stdin.buffer.read(struct.unpack(_LENGTH, head)[0]))
     prepare_compile()
     if optimize:
         from mlir_nn.egraph.cache import optimize_cached

@@ -26,6 +26,7 @@ from mlir_nn.engine import Tensor, current_trace, enable_grad, no_grad, state_ar
 from mlir_nn.jit.feeds import FedTensor
 from mlir_nn.jit.guards import TrackedDict, TrackedList, structure_changed
 from mlir_nn.runtime import residency
+from mlir_nn.support import pages
 from mlir_nn.support.domains import COUNT, NON_NEGATIVE, check_domain
 
 
@@ -421,8 +422,8 @@ class Optimizer:
 
 def zeros_like(p: Tensor) -> Tensor:
     """A zero tensor of ``p``'s shape and dtype (new optimizer state), made in that dtype and not
-    copied (``Tensor._owning``)."""
-    return Tensor._owning(np.zeros(p.shape, dtype=p.dtype), label=f"{p.label}.state")
+    copied (``Tensor._owning``), a large one on small pages (``support.pages``)."""
+    return Tensor._owning(pages.zeros(p.shape, p.dtype), label=f"{p.label}.state")
 
 
 class SGD(Optimizer):

@@ -47,13 +47,15 @@ def test_the_library_defines_the_symbols_that_the_code_calls():
 @pytest.mark.parametrize("m, n, k", [(1, 1, 1), (7, 3, 17), (13, 100, 3), (33, 17, 100), (257, 1, 33),
                                      (4099, 17, 3), (3, 257, 300), (100, 1100, 7)])
 @pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True), (True, True)])
-def test_the_c_gemm_adds_the_product_to_c(m, n, k, dtype, trans_a, trans_b):
+@pytest.mark.parametrize("spacing", [1, 2])
+def test_the_c_gemm_adds_the_product_to_c(m, n, k, dtype, trans_a, trans_b, spacing):
     """C += op(A) op(B) against NumPy in float64, operands as views with an offset and a column
-    stride of 2 (transposed ones are read with their strides swapped)."""
+    stride of ``spacing`` (transposed ones are read with their strides swapped: packed along
+    whichever index is contiguous)."""
     rng = np.random.default_rng(m * n + k)
 
-    def view(rows: int, columns: int) -> np.ndarray:  # a strided window of a larger array
-        return rng.standard_normal((rows + 2, 2 * columns + 1)).astype(dtype)[1:rows + 1, 1::2]
+    def view(rows: int, columns: int) -> np.ndarray:  # a window of a larger array
+        return rng.standard_normal((rows + 2, spacing * columns + 1)).astype(dtype)[1:rows + 1, 1::spacing]
 
     a = view(k, m) if trans_a else view(m, k)
     b = view(n, k) if trans_b else view(k, n)
@@ -63,7 +65,7 @@ def test_the_c_gemm_adds_the_product_to_c(m, n, k, dtype, trans_a, trans_b):
     _gemm(a, b, c, trans_a, trans_b)
     np.testing.assert_allclose(c, want, **TOL[dtype])
     outside = np.ones(around.shape, bool)
-    outside[1:m + 1, 1::2][:, :n] = False
+    outside[1:m + 1, 1::spacing][:, :n] = False
     np.testing.assert_array_equal(c.base[outside], around[outside])  # nothing written beside C
 
 

@@ -14,12 +14,14 @@ PROGRAM = """
 import os
 from mlir_nn.backends import task_runtime
 from mlir_nn.backends.cpu import compile_kernel
+from mlir_nn.support import pages
 from tests.backends.test_cpu_parallel import K, M, check
 from tests.codegen.zoo import matmul_zoo
 
 before = len(os.listdir("/proc/self/task"))
 assert compile_kernel(matmul_zoo(K, M, "float32")).threaded
 check(matmul_zoo(K, M, "float32"), 257, 0)  # the parallel products match the reference
+pages.wait_populated()  # its workspace's pages are in: the thread that faulted them in has ended
 print(task_runtime.computing_threads(), len(os.listdir("/proc/self/task")) - before)
 """
 

@@ -311,3 +311,23 @@ def test_the_compile_process_leaves_a_core_to_the_interpreter_tier(monkeypatch):
     assert kernel_pool.default_count(beside=1) == max(0, kernel_pool.default_count() - 1)
     monkeypatch.setenv(kernel_pool.WORKERS_VARIABLE, "3")
     assert tiered.child_environment()[kernel_pool.WORKERS_VARIABLE] == "3"
+
+
+def test_a_large_step_goes_to_its_compile_process_while_the_first_call_goes_on(tmp_path, monkeypatch):
+    """A step's graph is written into the compile process's input on another thread: a payload
+    over the pipe's 64 KiB would otherwise hold the first call until the process, still
+    importing, read it. The process reads all of it (length first) and fills the caches."""
+    from mlir_nn.jit.trace import trace_step
+    from mlir_nn.optim import Adam
+
+    monkeypatch.setenv("MLIR_NN_CACHE_DIR", str(tmp_path))
+    model = MLP(8, [8] * 32 + [1])
+    graph = trace_step(train_step(model, Adam(model.parameters())),
+                       [np.ones((4, 8), np.float32), np.ones((4, 1), np.float32)], ["x", "y"])[0]
+    background = tiered.BackgroundCompile(graph, 4, False)
+    try:
+        assert len(background._payload) > 1 << 16 and background._feeding.is_alive()
+        background.wait(timeout=300)
+    finally:
+        background.cancel()
+    assert background._process.returncode == 0 and tiered.from_caches(graph, 4, False) is not None
