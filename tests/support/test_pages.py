@@ -3,6 +3,7 @@ workspaces come from."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import multiprocessing
 import os
@@ -83,17 +84,13 @@ def test_optimizer_state_and_workspaces_are_on_small_pages():
 
 
 def resident_bytes(array: np.ndarray) -> int:
-    """Bytes of the mapping holding ``array`` (one of ``zeroed_bytes``) that are in memory."""
-    address = array.__array_interface__["data"][0]
-    inside = False
-    for line in SMAPS.read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            start, end = (int(part, 16) for part in head.split("-"))
-            inside = start == address
-        elif inside and head == "Rss:":
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no mapping starts at {address:#x}")
+    """Bytes of the page-aligned ``array`` that are in memory (``mincore``: the kernel merges
+    neighbouring mappings, so /proc/self/smaps can count other memory with it)."""
+    pages = -(-array.nbytes // mmap.PAGESIZE)
+    vector = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mincore(ctypes.c_void_p(array.ctypes.data), ctypes.c_size_t(array.nbytes), vector) == 0
+    return sum(byte & 1 for byte in vector) * mmap.PAGESIZE
 
 
 def test_large_buffers_are_faulted_in_by_a_background_thread():
