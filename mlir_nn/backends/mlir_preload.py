@@ -15,8 +15,9 @@ import ctypes
 import os
 import sys
 import threading
-from importlib.util import find_spec
 from pathlib import Path
+
+from mlir_nn.backends.native import package_file
 
 LIBRARY = "libMLIRPythonCAPI.so"
 _loading: threading.Thread | None = None  # started once per process
@@ -28,11 +29,8 @@ def start() -> None:
     global _loading
     if _loading is not None or "mlir._mlir_libs._mlir" in sys.modules:
         return
-    spec = find_spec("mlir")
-    if spec is None or not spec.submodule_search_locations:
-        return
-    path = Path(next(iter(spec.submodule_search_locations))) / "_mlir_libs" / LIBRARY
-    if path.is_file():
+    path = package_file("mlir", f"_mlir_libs/{LIBRARY}")
+    if path is not None:
         _loading = threading.Thread(target=_load, args=(path,), name="mlir_nn-preload", daemon=True)
         _loading.start()
 

@@ -94,7 +94,4 @@ def zeroed_bytes(nbytes: int) -> np.ndarray:
 def zeros(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     """``np.zeros(shape, dtype)`` with its memory from ``zeroed_bytes``."""
     dtype = np.dtype(dtype)
-    count = math.prod(shape)
-    if count * dtype.itemsize < HUGE_PAGES_FROM:
-        return np.zeros(shape, dtype)
-    return zeroed_bytes(count * dtype.itemsize).view(dtype).reshape(shape)
+    return zeroed_bytes(math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
