@@ -68,9 +68,10 @@ FIRST_TIERS = ("interpreter", "native")
 # 1.72 s and 0.51 -> 0.27 ms at 8x64: it pays after 1000-5000 steps, later than the optimized code comes
 QUICK_OPT_LEVEL = 0
 # From this many matrix products on, the native first tier's step is split into kernels, each a
-# function of its own (one module, compiled here): LLVM's loop passes (loop strength reduction,
-# freeze canonicalization) take superlinear time in the size of the one function of a whole step.
-# Fresh processes alternated, Adam MLPs at batch 128, one thread, whole -> split: first call
+# function of its own (compiled here, on both cores: ``kernel_build.compile_resident_split``): LLVM's
+# loop passes (loop strength reduction, freeze canonicalization) take superlinear time in the size of
+# the one function of a whole step. Fresh processes alternated, Adam MLPs at batch 128, one thread,
+# whole -> split, when the split step was one module on one core: first call
 # 6x64 (20 products) 0.81 -> 0.72 s, 8x64 1.00 -> 0.86, 8x256 1.54 -> 1.16 (its step 7.6 -> 3.3 ms),
 # 12x16 1.16 -> 1.03, 16x64 2.07 -> 1.41; below, the split's fixed cost (each kernel's tail of
 # the pipeline and its own function) did not pay: 1x16 (5) 0.39 -> 0.49 s, 2x1024 (5) 0.67 -> 0.71,
