@@ -456,14 +456,13 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
 def _compile_split(split: Split, tail: Pipeline, context: object, opt_level: int) -> NativeFunction | None:
     """``split`` compiled into this process's JIT on two cores: the step alone and its kernels in
     two modules (``kernel_build.compile_resident_split``); None when it has no kernel."""
-    from mlir_nn.backends.kernel_build import Job, compile_resident_split, lower_chunk
+    from mlir_nn.backends.kernel_build import Job, compile_resident_split
 
-    chunks = split.apart(split.kernels, 2)  # the step, then the kernels of about equal cost beside it
+    chunks = split.apart(split.kernels, 1)  # the step alone, then every kernel
     if len(chunks) < 2:
         return None
-    jobs = [Job(chunk, tail, Path(), opt_level) for chunk in chunks]
-    modules = [lower_chunk(job, context) for job in jobs]
-    return compile_resident_split((modules[0], jobs[0]), list(zip(modules[1:], jobs[1:])))
+    step, kernels = (Job(chunk, tail, Path(), opt_level) for chunk in chunks)
+    return compile_resident_split(step, kernels, context)
 
 
 def kernel_keys(split: Split, tail: Pipeline, opt_level: int = OPT_LEVEL) -> dict[str, str]:

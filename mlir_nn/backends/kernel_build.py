@@ -20,9 +20,11 @@ from pathlib import Path
 
 from mlir import ir
 
+from mlir_nn.backends.engine_capi import Engine
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.host_cpu import tune_for_host
 from mlir_nn.backends.kernel_split import NOALIAS, Chunk, pass_pointers
+from mlir_nn.backends.llvm_jit import Jit
 from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
 from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, calls_only_loaded, compile_in_memory, compile_object
 from mlir_nn.backends.parallel_bodies import BODY_PREFIX, outline_parallel_bodies, schedule_worksharing_loops
@@ -201,55 +203,66 @@ def _prepare(module: ir.Module, job: Job) -> list[str]:
     return internal
 
 
-def compile_resident_split(step: tuple[ir.Module, Job], kernels: list[tuple[ir.Module, Job]]) -> NativeFunction | None:
-    """A split step compiled on two cores into this process's JIT: each module of ``kernels``
-    in an engine of MLIR's (``engine_capi``: without the GIL), the first on a thread, meanwhile
-    ``step``'s (the step alone, which calls them through ``kernel_slots``, filled once all are
-    compiled) with LLVM's code generator at -O0 (``llvm_jit``), then the other kernels' here.
-    All modules lowered. None, before any compile, when one calls a function that is not loaded
-    in this process (as ``native.compile_in_memory``)."""
-    from mlir_nn.backends.engine_capi import Engine
-    from mlir_nn.backends.llvm_jit import Jit
-
-    step_module, step_job = step
-    with step_module.context:
-        for module, job in (step, *kernels):
-            _prepare(module, job)
-        slots = kernel_slots(step_module, step_job.chunk.calls)
-        entry_name = packed_interface(step_module, step_job.chunk.public[0])
-    if not all(calls_only_loaded(module) for module, _ in (step, *kernels)):
+def compile_resident_split(step: Job, kernels: Job, context: ir.Context) -> NativeFunction | None:
+    """A split step compiled on two cores into this process's JIT: the ``kernels`` chunk (every
+    kernel) lowered here, then compiled in an engine of MLIR's (``engine_capi``: without the GIL)
+    on a thread, while the ``step`` chunk (the step alone, which calls them through
+    ``kernel_slots``, filled once both are compiled) is lowered here and compiled with LLVM's code
+    generator at -O0 (``llvm_jit``). Both lowered in ``context``. None when either calls a
+    function that is not loaded in this process (as ``native.compile_in_memory``)."""
+    kernels_module = lower_chunk(kernels, context)
+    with context:
+        _prepare(kernels_module, kernels)
+    if not calls_only_loaded(kernels_module):
         return None
     addresses: dict[str, int] = {}
     failed: list[NativeError] = []
 
-    def compile_first() -> None:
+    def compile_kernels() -> None:
         try:
-            addresses.update((name, engines[0].lookup(name)) for name in kernels[0][1].chunk.kernels)
+            addresses.update((name, engine.lookup(name)) for name in kernels.chunk.kernels)
         except NativeError as error:
             failed.append(error)
 
+    modules = [kernels_module]
     try:
         with interrupts_deferred():  # the modules outlive their translations (see support.interrupts)
-            # translated here (MLIR is used by one thread at a time), compiled at the first lookup
-            engines = [Engine(module, job.opt_level, f"kernels {i}") for i, (module, job) in enumerate(kernels)]
-            other = threading.Thread(target=compile_first, name="mlir_nn-jit", daemon=True)
+            # translated here: MLIR is used by this thread only; the other compiles the LLVM module
+            engine = Engine(kernels_module, kernels.opt_level, "kernels")
+            other = threading.Thread(target=compile_kernels, name="mlir_nn-jit", daemon=True)
             other.start()
             try:
-                jit = Jit(step_module, step_job.chunk.step)
-                entry = jit.lookup(entry_name)
-                for engine, (_, job) in zip(engines[1:], kernels[1:]):
-                    addresses.update((name, engine.lookup(name)) for name in job.chunk.kernels)
+                compiled = _compile_step(step, context, modules)
             finally:
                 other.join()
         if failed:
             raise failed[0]
     except NativeError:
-        for module, job in (step, *kernels):  # ops the passes left unlowered, named (as compile_resident)
+        for module, job in zip(modules, (kernels, step)):  # ops the passes left unlowered, named
             check_lowered_to_llvm(module, job.tail)
         raise
+    if compiled is None:
+        return None
+    jit, entry, slots = compiled
     for name, slot in slots.items():
         ctypes.c_void_p.from_address(jit.lookup(slot)).value = addresses[name]
-    return NativeFunction(entry, (jit, *engines), entry_name)
+    return NativeFunction(entry, (jit, engine), "_mlir_" + step.chunk.public[0])
+
+
+def _compile_step(step: Job, context: ir.Context, modules: list[ir.Module]) -> tuple[Jit, int, dict[str, str]] | None:
+    """``step``'s chunk lowered (appended to ``modules``) and compiled at -O0 (``llvm_jit``): the
+    JIT, its packed entry point and its kernels' slots; None when it calls a function that is not
+    loaded in this process."""
+    module = lower_chunk(step, context)
+    modules.append(module)
+    with context:
+        _prepare(module, step)
+        slots = kernel_slots(module, step.chunk.calls)
+        entry = packed_interface(module, step.chunk.public[0])
+    if not calls_only_loaded(module):
+        return None
+    jit = Jit(module, step.chunk.step)
+    return jit, jit.lookup(entry), slots
 
 
 def packed_interface(module: ir.Module, interface: str) -> str:
