@@ -223,6 +223,30 @@ def test_background_compiles_run_a_bounded_number_at_once(monkeypatch):
     assert all(c.done() for c in compiles)
 
 
+def test_a_held_compile_starts_at_its_release_or_when_its_step_waits():
+    """The native first tier's compile is held until its first call has run (on both cores): not
+    queued, not done, no process; ``release`` starts it; a step that must wait starts it too."""
+    from mlir_nn.jit import tiered
+    from mlir_nn.jit.trace import trace_step
+
+    graphs = []
+    for width in (3, 4):
+        model = MLP(2, [width, 1])
+        graphs.append(trace_step(train_step(model, SGD(model.parameters(), lr=0.1)),
+                                 [np.ones((3, 2), np.float32), np.ones((3, 1), np.float32)], ["x", "y"])[0])
+    released, waited = (tiered.BackgroundCompile(g, 3, False, held=True) for g in graphs)
+    try:
+        for held in (released, waited):
+            assert held.held and not held.started and not held.done() and held not in tiered._QUEUE
+        released.release()
+        assert released.started and not released.held
+        waited.wait(timeout=300)
+        assert waited.done() and not waited.held
+    finally:
+        for c in (released, waited):
+            c.cancel()
+
+
 def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_ready(monkeypatch):
     """``MLIR_NN_FIRST_TIER=native``: the first calls run code compiled here with LLVM at -O0,
     then the optimized code; both agree with the reference at awkward batch sizes."""
@@ -250,7 +274,7 @@ def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_
     assert compiled.optimized_graph is compiled.graph and compiled.optimize_report is None
     assert kernel.pipeline == serial_pipeline(load_pipeline("cpu")) and not kernel.threaded
     assert "llvm" not in kernel.stages  # not printed: as_text waits for the optimized code (below)
-    assert compiled._background.started
+    assert compiled._background.started and not compiled._background.held  # released by the first call
     compiled._background.wait(timeout=300)
     for x, y in batches[::-1]:
         np.testing.assert_allclose(quick(x, y), reference(x, y), rtol=2e-4, atol=2e-5)
