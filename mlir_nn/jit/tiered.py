@@ -35,8 +35,8 @@ the first call has run, so that the quick compile and the first call's products 
 halves on two threads: ``gemm.threads``) have the machine's cores (started with the quick
 compile, on 2 cores at a load of 4-7, it doubled the quick first call, 1.2 -> 2.6 s at 1x16
 Adam, and brought the optimized code no sooner, fresh processes interleaved; started before
-the first call's products, on one thread: 8x1024 SGD 360 -> 280 ms, 16x1024 Adam 730 -> 565 ms
-without it, medians of alternated fresh processes). Its first call on the Adam MLPs of
+the first call's products, which ran on one thread: first call 8x1024 SGD median 314 -> 285 ms
+without it, 16x1024 Adam 780 -> 731, alternated fresh processes). Its first call on the Adam MLPs of
 ``compile_time.py --quick`` (1x16, 4x256, 8x64; 2 cores at a load of 6.5): 0.70, 1.71 and
 1.88 s against 1.43, 2.13 and 2.15 s when it ran egglog and the whole cpu pipeline. Its steps
 (one thread): 2.9 ms at 4x256 against 1.9 ms for the optimized code; the autoencoder's
