@@ -317,11 +317,13 @@ def kernel_slots(module: ir.Module, kernels: Collection[str]) -> dict[str, str]:
 
 
 def _parameters(function_type: str, name: str) -> list[str]:
-    """The parameter types of a kernel's ``!llvm.func<void (...)>``: scalars and pointers only
-    (a kernel takes its memrefs as pointers and sizes)."""
+    """The parameter types of the function ``name`` of type ``!llvm.func<void (...)>``, which
+    takes scalars and pointers only (a kernel takes its memrefs as pointers and sizes, a C
+    interface as pointers to descriptors) and returns nothing."""
     match = re.fullmatch(r"!llvm\.func<void \(([\w, ]*)\)>", function_type)
     if match is None:
-        raise NativeError(f"kernel {name} has the type {function_type}, not one of scalars and pointers")
+        raise NativeError(f"function {name} has the type {function_type}, not one taking scalars and "
+                          "pointers and returning nothing")
     return ["!llvm.ptr" if t == "ptr" else t for t in match.group(1).split(", ") if t]
 
 

@@ -107,5 +107,5 @@ def test_a_kernel_taking_an_aggregate_cannot_have_a_slot():
 
     with ir.Context():
         step = ir.Module.parse("llvm.func @k(!llvm.struct<(ptr, i64)>)")
-        with pytest.raises(NativeError, match="kernel k has the type"):
+        with pytest.raises(NativeError, match="function k has the type"):
             kernel_slots(step, ["k"])
