@@ -111,9 +111,8 @@ def _api() -> _Api:
     return _Api(ctypes.CDLL(str(path)))
 
 
-def _target_machine(api: _Api) -> int:
-    """A TargetMachine for this host, code generation at -O0, position-independent code."""
-    triple = api.message(api.default_triple())
+def _target_machine(api: _Api, triple: str) -> int:
+    """A TargetMachine for this host (``triple``), code generation at -O0, position-independent code."""
     target = ctypes.c_void_p()
     failure = ctypes.c_void_p()
     if api.target_from_triple(triple.encode(), ctypes.byref(target), ctypes.byref(failure)):
@@ -133,7 +132,8 @@ class Jit:
         self.name = name
         self._api = api = _api()
         self._jit = ctypes.c_void_p()
-        machine = _target_machine(api)
+        self._triple = api.message(api.default_triple())
+        machine = _target_machine(api, self._triple)
         layout = api.data_layout(machine)
         try:
             builder = api.builder()
@@ -159,7 +159,7 @@ class Jit:
         if not llvm_module:
             api.context_dispose(context)
             raise NativeError(f"LLVM JIT of {self.name} failed: the module did not translate to LLVM IR")
-        api.set_target(llvm_module, api.message(api.default_triple()).encode())
+        api.set_target(llvm_module, self._triple.encode())
         api.set_data_layout(llvm_module, layout)
         options = api.pass_options()
         error = api.run_passes(llvm_module, b"always-inline", None, options)
