@@ -32,10 +32,11 @@ def test_ops_left_unlowered_are_named_when_llvm_cannot_take_them(tmp_path):
         build(job)
 
 
-# a step that calls two kernels, one of them (``scale``) compiled in another module
-_STEP = """
-llvm.func @scale(!llvm.ptr, i64, f32)
-llvm.func @fill(%p: !llvm.ptr, %n: i64, %v: f32) {
+def _each_element(name: str, value: str, body: str) -> str:
+    """An LLVM-dialect function ``@name(%p, %n, %<value>: f32)`` that runs ``body`` on each
+    float ``%q = &p[i]``, i < n."""
+    return f"""
+llvm.func @{name}(%p: !llvm.ptr, %n: i64, %{value}: f32) {{
   %zero = llvm.mlir.constant(0 : i64) : i64
   %one = llvm.mlir.constant(1 : i64) : i64
   llvm.br ^loop(%zero : i64)
@@ -44,12 +45,18 @@ llvm.func @fill(%p: !llvm.ptr, %n: i64, %v: f32) {
   llvm.cond_br %done, ^end, ^body
 ^body:
   %q = llvm.getelementptr %p[%i] : (!llvm.ptr, i64) -> !llvm.ptr, f32
-  llvm.store %v, %q : f32, !llvm.ptr
+{body}
   %next = llvm.add %i, %one : i64
   llvm.br ^loop(%next : i64)
 ^end:
   llvm.return
-}
+}}
+"""
+
+
+# a step that calls two kernels, one of them (``scale``) compiled in another module
+_FILL = _each_element("fill", "v", "  llvm.store %v, %q : f32, !llvm.ptr")
+_STEP = "llvm.func @scale(!llvm.ptr, i64, f32)" + _FILL + """
 llvm.func @step(%p: !llvm.ptr, %n: i64) {
   %three = llvm.mlir.constant(3.0 : f32) : f32
   %half = llvm.mlir.constant(0.5 : f32) : f32
@@ -58,25 +65,8 @@ llvm.func @step(%p: !llvm.ptr, %n: i64) {
   llvm.return
 }
 """
-_SCALE = """
-llvm.func @scale(%p: !llvm.ptr, %n: i64, %s: f32) {
-  %zero = llvm.mlir.constant(0 : i64) : i64
-  %one = llvm.mlir.constant(1 : i64) : i64
-  llvm.br ^loop(%zero : i64)
-^loop(%i: i64):
-  %done = llvm.icmp "sge" %i, %n : i64
-  llvm.cond_br %done, ^end, ^body
-^body:
-  %q = llvm.getelementptr %p[%i] : (!llvm.ptr, i64) -> !llvm.ptr, f32
-  %x = llvm.load %q : !llvm.ptr -> f32
-  %y = llvm.fmul %x, %s : f32
-  llvm.store %y, %q : f32, !llvm.ptr
-  %next = llvm.add %i, %one : i64
-  llvm.br ^loop(%next : i64)
-^end:
-  llvm.return
-}
-"""
+_SCALE = _each_element("scale", "s", "  %x = llvm.load %q : !llvm.ptr -> f32\n  %y = llvm.fmul %x, %s : f32\n"
+                                      "  llvm.store %y, %q : f32, !llvm.ptr")
 
 
 def test_a_step_calls_a_kernel_of_another_engine_through_its_slot():
