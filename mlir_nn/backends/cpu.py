@@ -179,8 +179,8 @@ def serial_pipeline(pipeline: Pipeline, split: bool = False) -> Pipeline:
     whole module all the same: 9 ms of a 16x64 Adam step's quick build), and (unless ``split``)
     no ``kernel_split.SPLIT_PASS``, so the step stays one function (compiled in the calling
     process, as the quick tier's is: ``mlir_nn.jit.tiered``). With ``split`` its kernels become
-    functions of their own, in one module when compiled without workers: LLVM's loop passes take
-    superlinear time in one function's size."""
+    functions of their own (LLVM's loop passes take superlinear time in one function's size),
+    compiled in this process when without workers (``_build``)."""
     from mlir_nn.backends.kernel_split import SPLIT_PASS
 
     kept = tuple(p for p in pipeline.passes if (split or not p.startswith(SPLIT_PASS))
@@ -264,7 +264,11 @@ def lower_with_plan(graph: Graph, pipeline: Pipeline, threads: bool = True, llvm
 
     def fuse_and_hoist(module: object) -> None:
         sum_over_first_partials(module)  # no copy of a product's first partial sum
-        fuse_elementwise_chains(module)  # one pass per update chain (Adam's)
+        if not quick:  # one pass per update chain (SGD momentum's in the e-graph's graphs). The traced
+            # graphs of the quick tier come with their chains fused by the emission (``codegen.builder``):
+            # it fused none of SGD's (momentum, Nesterov, weight decay), Adam's, AdamW's, RMSprop's or
+            # Adagrad's, and its walk took 3 ms of 8x64 SGD's first call, 17 ms of 16x64 Adam's
+            fuse_elementwise_chains(module)
         hoist_scalar_work(module)  # scalar work (bias corrections) once, not per element
         if threads:
             spread_maps(module, num_threads())  # the fused passes in row blocks, one a thread at most
@@ -337,7 +341,7 @@ def compile_kernel(graph: Graph, pipeline: Pipeline | None = None, use_disk: boo
     """Native code for ``graph`` from the memory cache, the disk cache, or a fresh compile.
     ``threads=False`` builds every product to run on the calling thread; ``opt_level`` is
     LLVM's (0: no IR passes, for the quick tier, ``mlir_nn.jit.tiered``); ``workers=False``
-    starts no compile workers and compiles a split step as one module, in this process;
+    starts no compile workers and compiles a split step in this process (``_build``);
     ``llvm_text=False`` (with ``use_disk`` off: the disk cache keeps every stage)
     leaves the "llvm" and "linalg" stages out of a fresh compile (the quick tier: printing them took
     0.05 s of a 4x256 Adam MLP's first call), split or not when compiled in this process (``workers`` off)."""
@@ -394,7 +398,8 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     this process: not split, or split without ``workers`` or ``use_disk``) and the time of each
     part. With ``use_disk`` a split step links the kernels it finds in the kernel cache and stores
     the ones it compiles; without ``workers`` it is one module, which without ``use_disk`` stays
-    in this process's JIT (``kernel_build.compile_resident``: nothing linked or loaded)."""
+    in this process's JIT (``kernel_build.compile_resident``: nothing linked or loaded), and
+    without ``llvm_text`` either (the quick tier) two cores compile it (``_compile_split``)."""
     from mlir_nn.backends.kernel_build import Job, compile_resident, kernels_only, lower_chunk, merge_texts
     from mlir_nn.backends.kernel_split import Chunk
     from mlir_nn.codegen import symbol_name
@@ -404,13 +409,18 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     linked: list[kernel_cache.StoredObject] = []  # cached objects of kernels
     keys: dict[str, str] = {}  # kernel -> its key in the kernel cache
     if split is None or not (llvm_text or use_disk or workers):  # one module, compiled here
+        threaded = runs_threads(pipeline)
         if split is None:  # a pipeline without the split pass: lowered whole already, compiled as it is
             job = Job(Chunk("", ("_mlir_ciface_" + name,), (), step=name), pipeline, library.parent / "chunk0.o",
                       opt_level)
         else:  # every kernel a function of its own in the one module
             job = Job(split.chunks(1)[0], tail_pipeline(pipeline), library.parent / "chunk0.o", opt_level)
+            if not (use_disk or llvm_text or threaded):  # the step and the kernels on two cores
+                resident = _compile_split(split, tail_pipeline(pipeline), module.context, opt_level)
+                if resident is not None:
+                    timings["llvm"] = time.perf_counter() - start
+                    return resident
             module = lower_chunk(job, module.context)  # (the lowering's)
-        threaded = runs_threads(pipeline)
         # kept in memory when not stored: no object file, link or load (10-15 ms)
         text, resident = compile_resident(module, job, llvm_text, resident=not use_disk, tasks=threaded)
         if text is not None:
@@ -445,6 +455,18 @@ def _build(graph: Graph, pipeline: Pipeline, module: object, stages: dict[str, s
     native = load_shared_object(library, name, tasks=tasks, products=products)
     timings["link"] = time.perf_counter() - start
     return native
+
+
+def _compile_split(split: Split, tail: Pipeline, context: object, opt_level: int) -> NativeFunction | None:
+    """``split`` compiled into this process's JIT on two cores: the step alone and its kernels in
+    two modules (``kernel_build.compile_resident_split``); None when it has no kernel."""
+    from mlir_nn.backends.kernel_build import Job, compile_resident_split
+
+    chunks = split.apart(split.kernels, 1)  # the step alone, then every kernel
+    if len(chunks) < 2:
+        return None
+    step, kernels = (Job(chunk, tail, Path(), opt_level) for chunk in chunks)
+    return compile_resident_split(step, kernels, context)
 
 
 def kernel_keys(split: Split, tail: Pipeline, opt_level: int = OPT_LEVEL) -> dict[str, str]:

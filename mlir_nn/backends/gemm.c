@@ -7,12 +7,93 @@
    kc-deep slice of op(B) is packed into column panels of NR columns, an mc x kc block of op(A)
    into row panels of MR rows (zero-padded), and an MR x NR register block of accumulators is
    computed from them with vector FMAs, then added to C. Built once per machine with -O3
-   -march=native (mlir_nn.backends.gemm); needs only the C library. One thread: the quick tier's
-   code runs on the calling thread. */
+   -march=native (mlir_nn.backends.gemm); needs only the C library. The calling thread computes
+   each product; with mlirnn_gemm_set_threads(2) a large one is cut in two halves of C, one of them
+   computed meanwhile by a helper thread (made at the first such product, idle on a condition
+   variable between them: the quick tier's first call has both cores, its later ones leave one
+   to the compile process). */
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* From this many multiply-adds on, a product is cut in two (a helper's wake-up costs ~10-50 us) */
+#define SPLIT_WORK (1 << 22)
+
+static int threads = 1;              /* mlirnn_gemm_set_threads */
+static pthread_mutex_t helper_user = PTHREAD_MUTEX_INITIALIZER; /* held by the caller it helps */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t posted = PTHREAD_COND_INITIALIZER, finished = PTHREAD_COND_INITIALIZER;
+static void (*job)(void *);          /* the helper's next work, under lock */
+static void *job_argument;
+static int job_done, helper_running;
+
+void mlirnn_gemm_set_threads(int count) { threads = count < 1 ? 1 : count; }
+
+static void *helper(void *unused) {
+    (void)unused;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        while (job == NULL) pthread_cond_wait(&posted, &lock);
+        void (*work)(void *) = job;
+        void *argument = job_argument;
+        job = NULL;
+        pthread_mutex_unlock(&lock);
+        work(argument);
+        pthread_mutex_lock(&lock);
+        job_done = 1;
+        pthread_cond_signal(&finished);
+        pthread_mutex_unlock(&lock);
+    }
+    return NULL;
+}
+
+/* A fork copies only the forking thread: the child makes its own helper when it needs one. */
+static void forget_helper(void) {
+    pthread_mutex_init(&helper_user, NULL);
+    pthread_mutex_init(&lock, NULL);
+    pthread_cond_init(&posted, NULL);
+    pthread_cond_init(&finished, NULL);
+    job = NULL;
+    job_done = helper_running = 0;
+}
+
+/* Hand work(argument) to the helper and return 1, or 0 (the caller does it all) when two threads
+   are not asked for, the helper serves another caller, or it cannot be made. */
+static int give_helper(void (*work)(void *), void *argument) {
+    if (threads < 2 || pthread_mutex_trylock(&helper_user) != 0) return 0;
+    if (!helper_running) {
+        pthread_t thread;
+        pthread_attr_t attributes;
+        pthread_attr_init(&attributes);
+        pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+        int failed = pthread_create(&thread, &attributes, helper, NULL);
+        pthread_attr_destroy(&attributes);
+        if (failed) {
+            pthread_mutex_unlock(&helper_user);
+            return 0;
+        }
+        static int fork_handled;
+        if (!fork_handled) fork_handled = pthread_atfork(NULL, NULL, forget_helper) == 0;
+        helper_running = 1;
+    }
+    pthread_mutex_lock(&lock);
+    job = work;
+    job_argument = argument;
+    job_done = 0;
+    pthread_cond_signal(&posted);
+    pthread_mutex_unlock(&lock);
+    return 1;
+}
+
+/* Wait for the work given to the helper (give_helper returned 1) and free it for other callers. */
+static void join_helper(void) {
+    pthread_mutex_lock(&lock);
+    while (!job_done) pthread_cond_wait(&finished, &lock);
+    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&helper_user);
+}
 
 #if defined(__AVX512F__)
 #define VECTOR_BYTES 64
@@ -150,6 +231,48 @@
         free(pb);                                                                                      \
     }                                                                                                  \
                                                                                                        \
+    typedef struct {                                                                                   \
+        int64_t m, n, k;                                                                               \
+        const T *a;                                                                                    \
+        int64_t rs_a, cs_a;                                                                            \
+        const T *b;                                                                                    \
+        int64_t rs_b, cs_b;                                                                            \
+        T *c;                                                                                          \
+        int64_t rs_c, cs_c;                                                                            \
+    } NAME##_product;                                                                                  \
+                                                                                                       \
+    static void NAME##_run_product(void *product) {                                                    \
+        NAME##_product *p = product;                                                                   \
+        NAME##_run(p->m, p->n, p->k, p->a, p->rs_a, p->cs_a, p->b, p->rs_b, p->cs_b, p->c, p->rs_c, p->cs_c);\
+    }                                                                                                  \
+                                                                                                       \
+    /* The product whole, or (two threads, SPLIT_WORK) its second half of C's rows (or columns, when \
+       there are fewer than two row panels) on the helper while this thread computes the first */    \
+    static void NAME##_split(NAME##_product whole) {                                                   \
+        NAME##_product first = whole, second = whole;                                                  \
+        if (whole.m * whole.n * whole.k < SPLIT_WORK) {                                                \
+            NAME##_run_product(&whole);                                                                \
+            return;                                                                                    \
+        }                                                                                              \
+        if (whole.m >= 2 * MR) {                                                                       \
+            first.m = (whole.m / 2 + MR - 1) / MR * MR;                                                \
+            second.m = whole.m - first.m;                                                              \
+            second.a = whole.a + first.m * whole.rs_a;                                                 \
+            second.c = whole.c + first.m * whole.rs_c;                                                 \
+        } else {                                                                                       \
+            first.n = (whole.n / 2 + NAME##_NR - 1) / NAME##_NR * NAME##_NR;                           \
+            second.n = whole.n - first.n;                                                              \
+            second.b = whole.b + first.n * whole.cs_b;                                                 \
+            second.c = whole.c + first.n * whole.cs_c;                                                 \
+        }                                                                                              \
+        if (second.m <= 0 || second.n <= 0 || !give_helper(NAME##_run_product, &second)) {             \
+            NAME##_run_product(&whole);                                                                \
+            return;                                                                                    \
+        }                                                                                              \
+        NAME##_run_product(&first);                                                                    \
+        join_helper();                                                                                 \
+    }                                                                                                  \
+                                                                                                       \
     /* MLIR's calling convention for (i64, i64, memref, memref, memref): each memref as (allocated,  \
        aligned, offset, size0, size1, stride0, stride1). A transposed operand's memref holds the       \
        operand as stored: op(A) is its transpose. */                                                   \
@@ -168,8 +291,8 @@
         int64_t k = trans_a ? a_size0 : a_size1;                                                       \
         int64_t rs_a = trans_a ? a_stride1 : a_stride0, cs_a = trans_a ? a_stride0 : a_stride1;        \
         int64_t rs_b = trans_b ? b_stride1 : b_stride0, cs_b = trans_b ? b_stride0 : b_stride1;        \
-        NAME##_run(c_size0, c_size1, k, a + a_offset, rs_a, cs_a, b + b_offset, rs_b, cs_b, c + c_offset,\
-                   c_stride0, c_stride1);                                                              \
+        NAME##_split((NAME##_product){c_size0, c_size1, k, a + a_offset, rs_a, cs_a, b + b_offset, rs_b, cs_b,\
+                                      c + c_offset, c_stride0, c_stride1});                            \
     }
 
 DEFINE_GEMM(float, f32)

@@ -10,6 +10,8 @@ traces (``prepare``), on the core that the trace leaves free.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -33,3 +35,19 @@ def prepare() -> None:
 def load() -> ctypes.CDLL:
     """The library, built if needed and loaded once with global symbols."""
     return BUILD.load_global()
+
+
+@contextmanager
+def threads(count: int) -> Iterator[None]:
+    """Products of the block on up to ``count`` threads (``gemm.c``: large ones cut in two halves,
+    one on a helper thread); one again after it. Nothing to set when the library is not loaded
+    (no step that calls it has run)."""
+    if not load.cache_info().currsize:
+        yield
+        return
+    library = load()
+    library.mlirnn_gemm_set_threads(ctypes.c_int(count))
+    try:
+        yield
+    finally:
+        library.mlirnn_gemm_set_threads(ctypes.c_int(1))

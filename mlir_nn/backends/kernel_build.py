@@ -10,25 +10,30 @@ Runs in the compiling process or in a worker (``kernel_pool``); imports MLIR.
 
 from __future__ import annotations
 
+import ctypes
 import re
 import tempfile
+import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlir import ir
 
+from mlir_nn.backends.engine_capi import Engine
 from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.host_cpu import tune_for_host
 from mlir_nn.backends.kernel_split import NOALIAS, Chunk, pass_pointers
+from mlir_nn.backends.llvm_jit import Jit
 from mlir_nn.backends.lowering import check_lowered_to_llvm, run_pipeline
-from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, compile_in_memory, compile_object
+from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, calls_only_loaded, compile_in_memory, compile_object
 from mlir_nn.backends.parallel_bodies import BODY_PREFIX, outline_parallel_bodies, schedule_worksharing_loops
 from mlir_nn.backends.task_aliasing import mark_task_arguments
 from mlir_nn.backends.task_runtime import THREAD_PASS
 from mlir_nn.codegen.copies import strided_copies_as_loops
 from mlir_nn.codegen.lane_loads import scalarize_lane_loads
 from mlir_nn.codegen.walk import symbol
+from mlir_nn.support.interrupts import interrupts_deferred
 from mlir_nn.support.pipelines import Pipeline
 
 _DEFINITIONS = ("llvm.func", "llvm.mlir.global")
@@ -163,16 +168,7 @@ def compile_resident(module: ir.Module, job: Job, text: bool = True, resident: b
     function it calls is here (``native.compile_in_memory``; ``tasks``: it calls the task
     runtime): (text, its entry point), else it goes to ``job.path`` as an object: (text, None)."""
     with module.context:
-        if job.chunk.step:
-            pass_pointers(module, job.chunk.step)
-        internal = localize(module, job.chunk.public)
-        mark_kernels(module, job.chunk.kernels)
-        schedule_worksharing_loops(module, (*job.chunk.kernels, job.chunk.step))
-        inline_step(module, job.chunk.step)
-        if job.opt_level == 0 and job.chunk.step and job.chunk.kernels:
-            select_fast(module, job.chunk.public[0])
-        if job.opt_level > 0:  # at -O0 nothing vectorizes (host_cpu's gathers): the JIT's host target
-            tune_for_host(module)  # serves, without waiting for the host's probe (two LLVM tools run)
+        internal = _prepare(module, job)
         printed = module.operation.get_asm(assume_verified=True) if text else None  # (str() verifies: 10% more)
         native = None
         try:
@@ -189,6 +185,146 @@ def compile_resident(module: ir.Module, job: Job, text: bool = True, resident: b
         if printed is None or job.chunk.whole:
             return printed, native
         return rename(printed, internal, job.chunk.public[0]), native
+
+
+def _prepare(module: ir.Module, job: Job) -> list[str]:
+    """The LLVM-dialect edits before LLVM compiles ``job``'s lowered ``module``; returns the
+    names it made internal (``localize``)."""
+    if job.chunk.step:
+        pass_pointers(module, job.chunk.step)
+    internal = localize(module, job.chunk.public)
+    mark_kernels(module, job.chunk.kernels)
+    schedule_worksharing_loops(module, (*job.chunk.kernels, job.chunk.step))
+    inline_step(module, job.chunk.step)
+    if job.opt_level == 0 and job.chunk.step and job.chunk.kernels:
+        select_fast(module, job.chunk.public[0])
+    if job.opt_level > 0:  # at -O0 nothing vectorizes (host_cpu's gathers): the JIT's host target
+        tune_for_host(module)  # serves, without waiting for the host's probe (two LLVM tools run)
+    return internal
+
+
+def compile_resident_split(step: Job, kernels: Job, context: ir.Context) -> NativeFunction | None:
+    """A split step compiled on two cores into this process's JIT: the ``kernels`` chunk (every
+    kernel) lowered here, then compiled in an engine of MLIR's (``engine_capi``: without the GIL)
+    on a thread, while the ``step`` chunk (the step alone, which calls them through
+    ``kernel_slots``, filled once both are compiled) is lowered here and compiled with LLVM's code
+    generator at -O0 (``llvm_jit``). Both lowered in ``context``. None when either calls a
+    function that is not loaded in this process (as ``native.compile_in_memory``)."""
+    kernels_module = lower_chunk(kernels, context)
+    with context:
+        _prepare(kernels_module, kernels)
+    if not calls_only_loaded(kernels_module):
+        return None
+    addresses: dict[str, int] = {}
+    failed: list[NativeError] = []
+
+    def compile_kernels() -> None:
+        try:
+            addresses.update((name, engine.lookup(name)) for name in kernels.chunk.kernels)
+        except NativeError as error:
+            failed.append(error)
+
+    modules = [kernels_module]
+    try:
+        with interrupts_deferred():  # the modules outlive their translations (see support.interrupts)
+            # translated here: MLIR is used by this thread only; the other compiles the LLVM module
+            engine = Engine(kernels_module, kernels.opt_level, "kernels")
+            other = threading.Thread(target=compile_kernels, name="mlir_nn-jit", daemon=True)
+            other.start()
+            try:
+                compiled = _compile_step(step, context, modules)
+            finally:
+                other.join()
+        if failed:
+            raise failed[0]
+    except NativeError:
+        for module, job in zip(modules, (kernels, step)):  # ops the passes left unlowered, named
+            check_lowered_to_llvm(module, job.tail)
+        raise
+    if compiled is None:
+        return None
+    jit, entry, slots = compiled
+    for name, slot in slots.items():
+        ctypes.c_void_p.from_address(jit.lookup(slot)).value = addresses[name]
+    return NativeFunction(entry, (jit, engine), "_mlir_" + step.chunk.public[0])
+
+
+def _compile_step(step: Job, context: ir.Context, modules: list[ir.Module]) -> tuple[Jit, int, dict[str, str]] | None:
+    """``step``'s chunk lowered (appended to ``modules``) and compiled at -O0 (``llvm_jit``): the
+    JIT, its packed entry point and its kernels' slots; None when it calls a function that is not
+    loaded in this process."""
+    module = lower_chunk(step, context)
+    modules.append(module)
+    with context:
+        _prepare(module, step)
+        slots = kernel_slots(module, step.chunk.calls)
+        entry = packed_interface(module, step.chunk.public[0])
+    if not calls_only_loaded(module):
+        return None
+    jit = Jit(module, step.chunk.step)
+    return jit, jit.lookup(entry), slots
+
+
+def packed_interface(module: ir.Module, interface: str) -> str:
+    """Add to the LLVM-dialect ``module`` the packed entry point of its function ``interface``,
+    as MLIR's ExecutionEngine makes it: ``void _mlir_<interface>(void **args)``, ``args[i]``
+    pointing at the i-th argument. Returns its name."""
+    (function,) = [op.operation for op in module.body.operations
+                   if op.operation.name == "llvm.func" and symbol(op.operation) == interface]
+    parameters = _parameters(str(ir.TypeAttr(function.attributes["function_type"]).value), interface)
+    lines = [f"llvm.func @{interface}({', '.join(parameters)})",  # (declared for the parse only)
+             f"llvm.func @_mlir_{interface}(%args: !llvm.ptr) {{"]
+    for i, kind in enumerate(parameters):
+        lines += [f"  %p{i} = llvm.getelementptr %args[{i}] : (!llvm.ptr) -> !llvm.ptr, !llvm.ptr",
+                  f"  %q{i} = llvm.load %p{i} : !llvm.ptr -> !llvm.ptr",
+                  f"  %a{i} = llvm.load %q{i} : !llvm.ptr -> {kind}"]
+    values = ", ".join(f"%a{i}" for i in range(len(parameters)))
+    lines += [f"  llvm.call @{interface}({values}) : ({', '.join(parameters)}) -> ()", "  llvm.return", "}"]
+    parsed = ir.Module.parse("\n".join(lines))
+    module.body.append(list(parsed.body.operations)[-1].operation)
+    return f"_mlir_{interface}"
+
+
+SLOT_PREFIX = "mlirnn_slot_"
+
+
+def kernel_slots(module: ir.Module, kernels: Collection[str]) -> dict[str, str]:
+    """Each declaration of ``kernels`` in the LLVM-dialect ``module`` made a function that calls
+    the address in a global of its own (named ``SLOT_PREFIX`` + the kernel, null until filled):
+    the kernels compiled in another engine, whose addresses the first engine cannot know when it
+    links. Returns each kernel's global."""
+    slots = {}
+    for op in [op.operation for op in module.body.operations]:
+        if op.name != "llvm.func" or op.regions[0].blocks or symbol(op) not in kernels:
+            continue
+        name = symbol(op)
+        parameters = _parameters(str(ir.TypeAttr(op.attributes["function_type"]).value), name)
+        arguments = ", ".join(f"%a{i}: {t}" for i, t in enumerate(parameters))
+        values = ", ".join(f"%a{i}" for i in range(len(parameters)))
+        slots[name] = SLOT_PREFIX + name
+        text = (f"llvm.mlir.global external @{slots[name]}() {{addr_space = 0 : i32}} : !llvm.ptr {{\n"
+                "  %0 = llvm.mlir.zero : !llvm.ptr\n  llvm.return %0 : !llvm.ptr\n}\n"
+                f"llvm.func internal @{name}({arguments}) {{\n"
+                f"  %slot = llvm.mlir.addressof @{slots[name]} : !llvm.ptr\n"
+                "  %kernel = llvm.load %slot : !llvm.ptr -> !llvm.ptr\n"
+                f"  llvm.call %kernel({values}) : !llvm.ptr, ({', '.join(parameters)}) -> ()\n"
+                "  llvm.return\n}")
+        parsed = ir.Module.parse(text)
+        for definition in list(parsed.body.operations):
+            definition.operation.move_before(op)
+        op.erase()
+    return slots
+
+
+def _parameters(function_type: str, name: str) -> list[str]:
+    """The parameter types of the function ``name`` of type ``!llvm.func<void (...)>``, which
+    takes scalars and pointers only (a kernel takes its memrefs as pointers and sizes, a C
+    interface as pointers to descriptors) and returns nothing."""
+    match = re.fullmatch(r"!llvm\.func<void \(([\w, ]*)\)>", function_type)
+    if match is None:
+        raise NativeError(f"function {name} has the type {function_type}, not one taking scalars and "
+                          "pointers and returning nothing")
+    return ["!llvm.ptr" if t == "ptr" else t for t in match.group(1).split(", ") if t]
 
 
 def warm_up() -> None:

@@ -148,14 +148,20 @@ def compile_in_memory(module: ir.Module, symbol: str, opt_level: int = OPT_LEVEL
     runtime's, loaded first, and libc's and libm's. None, before any compile, when it declares a
     function that is not loaded here (MLIR's runtime library's, whose 186 MB ``compile_object``
     and ``link_objects`` spare a process): such code goes through an object file."""
-    declared = declared_functions(module)
-    if any(name in gemm.SYMBOLS for name in declared):
-        gemm.load()  # (loaded with global symbols: the JIT finds them in the process)
-    process = ctypes.CDLL(None)
-    if not all(hasattr(process, name) for name in declared):
+    if not calls_only_loaded(module):
         return None
     engine, address = _jitted(module, symbol, opt_level, [], tasks)
     return NativeFunction(address, engine, "_mlir_" + symbol)
+
+
+def calls_only_loaded(module: ir.Module) -> bool:
+    """Whether every function that the LLVM-dialect ``module`` declares is loaded in this
+    process, where the JIT finds it (the C GEMM's are loaded here first, with global symbols)."""
+    declared = declared_functions(module)
+    if any(name in gemm.SYMBOLS for name in declared):
+        gemm.load()
+    process = ctypes.CDLL(None)
+    return all(hasattr(process, name) for name in declared)
 
 
 _PLACEHOLDER = 0x1000  # an address the JIT's own link resolves placeholders to; never called

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mlir_nn.backends import Executable
+from mlir_nn.backends import Executable, gemm
 from mlir_nn.backends.buffered import BufferedExecutable
 from mlir_nn.backends.thread_pool import available_cores
 from mlir_nn.engine import Tensor
@@ -57,7 +57,9 @@ class CompiledStep:
                 self.optimized_graph, self.optimize_report = graph, None
                 self.executable: Executable = BufferedExecutable(graph)
                 self.stages: dict[str, str] = {"tensor": str(graph)}
-            self._background = BackgroundCompile(graph, batch_estimate, pipeline.optimize)
+            # the native tier's first call runs on both cores first (``run``), then the process starts
+            self._background = BackgroundCompile(graph, batch_estimate, pipeline.optimize,
+                                                 held=self.first_tier == "native")
             self.run_plain: PlainCall | None = None  # every call goes through run, which switches tiers
         else:
             self._use(pipeline.build(graph, batch_estimate))
@@ -119,6 +121,13 @@ class CompiledStep:
         if self.tier == "numpy":  # the interpreter's products leave the compile processes their cores
             with blas_threads.limited(available_cores() - running()):
                 return self.executable.run(arrays, self._param_arrays())
+        background = self._background
+        if background is not None and background.held:  # the native tier's first call: the compile
+            try:  # process starts after it, which meanwhile has the cores its products can take
+                with gemm.threads(available_cores() - running()):
+                    return self.executable.run(arrays, self._param_arrays())
+            finally:
+                background.release()
         return self.executable.run(arrays, self._param_arrays())
 
 

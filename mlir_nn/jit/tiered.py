@@ -30,10 +30,13 @@ step 2.14 -> 2.03 ms), f32 exp and erf libm's (``inline_math``'s expansions vect
 and above), without the "linalg" and "llvm" stages' texts (``as_text`` waits for the optimized code),
 its sums over the batch plain loops, its functions not tuned for the host (``host_cpu``: nothing
 vectorizes at -O0), its code kept in the JIT that compiled it (no object file, link or load), and runs the
-first calls on that until the optimized code is ready; only then does the compile process
-start, so that the quick compile has the machine's cores (started with it, on 2 cores at a
-load of 4-7, it doubled the quick first call, 1.2 -> 2.6 s at 1x16 Adam, and brought the
-optimized code no sooner, fresh processes interleaved). Its first call on the Adam MLPs of
+first calls on that until the optimized code is ready; the compile process starts only once
+the first call has run, so that the quick compile and the first call's products (cut in two
+halves on two threads: ``gemm.threads``) have the machine's cores (started with the quick
+compile, on 2 cores at a load of 4-7, it doubled the quick first call, 1.2 -> 2.6 s at 1x16
+Adam, and brought the optimized code no sooner, fresh processes interleaved; started before
+the first call's products, which ran on one thread: first call 8x1024 SGD median 314 -> 285 ms
+without it, 16x1024 Adam 780 -> 731, alternated fresh processes). Its first call on the Adam MLPs of
 ``compile_time.py --quick`` (1x16, 4x256, 8x64; 2 cores at a load of 6.5): 0.70, 1.71 and
 1.88 s against 1.43, 2.13 and 2.15 s when it ran egglog and the whole cpu pipeline. Its steps
 (one thread): 2.9 ms at 4x256 against 1.9 ms for the optimized code; the autoencoder's
@@ -68,9 +71,10 @@ FIRST_TIERS = ("interpreter", "native")
 # 1.72 s and 0.51 -> 0.27 ms at 8x64: it pays after 1000-5000 steps, later than the optimized code comes
 QUICK_OPT_LEVEL = 0
 # From this many matrix products on, the native first tier's step is split into kernels, each a
-# function of its own (one module, compiled here): LLVM's loop passes (loop strength reduction,
-# freeze canonicalization) take superlinear time in the size of the one function of a whole step.
-# Fresh processes alternated, Adam MLPs at batch 128, one thread, whole -> split: first call
+# function of its own (compiled here, on both cores: ``kernel_build.compile_resident_split``): LLVM's
+# loop passes (loop strength reduction, freeze canonicalization) take superlinear time in the size of
+# the one function of a whole step. Fresh processes alternated, Adam MLPs at batch 128, one thread,
+# whole -> split, when the split step was one module on one core: first call
 # 6x64 (20 products) 0.81 -> 0.72 s, 8x64 1.00 -> 0.86, 8x256 1.54 -> 1.16 (its step 7.6 -> 3.3 ms),
 # 12x16 1.16 -> 1.03, 16x64 2.07 -> 1.41; below, the split's fixed cost (each kernel's tail of
 # the pipeline and its own function) did not pay: 1x16 (5) 0.39 -> 0.49 s, 2x1024 (5) 0.67 -> 0.71,
@@ -135,18 +139,30 @@ class BackgroundCompile:
 
     At most ``MAX_RUNNING`` run at once (each holds egglog, MLIR and LLVM: ~120 MB); later
     ones wait in a queue, their steps on the interpreter, and start as earlier ones finish
-    (checked whenever a waiting step is called) or when their step must wait for them."""
+    (checked whenever a waiting step is called) or when their step must wait for them. A
+    ``held`` one joins the queue at ``release`` (the native first tier's first call runs before
+    it, on both cores), or starts when its step waits for it."""
 
-    def __init__(self, graph: Graph, batch_estimate: int | None, optimize: bool) -> None:
+    def __init__(self, graph: Graph, batch_estimate: int | None, optimize: bool, held: bool = False) -> None:
         self._owner = os.getpid()  # a forked child neither waits for nor stops its parent's compile
         payload = pickle.dumps((graph, batch_estimate, optimize))
         self._payload = struct.pack(_LENGTH, len(payload)) + payload
         self._started = False
         self._process: subprocess.Popen | None = None
         self._feeding: threading.Thread | None = None  # writes the payload into the process's stdin
+        self.held = held
+        if not held:
+            self.release()
+
+    def release(self) -> None:
+        """Queue the compile (if it was held), to start once fewer than ``MAX_RUNNING`` run."""
         with _QUEUE_LOCK:
-            _QUEUE.append(self)
-        _start_waiting()
+            queue = not self._started and self not in _QUEUE
+            if queue:
+                _QUEUE.append(self)
+            self.held = False
+        if queue:
+            _start_waiting()
 
     def _start(self) -> None:
         """Start the process (called with ``_QUEUE_LOCK`` held, once)."""
@@ -184,7 +200,9 @@ class BackgroundCompile:
             return
         with _QUEUE_LOCK:
             if not self._started:
-                _QUEUE.remove(self)
+                if self in _QUEUE:
+                    _QUEUE.remove(self)
+                self.held = False
                 self._start()
         if not self._exited():
             self._process.wait(timeout)
@@ -192,7 +210,8 @@ class BackgroundCompile:
     def cancel(self) -> None:
         with _QUEUE_LOCK:
             if not self._started:
-                _QUEUE.remove(self)
+                if self in _QUEUE:
+                    _QUEUE.remove(self)
                 self._started = True  # never to run: done() is true
                 return
         if os.getpid() == self._owner and not self._exited():

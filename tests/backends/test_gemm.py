@@ -69,6 +69,44 @@ def test_the_c_gemm_adds_the_product_to_c(m, n, k, dtype, trans_a, trans_b, spac
     np.testing.assert_array_equal(c.base[outside], around[outside])  # nothing written beside C
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("m, n, k", [(257, 129, 200), (25, 513, 333), (7, 2100, 300), (1, 16411, 300)])
+@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, True)])
+def test_on_two_threads_a_large_product_is_cut_in_two_halves_of_c(m, n, k, dtype, trans_a, trans_b):
+    """``gemm.threads(2)``: products of 4M multiply-adds and more are cut along C's rows (two row
+    panels or more) or else its columns, one half on the helper thread; both halves land where
+    the product does on one thread, whatever the size (not a multiple of either panel)."""
+    rng = np.random.default_rng(m + n + k)
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
+    c = rng.standard_normal((m, n)).astype(dtype)
+    want = c.astype(np.float64) + (a.T if trans_a else a).astype(np.float64) @ (b.T if trans_b else b)
+    with gemm.threads(2):
+        for _ in range(3):  # the helper made once, then reused
+            got = c.copy()
+            _gemm(a, b, got, trans_a, trans_b)
+            np.testing.assert_allclose(got, want, **TOL[dtype])
+
+
+def test_a_forked_child_makes_its_own_helper():
+    """The helper thread is not copied by a fork: the child's two-thread products make their own."""
+    import multiprocessing
+
+    assert _threaded_product_error(5) < 1e-9  # the parent's helper exists now
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_threaded_product_error, (6,)) < 1e-9
+
+
+def _threaded_product_error(seed: int) -> float:
+    """The largest difference between a two-thread float64 product and NumPy's."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((300, 200)), rng.standard_normal((200, 300))
+    c = np.zeros((300, 300))
+    with gemm.threads(2):
+        _gemm(a, b, c, False, False)
+    return float(np.abs(c - a @ b).max())
+
+
 def test_the_c_gemm_is_vector_code():
     """256 x 256 x 256 float32, the best of 20 runs: over 20 GFLOP/s (it ran at about 200 on a Zen 5
     core, NumPy's BLAS on one thread at about 120; scalar code runs at a few)."""

@@ -223,6 +223,30 @@ def test_background_compiles_run_a_bounded_number_at_once(monkeypatch):
     assert all(c.done() for c in compiles)
 
 
+def test_a_held_compile_starts_at_its_release_or_when_its_step_waits():
+    """The native first tier's compile is held until its first call has run (on both cores): not
+    queued, not done, no process; ``release`` starts it; a step that must wait starts it too."""
+    from mlir_nn.jit import tiered
+    from mlir_nn.jit.trace import trace_step
+
+    graphs = []
+    for width in (3, 4):
+        model = MLP(2, [width, 1])
+        graphs.append(trace_step(train_step(model, SGD(model.parameters(), lr=0.1)),
+                                 [np.ones((3, 2), np.float32), np.ones((3, 1), np.float32)], ["x", "y"])[0])
+    released, waited = (tiered.BackgroundCompile(g, 3, False, held=True) for g in graphs)
+    try:
+        for held in (released, waited):
+            assert held.held and not held.started and not held.done() and held not in tiered._QUEUE
+        released.release()
+        assert released.started and not released.held
+        waited.wait(timeout=300)
+        assert waited.done() and not waited.held
+    finally:
+        for c in (released, waited):
+            c.cancel()
+
+
 def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_ready(monkeypatch):
     """``MLIR_NN_FIRST_TIER=native``: the first calls run code compiled here with LLVM at -O0,
     then the optimized code; both agree with the reference at awkward batch sizes."""
@@ -250,7 +274,7 @@ def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_
     assert compiled.optimized_graph is compiled.graph and compiled.optimize_report is None
     assert kernel.pipeline == serial_pipeline(load_pipeline("cpu")) and not kernel.threaded
     assert "llvm" not in kernel.stages  # not printed: as_text waits for the optimized code (below)
-    assert compiled._background.started
+    assert compiled._background.started and not compiled._background.held  # released by the first call
     compiled._background.wait(timeout=300)
     for x, y in batches[::-1]:
         np.testing.assert_allclose(quick(x, y), reference(x, y), rtol=2e-4, atol=2e-5)
@@ -262,9 +286,12 @@ def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_
 
 def test_a_deep_step_on_the_native_first_tier_is_split_into_kernels(monkeypatch):
     """From ``QUICK_SPLIT_PRODUCTS`` matrix products on (7 layers with Adam: 20), the quick tier's
-    step is split into kernels, compiled as one module here; it agrees with the reference at
-    awkward batch sizes. One product fewer (the first layer's input gradient is not needed
-    either way; 6 layers: 17) keeps the step whole."""
+    step is split into kernels, compiled here on two cores: the step in LLVM's JIT, its kernels
+    in an engine of MLIR's (``kernel_build.compile_resident_split``); it agrees with the
+    reference at awkward batch sizes. One product fewer (the first layer's input gradient is not
+    needed either way; 6 layers: 17) keeps the step whole, in one engine."""
+    from mlir_nn.backends.engine_capi import Engine
+    from mlir_nn.backends.llvm_jit import Jit
     from mlir_nn.losses import mse_loss
     from mlir_nn.optim import Adam
 
@@ -287,6 +314,8 @@ def test_a_deep_step_on_the_native_first_tier_is_split_into_kernels(monkeypatch)
         assert compiled.tier == "quick" and tiered.quick_split(compiled.graph) == split
         assert compiled.executable.kernel.pipeline == serial_pipeline(load_pipeline("cpu"), split=split)
         assert "llvm" not in compiled.executable.kernel.stages  # (as_text waits for the optimized code)
+        owner = compiled.executable.kernel.native.owner
+        assert [type(part) for part in owner] == [Jit, Engine] if split else not isinstance(owner, tuple)
         for p, q in zip(quick_model.parameters(), reference_model.parameters()):
             np.testing.assert_allclose(p.data, q.data, atol=2e-4)
         compiled._background.cancel()
