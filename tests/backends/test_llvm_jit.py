@@ -4,6 +4,8 @@ inlined, its calls resolved to this process's symbols, its code run; failures na
 from __future__ import annotations
 
 import ctypes
+import sys
+from pathlib import Path
 
 import pytest
 from mlir import ir
@@ -50,3 +52,13 @@ def test_a_function_that_is_nowhere_is_named_at_the_lookup():
                                   "  llvm.return %x : i64\n}"), "f")
     with pytest.raises(NativeError, match="nowhere_at_all"):
         jit.lookup("f")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_the_jit_uses_the_llvm_library_that_mlir_loaded():
+    """One mapping of LLVM's library: the IR that MLIR translates and the JIT that compiles it
+    share LLVM's state (a second copy would hold contexts and targets of its own)."""
+    with ir.Context():
+        Jit(ir.Module.parse("llvm.func @f() {\n  llvm.return\n}"), "f").lookup("f")
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    assert sum("libLLVM.so" in line and line.split()[2] == "00000000" for line in maps) == 1
