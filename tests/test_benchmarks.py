@@ -42,6 +42,9 @@ def test_compile_time(tmp_path):
     results = json.loads((tmp_path / "compile_time.json").read_text())
     (row,) = results["first_calls"]
     assert row["mlir_nn_s"] > 0 and row["jax_s"] > 0 and {"imports", "other"} <= row["stages_s"].keys()
+    assert row["mlir_nn_with_imports_s"] > row["mlir_nn_s"] and row["jax_with_imports_s"] > row["jax_s"]
+    assert row["with_imports_ratio"] > 0
+    assert results["geomean_with_imports_ratio"] == pytest.approx(row["with_imports_ratio"])
     assert row["first_tier"] == "numpy" and row["mlir_nn_optimized_s"] > row["mlir_nn_s"]  # the default tier
     assert "mlir-nn" in results["time_to_train"]["wall_s"] and "geomean" in out
     assert set(results["time_to_train"]["mlir_nn_last_tier"].split("/")) <= {"numpy", "cpu"}
