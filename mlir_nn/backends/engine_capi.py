@@ -40,16 +40,18 @@ class _Api:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         pointer = ctypes.c_void_p
-        self.create = _bind(library.mlirExecutionEngineCreate, pointer,
-                            [pointer, ctypes.c_int, ctypes.c_int, pointer, ctypes.c_bool, ctypes.c_bool])
-        self.destroy = _bind(library.mlirExecutionEngineDestroy, None, [pointer])
-        self.lookup = _bind(library.mlirExecutionEngineLookup, pointer, [pointer, StringRef])
-        self.register_translations = _bind(library.mlirRegisterAllLLVMTranslations, None, [pointer])
-        self.translate = _bind(library.mlirTranslateModuleToLLVMIR, pointer, [pointer, pointer])
+        self.create = bind(library, "mlirExecutionEngineCreate", pointer,
+                           pointer, ctypes.c_int, ctypes.c_int, pointer, ctypes.c_bool, ctypes.c_bool)
+        self.destroy = bind(library, "mlirExecutionEngineDestroy", None, pointer)
+        self.lookup = bind(library, "mlirExecutionEngineLookup", pointer, pointer, StringRef)
+        self.register_translations = bind(library, "mlirRegisterAllLLVMTranslations", None, pointer)
+        self.translate = bind(library, "mlirTranslateModuleToLLVMIR", pointer, pointer, pointer)
 
 
-def _bind(function: ctypes._CFuncPtr, restype: object, argtypes: list) -> ctypes._CFuncPtr:
-    function.restype, function.argtypes = restype, argtypes
+def bind(library: ctypes.CDLL, name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
+    """The C function ``name`` of ``library`` with its result and argument types set."""
+    function = getattr(library, name)
+    function.restype, function.argtypes = restype, list(argtypes)
     return function
 
 
@@ -61,11 +63,12 @@ def api() -> _Api:
     return _Api(ctypes.CDLL(str(path)))
 
 
+_capsule_pointer = bind(ctypes.pythonapi, "PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
+
+
 def handle(capsule_owner: object, kind: str) -> int:
     """The C handle inside an ``ir.Module``/``ir.Operation``/``ir.Context`` (``kind``)."""
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    return get(capsule_owner._CAPIPtr, f"mlir.ir.{kind}._CAPIPtr".encode())
+    return _capsule_pointer(capsule_owner._CAPIPtr, f"mlir.ir.{kind}._CAPIPtr".encode())
 
 
 def translate(module: ir.Module, llvm_context: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import platform
-from functools import cache
+from functools import cache, partial
 from typing import TYPE_CHECKING
 
 from mlir_nn.backends import engine_capi
@@ -36,10 +36,7 @@ class _Api:
         p, text = ctypes.c_void_p, ctypes.c_char_p
         pp = ctypes.POINTER(ctypes.c_void_p)
 
-        def bind(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
-            function = getattr(library, name)
-            function.restype, function.argtypes = restype, list(argtypes)
-            return function
+        bind = partial(engine_capi.bind, library)
 
         self.context_create = bind("LLVMContextCreate", p)
         self.context_dispose = bind("LLVMContextDispose", None, p)
