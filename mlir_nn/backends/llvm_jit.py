@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from mlir_nn.backends import engine_capi
 from mlir_nn.backends.errors import NativeError
+from mlir_nn.backends.mlir_preload import LLVM_LIBRARY
 from mlir_nn.backends.native import package_file
 
 if TYPE_CHECKING:
     from mlir import ir
 
-LIBRARY = "lib/libLLVM.so"  # in the llvm package, which MLIR's library links
 _CODEGEN_NONE, _RELOC_PIC, _CODE_MODEL_JIT_DEFAULT = 0, 2, 1  # LLVMCodeGenOptLevel, LLVMRelocMode, LLVMCodeModel
 _REPORTER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)  # LLVMOrcErrorReporterFunction
 _TARGETS = {"x86_64": "X86", "amd64": "X86", "aarch64": "AArch64", "arm64": "AArch64"}
@@ -56,6 +56,8 @@ class _Api:
         self.pass_options = bind("LLVMCreatePassBuilderOptions", p)
         self.dispose_pass_options = bind("LLVMDisposePassBuilderOptions", None, p)
         self.run_passes = bind("LLVMRunPasses", p, p, text, p, p)
+        self.memory_buffer = bind("LLVMCreateMemoryBufferWithMemoryRangeCopy", p, text, ctypes.c_size_t, text)
+        self.parse_ir = bind("LLVMParseIRInContext", ctypes.c_int, p, p, pp, pp)
         self.builder = bind("LLVMOrcCreateLLJITBuilder", p)
         self.machine_builder = bind("LLVMOrcJITTargetMachineBuilderCreateFromTargetMachine", p, p)
         self.set_machine_builder = bind("LLVMOrcLLJITBuilderSetJITTargetMachineBuilder", None, p, p)
@@ -102,9 +104,10 @@ class _Api:
 
 @cache
 def _api() -> _Api:
-    path = package_file("llvm", LIBRARY)
+    package, library = LLVM_LIBRARY
+    path = package_file(package, library)
     if path is None:
-        raise NativeError(f"{LIBRARY} not found in the llvm package")
+        raise NativeError(f"{library} not found in the {package} package")
     return _Api(ctypes.CDLL(str(path)))
 
 
@@ -121,11 +124,11 @@ def _target_machine(api: _Api, triple: str) -> int:
 
 class Jit:
     """``module`` (LLVM dialect) translated to LLVM IR, its ``always_inline`` functions inlined,
-    and held in an LLJIT that compiles it at the first ``lookup`` at -O0; calls of functions it
-    declares resolve to this process's symbols. Freed with this object. ``module`` must outlive
-    the constructor only."""
+    or LLVM IR text (``baseline``) parsed, held in an LLJIT that compiles it at the first
+    ``lookup`` at -O0; calls of functions it declares resolve to this process's symbols. Freed
+    with this object. ``module`` must outlive the constructor only."""
 
-    def __init__(self, module: ir.Module, name: str) -> None:
+    def __init__(self, module: ir.Module | str, name: str) -> None:
         self.name = name
         self._api = api = _api()
         self._jit = ctypes.c_void_p()
@@ -148,11 +151,12 @@ class Jit:
         finally:
             api.dispose_data_layout(layout)
 
-    def _translated(self, module: ir.Module, layout: int) -> int:
+    def _translated(self, module: ir.Module | str, layout: int) -> int:
         """``module`` as a thread-safe LLVM IR module for this host (``layout``), inlined."""
         api = self._api
         context = api.context_create()
-        llvm_module = engine_capi.translate(module, context)
+        text = isinstance(module, str)
+        llvm_module = self._parsed(module, context) if text else engine_capi.translate(module, context)
         if not llvm_module:
             api.context_dispose(context)
             raise NativeError(f"LLVM JIT of {self.name} failed: the module did not translate to LLVM IR")
@@ -169,6 +173,17 @@ class Jit:
         safe_module = api.safe_module(llvm_module, safe_context)
         api.dispose_safe_context(safe_context)
         return safe_module
+
+    def _parsed(self, text: str, context: int) -> int:
+        """The LLVM IR ``text`` parsed in ``context``; a NativeError with LLVM's message if it is invalid."""
+        api = self._api
+        data = text.encode()
+        buffer = api.memory_buffer(data, len(data), self.name.encode())  # (the parser takes it)
+        module, message = ctypes.c_void_p(), ctypes.c_void_p()
+        if api.parse_ir(context, buffer, ctypes.byref(module), ctypes.byref(message)):
+            api.context_dispose(context)
+            raise NativeError(f"LLVM JIT of {self.name} failed: invalid LLVM IR: {api.message(message.value)}")
+        return module.value
 
     def lookup(self, symbol: str) -> int:
         """The address of ``symbol`` (the first lookup compiles the module)."""

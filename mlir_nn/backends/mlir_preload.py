@@ -20,19 +20,30 @@ from pathlib import Path
 from mlir_nn.backends.native import package_file
 
 LIBRARY = "libMLIRPythonCAPI.so"
-_loading: threading.Thread | None = None  # started once per process
+LLVM_LIBRARY = ("llvm", "lib/libLLVM.so")  # (package, file): what MLIR's library links, and ``llvm_jit`` calls
+_loading: dict[str, threading.Thread] = {}  # started once per process and library
 
 
 def start() -> None:
     """Start loading ``LIBRARY`` in the background, once per process, unless MLIR is imported
     already or its package has no such library (the import then loads what it needs itself)."""
-    global _loading
-    if _loading is not None or "mlir._mlir_libs._mlir" in sys.modules:
+    if "mlir._mlir_libs._mlir" not in sys.modules:
+        _start("mlir", f"_mlir_libs/{LIBRARY}")
+
+
+def start_llvm() -> None:
+    """Start loading LLVM's library alone (a fifth of MLIR's load), for a step that the baseline
+    compiler (``baseline``) compiles without MLIR."""
+    _start(*LLVM_LIBRARY)
+
+
+def _start(package: str, relative: str) -> None:
+    if relative in _loading:
         return
-    path = package_file("mlir", f"_mlir_libs/{LIBRARY}")
+    path = package_file(package, relative)
     if path is not None:
-        _loading = threading.Thread(target=_load, args=(path,), name="mlir_nn-preload", daemon=True)
-        _loading.start()
+        _loading[relative] = threading.Thread(target=_load, args=(path,), name="mlir_nn-preload", daemon=True)
+        _loading[relative].start()
 
 
 def _load(path: Path) -> None:
@@ -49,8 +60,8 @@ def _load(path: Path) -> None:
 def _finish_before_fork() -> None:
     """A fork waits for the load: a child forked while the loader held its lock would hang at its
     own first ``dlopen``."""
-    if _loading is not None:
-        _loading.join()
+    for thread in list(_loading.values()):
+        thread.join()
 
 
 os.register_at_fork(before=_finish_before_fork)

@@ -76,8 +76,13 @@ class StepPipeline:
         split into kernels from ``tiered.QUICK_SPLIT_PRODUCTS`` products on), its products calls
         of the C GEMM (``backends.gemm``), and compiled by LLVM at ``QUICK_OPT_LEVEL`` in this
         process; kept in memory only (the disk caches get the optimized code)."""
+        from mlir_nn.backends import baseline, mlir_preload
         from mlir_nn.backends.cpu import TARGET, CpuExecutable, compile_kernel, serial_pipeline
 
+        kernel = baseline.compile_step(graph)
+        if kernel is not None:
+            return Built(graph, None, CpuExecutable(graph, kernel))
+        mlir_preload.start()  # (only LLVM's library was started: ``before_trace``)
         pipeline = serial_pipeline(load_pipeline(TARGET), split=quick_split(graph))
         kernel = compile_kernel(graph, pipeline, use_disk=False,
                                 opt_level=QUICK_OPT_LEVEL, workers=False, llvm_text=False)
@@ -96,9 +101,12 @@ class StepPipeline:
         interpreter_first = self.backend == "cpu" and self.tiered and self.first_tier == "interpreter"
         if self.backend not in ("cpu", "cuda") or interpreter_first:
             return
-        from mlir_nn.backends import mlir_preload
+        from mlir_nn.backends import baseline, mlir_preload
 
-        mlir_preload.start()
+        if self.backend == "cpu" and self.tiered and baseline.enabled():  # MLIR too if it declines the step
+            mlir_preload.start_llvm()
+        else:
+            mlir_preload.start()
         if self.backend == "cpu":
             from mlir_nn.backends import gemm, thin_call
 

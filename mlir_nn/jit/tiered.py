@@ -14,7 +14,12 @@ graph at once, without egglog or MLIR, on the reference ops with planned buffers
 (``mlir_nn.backends.buffered``): its first call took 0.04-0.2 s on the MLPs of
 ``benchmarks/compile_time.py``, and an Adam step of the 784-256-64-16-64-256-784
 autoencoder (batch 128, one BLAS thread) 7 ms against 3.9 ms for -O0 native code.
-``native`` compiles the traced graph in this process, without egglog, with the cpu
+``native`` compiles the traced graph in this process, without egglog: a float32 step of the
+ops the baseline compiler takes (``backends.baseline``: element-wise ops, sums, products,
+transposes; the MLPs of ``compile_time.py`` with any of the optimizers) straight to LLVM IR,
+compiled by LLVM at -O0 without MLIR (8x64 SGD's first call 0.45-0.55 -> 0.06-0.08 s, its
+steps 1.1-1.4x as long as MLIR's quick code below, up to 1.8x at 4x256 Adam: -O0 code generation,
+which took 25-35 ms there against 160-220 ms at -O1 or -O2); any other step with the cpu
 pipeline without threads (``backends.cpu.serial_pipeline``: no compile workers, no split into
 kernels below ``QUICK_SPLIT_PRODUCTS`` products) and LLVM at ``QUICK_OPT_LEVEL`` (0: no IR
 optimization; MLIR's engine runs the code generator at its default level whatever the -O

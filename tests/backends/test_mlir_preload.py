@@ -36,9 +36,9 @@ def test_the_library_loads_without_importing_mlir_and_once():
 from mlir_nn.backends import mlir_preload
 before = loaded()
 mlir_preload.start()
-first = mlir_preload._loading
+(first,) = mlir_preload._loading.values()
 mlir_preload.start()
-assert mlir_preload._loading is first
+assert list(mlir_preload._loading.values()) == [first]
 first.join()
 print(before, loaded(), any(name == "mlir" or name.startswith("mlir.") for name in sys.modules), first.daemon)
 """)
@@ -60,8 +60,18 @@ def test_nothing_starts_once_mlir_is_imported():
 import mlir.ir
 from mlir_nn.backends import mlir_preload
 mlir_preload.start()
-print(mlir_preload._loading)
-""") == ["None"]
+print(len(mlir_preload._loading))
+""") == ["0"]
+
+
+def test_llvm_alone_loads_for_the_baseline_compiler_without_mlirs_library():
+    assert _run("""
+from mlir_nn.backends import mlir_preload
+mlir_preload.start_llvm()
+(thread,) = mlir_preload._loading.values()
+thread.join()
+print(loaded(), sum("libLLVM.so" in line for line in Path("/proc/self/maps").read_text().splitlines()) > 0)
+""") == ["False", "True"]
 
 
 def test_a_fork_right_after_the_start_gets_a_working_mlir():

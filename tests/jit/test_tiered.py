@@ -249,11 +249,14 @@ def test_a_held_compile_starts_at_its_release_or_when_its_step_waits():
 
 def test_a_native_first_tier_runs_quick_native_code_until_the_optimized_code_is_ready(monkeypatch):
     """``MLIR_NN_FIRST_TIER=native``: the first calls run code compiled here with LLVM at -O0,
-    then the optimized code; both agree with the reference at awkward batch sizes."""
+    then the optimized code; both agree with the reference at awkward batch sizes. Through MLIR
+    (the baseline compiler off; it has its own tests: tests/backends/test_baseline.py)."""
+    from mlir_nn.backends.baseline import SWITCH
     from mlir_nn.losses import mse_loss
     from mlir_nn.optim import Adam
 
     monkeypatch.setenv(FIRST_TIER_ENV, "native")
+    monkeypatch.setenv(SWITCH, "0")
 
     def make(backend: str, tiered: bool):
         np.random.seed(13)
@@ -289,13 +292,16 @@ def test_a_deep_step_on_the_native_first_tier_is_split_into_kernels(monkeypatch)
     step is split into kernels, compiled here on two cores: the step in LLVM's JIT, its kernels
     in an engine of MLIR's (``kernel_build.compile_resident_split``); it agrees with the
     reference at awkward batch sizes. One product fewer (the first layer's input gradient is not
-    needed either way; 6 layers: 17) keeps the step whole, in one engine."""
+    needed either way; 6 layers: 17) keeps the step whole, in one engine. (The baseline compiler,
+    which would take these steps, off.)"""
+    from mlir_nn.backends.baseline import SWITCH
     from mlir_nn.backends.engine_capi import Engine
     from mlir_nn.backends.llvm_jit import Jit
     from mlir_nn.losses import mse_loss
     from mlir_nn.optim import Adam
 
     monkeypatch.setenv(FIRST_TIER_ENV, "native")
+    monkeypatch.setenv(SWITCH, "0")
 
     def make(backend: str, tiered: bool, depth: int):
         np.random.seed(19)
