@@ -48,7 +48,7 @@ from mlir_nn.ir import BATCH, Graph, conv_forms
 from mlir_nn.ir.arguments import check_arguments, input_error, label_inputs
 from mlir_nn.support import schedule_rates
 from mlir_nn.support.collection import collection_paused
-from mlir_nn.support.cpu_target import register_block
+from mlir_nn.support.cpu_target import data_cache_bytes, register_block
 from mlir_nn.support.disk_cache import writable
 from mlir_nn.support.interrupts import interrupts_deferred
 from mlir_nn.support.pipelines import Pipeline, load_pipeline, shipped_dir
@@ -103,14 +103,15 @@ def runs_threads(pipeline: Pipeline) -> bool:
 def codegen_digest() -> str:
     """sha256 of what turns a graph into machine code besides the pipeline text: the
     sources of the code generator and of this backend, the matmul schedule, and the host's
-    register block. Part of the cache key, so no entry survives a code-generator change."""
+    register block and caches (what plans are made for). Part of the cache key, so no entry
+    survives a code-generator change."""
     package = Path(__file__).resolve().parent.parent
     sources = sorted((package / "codegen").glob("*.py")) + [package / n for n in _BACKEND_SOURCES]
     digest = hashlib.sha256()
     for path in sources:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update((shipped_dir() / SCHEDULE).read_bytes())
-    digest.update(repr(register_block(4) + register_block(8)).encode())
+    digest.update(repr((register_block(4), register_block(8), sorted(data_cache_bytes().items()))).encode())
     return digest.hexdigest()
 
 

@@ -17,14 +17,17 @@ autoencoder (batch 128, one BLAS thread) 7 ms against 3.9 ms for -O0 native code
 ``native`` compiles the traced graph in this process, without egglog: a float32 step of the
 ops the baseline compiler takes (``backends.baseline``: element-wise ops, sums, products,
 transposes; the MLPs of ``compile_time.py`` with any of the optimizers) straight to LLVM IR,
-compiled by LLVM at -O0 without MLIR (8x64 SGD's first call 0.45-0.55 -> 0.06-0.08 s, its
-steps 1.1-1.4x as long as MLIR's quick code below, up to 1.8x at 4x256 Adam: -O0 code generation,
-which took 25-35 ms there against 160-220 ms at -O1 or -O2); any other step with the cpu
-pipeline without threads (``backends.cpu.serial_pipeline``: no compile workers, no split into
-kernels below ``QUICK_SPLIT_PRODUCTS`` products) and LLVM at ``QUICK_OPT_LEVEL`` (0: no IR
-optimization; MLIR's engine runs the code generator at its default level whatever the -O
-level, and a true -O0 through LLVM's C API,
-fast instruction selection and register allocation, took the 4x256 Adam step's LLVM stage from
+compiled by LLVM at -O0 without MLIR (``compile_time.py --first-tier native``, Zen 3, load
+1.1-1.2: first calls 0.04-0.82 s, 0.18x JAX's in geomean, against 0.39-1.10 s and 1.22x through
+MLIR; its element-wise loops written 8 floats at a time, which -O0 keeps, its steps took
+0.65-1.0x as long as MLIR's quick code below: 8x64 SGD 0.82 against 1.24 ms, 4x256 Adam 4.9-10
+against 5.0-7.2, the autoencoder 10-11 against 12-30, load 2.4-2.6; at -O1 or -O2 its code
+generation took 160-220 ms instead of 25-35 ms at 4x256 Adam, for steps no faster than the
+vectors'); any other step with the cpu pipeline without threads
+(``backends.cpu.serial_pipeline``: no compile workers, no split into kernels below
+``QUICK_SPLIT_PRODUCTS`` products) and LLVM at ``QUICK_OPT_LEVEL`` (0: no IR optimization;
+MLIR's engine runs the code generator at its default level whatever the -O level, and a true
+-O0 through LLVM's C API, fast instruction selection and register allocation, took the 4x256 Adam step's LLVM stage from
 0.32 to 0.16 s but its step from 1.7 to 15-21 ms; LLVM's code generator told through its
 command-line options, -fast-isel, -regalloc=basic and no machine scheduling, took the 8x64 Adam
 step's from 85-92 to 60-79 ms but its step from 0.40 to 0.42 ms, 0.1 s more over the ~5000 steps

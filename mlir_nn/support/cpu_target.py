@@ -9,11 +9,33 @@ from pathlib import Path
 
 CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 DEFAULT_CACHES = {1: 32 << 10, 2: 512 << 10}  # bytes of L1d and L2 when sysfs does not say
+# "vector bytes,L1d KiB,L2 KiB": the target the code generator plans for instead of the host's (the
+# code still compiles for the host, which runs wider vectors as several); the code generator's
+# schedule tests pin the one they were written for
+PLANNED_TARGET_ENV = "MLIR_NN_CPU_TARGET"
+
+
+def planned_target() -> tuple[int, int, int] | None:
+    """``$MLIR_NN_CPU_TARGET`` as (vector bytes, L1d bytes, L2 bytes), or None when unset; a
+    ValueError that names the variable when it is malformed."""
+    text = os.environ.get(PLANNED_TARGET_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        width, l1, l2 = (int(part) for part in text.split(","))
+    except ValueError:
+        width = 0
+    if width not in (16, 32, 64):
+        raise ValueError(f"{PLANNED_TARGET_ENV} must be 'vector bytes (16, 32 or 64),L1d KiB,L2 KiB', got {text!r}")
+    return width, l1 << 10, l2 << 10
 
 
 @cache
 def vector_bytes() -> int:
-    """Width of the host's vector registers: 64 with AVX-512, 32 with AVX2, else 16."""
+    """Width of the host's vector registers: 64 with AVX-512, 32 with AVX2, else 16 (or the
+    planned target's, ``PLANNED_TARGET_ENV``)."""
+    if (pinned := planned_target()) is not None:
+        return pinned[0]
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
@@ -54,7 +76,10 @@ def _size_bytes(text: str) -> int:
 
 @cache
 def data_cache_bytes() -> dict[int, int]:
-    """Per-core data cache sizes by level (1: L1d, 2: L2) from sysfs, with defaults."""
+    """Per-core data cache sizes by level (1: L1d, 2: L2) from sysfs, with defaults (or the
+    planned target's, ``PLANNED_TARGET_ENV``)."""
+    if (pinned := planned_target()) is not None:
+        return {1: pinned[1], 2: pinned[2]}
     found = dict(DEFAULT_CACHES)
     try:
         for entry in CACHE_SYSFS.glob("index*"):

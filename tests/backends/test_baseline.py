@@ -145,7 +145,9 @@ def test_steps_it_does_not_take_are_left_to_mlir(monkeypatch):
 def test_its_ir_is_the_llvm_ir_stage():
     x = _leaf("input", "x", ("N", 3))
     kernel = baseline.compile_step(Graph((x,), (), (make_node("relu", [x]),), name="shown"))
-    assert kernel.opt_level == 0 and "define void @mlirnn_baseline_shown(ptr %args)" in kernel.stages["llvm-ir"]
+    text = kernel.stages["llvm-ir"]
+    assert kernel.opt_level == 0 and "define void @mlirnn_baseline_shown(ptr %args)" in text
+    assert f"load <{baseline.LANES} x float>" in text and "load float" in text  # LANES at a time, then the rest
 
 
 def test_invalid_ir_text_is_a_native_error_with_llvms_message():

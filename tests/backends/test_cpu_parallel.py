@@ -20,12 +20,14 @@ from mlir_nn.backends.cpu import compile_kernel
 from mlir_nn.backends.input_guard import CHECK_TASK_ELEMENTS
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.backends.task_runtime import teams_forked
+from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.batch_split import TASKS_MAX, rows_per_task
 from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, small_task_rows
 from mlir_nn.codegen.parallel_maps import PARALLEL_MAP_MIN, PARALLEL_MAP_ROWS
+from mlir_nn.codegen.schedule_report import product_schedules
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.ir import Graph, make_node
-from mlir_nn.support.cpu_target import cache_blocks
+from mlir_nn.support.cpu_target import cache_blocks, vector_bytes
 from mlir_nn.support.schedule_rates import PARALLEL_WORK_MIN
 from tests.backends.test_cpu import compiled, make_step
 from tests.codegen.zoo import arguments, matmul_zoo
@@ -66,17 +68,27 @@ def _one_product(batch_rows: bool, k: int, m: int) -> Graph:
     return Graph((x, other), (), (make_node("matmul", [x, other], transpose_a=True),), name="weights")
 
 
+def _schedule(graph: Graph) -> str:
+    """The schedule of the one product of ``graph`` (``cpu_matmul.product_plan``)."""
+    (product,) = product_schedules(emit_linalg(graph, wide_sums=True), batch_rows=graph.batch_rows)
+    return product.schedule
+
+
 @pytest.mark.parametrize("batch_rows", [True, False])
 def test_small_products_queue_tasks_only_for_a_batch_larger_than_one_task(batch_rows):
     """x @ w in tasks of rows (the last one partial), x^T @ g in partial sums of batch ranges
     of at least as many rows each: as many tasks as the batch needs at run time, none queued
     for a batch of one task (the moons step's). x @ w's accumulator is zeroed in parallel_maps'
-    row blocks (fewer rows than a product task): its one-task batch is one block's rows."""
-    assert 32 > SHORT_K  # not one pass with an epilogue
-    graph = _one_product(batch_rows, 24, 48)
+    row blocks (fewer rows than a product task): its one-task batch is one block's rows.
+    Rows of three vector registers (48 floats with AVX-512, 24 with AVX2) are small-rows at
+    either width; 48 AVX2 floats, six registers a row, are blocked (tasks of a few row panels)."""
+    assert 24 > SHORT_K  # not one pass with an epilogue
+    m = 3 * vector_bytes() // 4
+    graph = _one_product(batch_rows, 24, m)
+    assert _schedule(graph) == "small-rows"
     assert PARALLEL_FN in compiled(graph).stages["llvm"]
-    fill_rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // 48))
-    rows = min(small_task_rows(24 * 48), fill_rows) if batch_rows else rows_per_task(24 * 48)
+    fill_rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // m))
+    rows = min(small_task_rows(24 * m), fill_rows) if batch_rows else rows_per_task(24 * m)
     two_tasks = rows + 1 if batch_rows else 2 * rows  # the fewest rows that make two
     for batch, queued in ((1, False), (rows, False), (two_tasks - 1, False), (two_tasks, True),
                           (7 * rows + 3, True), (TASKS_MAX * rows * 3 + 1, True)):
@@ -86,14 +98,16 @@ def test_small_products_queue_tasks_only_for_a_batch_larger_than_one_task(batch_
 
 
 def test_wide_rows_of_a_narrow_product_split_into_short_tasks():
-    """x @ w with rows of 600 x 15 multiply-adds (as the large step's 1024 x 10 output layer):
+    """x @ w with rows of 600 x 16 multiply-adds (as the large step's 1024 x 10 output layer):
     tasks of 128 rows, so that a batch of 129 rows and more runs on threads (in tasks of 512
     rows, a batch of 512 ran on one thread), matching the reference at every batch. Neither x @ w's
-    zero fill nor the input check queues tasks of its own up to 200 rows."""
-    rows = small_task_rows(600 * 15)
-    fill_rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // 15))
+    zero fill nor the input check queues tasks of its own up to 200 rows. 16 columns (one or two
+    vector registers) are small-rows at either width; 15 are blocked with AVX2 (8 + 7 lanes)."""
+    rows = small_task_rows(600 * 16)
+    fill_rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // 16))
     assert rows == 128 < 200 < fill_rows and 200 * 600 < 2 * CHECK_TASK_ELEMENTS
-    graph = _one_product(True, 600, 15)
+    graph = _one_product(True, 600, 16)
+    assert _schedule(graph) == "small-rows"
     assert PARALLEL_FN in compiled(graph).stages["llvm"]
     for batch, queued in ((1, False), (7, False), (13, False), (33, False), (rows, False), (rows + 1, True),
                           (200, True), (257, True), (512, True), (4099, True)):

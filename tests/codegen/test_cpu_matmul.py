@@ -58,6 +58,8 @@ from mlir_nn.support.pipelines import Pipeline, load_pipeline
 from mlir_nn.support.schedule_rates import DEFAULT, active, use_rates
 from tests.codegen.zoo import arguments, matmul_zoo
 
+pytestmark = pytest.mark.usefixtures("planned_for_the_schedule_tests")  # (tests/conftest.py)
+
 TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float64": dict(rtol=1e-9, atol=1e-11)}
 BATCHES = (1, 7, 13, 33, 257)
 # Tables that keep a product off the loop nests or off the blocked schedules, for the tests of one

@@ -17,6 +17,8 @@ from mlir_nn.ir import Graph, conv_forms, make_node
 from mlir_nn.support.cpu_target import register_block
 from tests.codegen.test_windows import _leaf, check, conv_graph
 
+pytestmark = pytest.mark.usefixtures("planned_for_the_schedule_tests")  # (tests/conftest.py)
+
 
 @pytest.mark.parametrize("q,tm,rows", [(16, 12, 8), (8, 12, 8), (10, 12, 10), (7, 12, 7), (24, 12, 12), (36, 12, 12),
                                        (13, 12, None), (5, 12, None), (1, 12, None), (16, 6, 4), (9, 6, 3)])

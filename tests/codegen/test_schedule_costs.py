@@ -24,6 +24,8 @@ from mlir_nn.support.schedule_rates import (
 from tests.codegen.test_cpu_matmul import BATCHES, _assert_matches_reference
 from tests.codegen.zoo import matmul_zoo
 
+pytestmark = pytest.mark.usefixtures("planned_for_the_schedule_tests")  # (tests/conftest.py)
+
 HUGE, TINY = 1e9, 1e-9
 # tables that make one side of every choice win: blocked (unswapped) on threads, or loops on one thread
 ALL_BLOCKED = dataclasses.replace(DEFAULT, loops=TINY, plain_loops=TINY, batch_sums=TINY,

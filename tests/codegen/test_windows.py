@@ -11,6 +11,8 @@ from mlir_nn.backends.reference import evaluate
 from mlir_nn.codegen.windows import CHUNK_PIXELS, TAP_SUMS_MAX, chunk_images
 from mlir_nn.ir import Graph, conv_forms, make_node
 
+pytestmark = pytest.mark.usefixtures("planned_for_the_schedule_tests")  # (tests/conftest.py)
+
 TOL = {"float32": dict(rtol=2e-4, atol=2e-5), "float64": dict(rtol=1e-9, atol=1e-11)}
 
 
