@@ -267,7 +267,7 @@ class _Function:
 
 def _strides(shape: tuple, within: tuple) -> list[int | str]:
     """Element strides of a row-major array of ``shape`` broadcast (right-aligned) over ``within``:
-    each an int, BATCH (the batch size) or a multiple of it ("B*k")."""
+    each an int (0 along a broadcast axis) or "B*k", k times the batch size (``_index``)."""
     strides: list[int | str] = [0] * len(within)
     step: int | str = 1
     lead = len(within) - len(shape)
@@ -516,7 +516,7 @@ class _Emitter:
             f.store(value, target, self._index(indices, out))
 
         vector = not any(n.op in SCALAR_ONLY for n in self._computed(node))
-        stored = self._leaves(node)
+        stored = self.reads(node)
         if all(s.shape == space or math.prod(1 if d == BATCH else int(d) for d in s.shape) == 1
                and BATCH not in s.shape for s in stored):  # one flat loop
             count = f.numel(space)
@@ -550,16 +550,6 @@ class _Emitter:
         while stack:
             found.append(stack.pop())
             stack.extend(i for i in found[-1].inputs if i in self.inlined)
-        return found
-
-    def _leaves(self, node: Node) -> list[Node]:
-        found, stack = [], list(node.inputs)
-        while stack:
-            value = stack.pop()
-            if value in self.inlined:
-                stack.extend(value.inputs)
-            elif value.op != "const":
-                found.append(value)
         return found
 
     def _flat(self, node: Node, i: str, target: str) -> None:

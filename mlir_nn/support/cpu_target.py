@@ -24,8 +24,8 @@ def planned_target() -> tuple[int, int, int] | None:
     try:
         width, l1, l2 = (int(part) for part in text.split(","))
     except ValueError:
-        width = 0
-    if width not in (16, 32, 64):
+        width = l1 = l2 = 0
+    if width not in (16, 32, 64) or min(l1, l2) < 1:
         raise ValueError(f"{PLANNED_TARGET_ENV} must be 'vector bytes (16, 32 or 64),L1d KiB,L2 KiB', got {text!r}")
     return width, l1 << 10, l2 << 10
 

@@ -1,0 +1,45 @@
+"""The target the code generator plans for: the host's, or the one ``MLIR_NN_CPU_TARGET`` pins."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlir_nn.backends.cpu import codegen_digest
+from mlir_nn.support import cpu_target
+from mlir_nn.support.cpu_target import PLANNED_TARGET_ENV, cache_blocks, data_cache_bytes, register_block, vector_bytes
+
+
+def _replanned() -> None:
+    for cached in (vector_bytes, data_cache_bytes, codegen_digest):
+        cached.cache_clear()
+
+
+@pytest.fixture
+def pinned(monkeypatch):
+    def pin(text: str | None) -> None:
+        if text is None:
+            monkeypatch.delenv(PLANNED_TARGET_ENV, raising=False)
+        else:
+            monkeypatch.setenv(PLANNED_TARGET_ENV, text)
+        _replanned()
+
+    yield pin
+    monkeypatch.delenv(PLANNED_TARGET_ENV, raising=False)
+    _replanned()
+
+
+def test_a_pinned_target_is_what_blocks_and_cache_keys_are_planned_for(pinned):
+    pinned("64,48,1024")
+    assert (vector_bytes(), data_cache_bytes()) == (64, {1: 48 << 10, 2: 1 << 20})
+    assert register_block(4) == (12, 32) and cache_blocks(4) == (192, 512, 192)  # kc: half of L1 per panel
+    wide = codegen_digest()
+    pinned("32,32,512")
+    assert register_block(4) == (6, 16) and cache_blocks(4)[2] == 256
+    assert codegen_digest() != wide  # kernels planned for one target are not found for the other
+
+
+@pytest.mark.parametrize("text", ["64", "24,48,1024", "64,0,1024", "avx512,48,1024", "64,48,1024,1"])
+def test_a_malformed_target_is_a_value_error_naming_the_variable(pinned, text):
+    pinned(text)
+    with pytest.raises(ValueError, match=f"{PLANNED_TARGET_ENV} must be 'vector bytes"):
+        cpu_target.vector_bytes()
