@@ -51,7 +51,7 @@ def _private_compile_cache(tmp_path_factory):
 SCHEDULE_TARGET = "64,48,1024"  # AVX-512 with Zen 5's caches: what the schedule tests were written for
 
 
-def _replan() -> None:
+def replan() -> None:
     """Forget what was planned for the previous target: the cached target, digest and kernels."""
     from mlir_nn.backends.cpu import clear_memory_cache, codegen_digest
     from mlir_nn.support.cpu_target import data_cache_bytes, vector_bytes
@@ -70,7 +70,7 @@ def planned_for_the_schedule_tests(monkeypatch):
     from mlir_nn.support.cpu_target import PLANNED_TARGET_ENV
 
     monkeypatch.setenv(PLANNED_TARGET_ENV, SCHEDULE_TARGET)
-    _replan()
+    replan()
     yield
     monkeypatch.delenv(PLANNED_TARGET_ENV)
-    _replan()
+    replan()

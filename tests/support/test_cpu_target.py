@@ -7,11 +7,7 @@ import pytest
 from mlir_nn.backends.cpu import codegen_digest
 from mlir_nn.support import cpu_target
 from mlir_nn.support.cpu_target import PLANNED_TARGET_ENV, cache_blocks, data_cache_bytes, register_block, vector_bytes
-
-
-def _replanned() -> None:
-    for cached in (vector_bytes, data_cache_bytes, codegen_digest):
-        cached.cache_clear()
+from tests.conftest import replan
 
 
 @pytest.fixture
@@ -21,11 +17,11 @@ def pinned(monkeypatch):
             monkeypatch.delenv(PLANNED_TARGET_ENV, raising=False)
         else:
             monkeypatch.setenv(PLANNED_TARGET_ENV, text)
-        _replanned()
+        replan()
 
     yield pin
     monkeypatch.delenv(PLANNED_TARGET_ENV, raising=False)
-    _replanned()
+    replan()
 
 
 def test_a_pinned_target_is_what_blocks_and_cache_keys_are_planned_for(pinned):
