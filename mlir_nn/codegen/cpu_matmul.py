@@ -99,6 +99,9 @@ PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
 ROW_MIN = 64  # shorter rows keep the dot-product loop order
 NARROW_SAVING_MIN = 0.03  # share of n that blocks one register wide must save in padding (``block_columns``)
+# Independent FMA chains a register block needs to keep both FMA pipes busy (latency 4 x 2 pipes on
+# Zen 3-5): blocks one register wide have a chain per row, so they need this many rows
+NARROW_ROWS_MIN = 8
 # A static product that would be swapped with at most this much work (attention's 64x16x64 per head)
 # runs as a vector loop instead: packing both operands cost more than the product. GPT small step on
 # one core: 31.4 -> 29.8 ms.
@@ -1037,10 +1040,12 @@ def block_columns(n: int, itemsize: int) -> int:
     or one when that computes NARROW_SAVING_MIN less padding for a static n of more than two:
     a 100-wide layer's products ran at 68-77 GFLOP/s in blocks of 12 x 32 (128 columns computed),
     at 77-86 in blocks of 12 x 16 (112), one core of a Zen 4; blocks of 12 x 16 ran 0-4% slower
-    where neither pads (1024 columns), so n = 1000 (1008 against 1024 computed) keeps 12 x 32."""
-    tn = register_block(itemsize)[1]
+    where neither pads (1024 columns), so n = 1000 (1008 against 1024 computed) keeps 12 x 32.
+    Only with at least NARROW_ROWS_MIN rows per block: with AVX2's 6 x 8 (six FMA chains) the
+    100-100-100-100-1 Adam step at batch 5000 ran 15% slower than in 6 x 16 blocks (Zen 3, 2 cores)."""
+    tm, tn = register_block(itemsize)
     lanes = tn // 2
-    if not isinstance(n, int) or n <= tn:
+    if not isinstance(n, int) or n <= tn or tm < NARROW_ROWS_MIN:
         return tn
     saved = _ceil_div(n, tn) * tn - _ceil_div(n, lanes) * lanes
     return lanes if saved > NARROW_SAVING_MIN * n else tn
