@@ -441,6 +441,16 @@ def test_products_with_a_short_k_are_one_pass_with_their_epilogue(k):
     _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 257), lr_slot=4, updated_slot=3)
 
 
+@pytest.mark.parametrize("k", [10, SHORT_K])
+def test_short_products_over_rows_a_multiple_of_1_kib_apart_match_the_reference(k):
+    """A short product whose op(B) is too large for L1 runs in tasks of columns; rows of 1024
+    floats (4 KiB apart) are first copied apart (``row_pitch``): a copy of the weight for x @ w + b,
+    of the transposed copy of v for g @ v^T. All match the reference at awkward batches."""
+    graph = _short_k_graph(k, 1024)
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 13, 33, 257, 4099), lr_slot=4,
+                              updated_slot=3)
+
+
 def test_sizes_cross_the_block_boundaries():
     tm, tn = register_block(4)
     _, _, kc = cache_blocks(4)
