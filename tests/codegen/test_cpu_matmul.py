@@ -20,7 +20,7 @@ from mlir import ir
 from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, compile_kernel, lower
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.backends.thread_pool import ENV as NUM_THREADS_ENV
-from mlir_nn.codegen import emit_linalg
+from mlir_nn.codegen import cpu_matmul, emit_linalg
 from mlir_nn.codegen.batch_split import TASKS_MAX
 from mlir_nn.codegen.cpu_matmul import (
     FINE_TASK_SHARE,
@@ -244,18 +244,22 @@ def test_vector_rows_split_after_a_power_of_two_of_registers(size, lanes, point)
 
 
 @pytest.mark.parametrize("k, m, dtype", [(20, 20, "float32"), (48, 48, "float32"), (24, 12, "float64")])
-def test_small_products_with_rows_of_no_power_of_two_of_registers_run_in_two_parts(k, m, dtype):
+def test_small_products_with_rows_of_no_power_of_two_of_registers_run_in_two_parts(k, m, dtype, monkeypatch):
     """Every small product of the zoo whose vector rows (m or k floats) are longer than a
     register but not a power of two of them is split in two along them, each part's FMAs on
     whole registers or a power of two of lanes (LLVM widened 20-, 24- and 48-float vectors and
-    shuffled their pieces: x @ w over 50000 rows at 48 x 48, one core, 9.0 -> 3.2 ms); every
-    output matches the reference."""
+    shuffled their pieces: x @ w over 50000 rows at 48 x 48, one core, 9.0 -> 3.2 ms); those whose
+    rows are the batch (x @ w) in each block of rows, so that both parts read the block's rows of
+    x. Every output matches the reference."""
     parts = _lane_parts(m, dtype)
     if len(parts) == 1:
         pytest.skip(f"rows of {m} elements are a power of two of registers on this host")
     graph = matmul_zoo(k, m, dtype)
     module = emit_linalg(graph)
+    found, tagged = cpu_matmul._schedule_tags, []
+    monkeypatch.setattr(cpu_matmul, "_schedule_tags", lambda module: tagged.append(found(module)) or tagged[-1])
     assert rewrite_matmuls(module)[0] == 0
+    assert tagged[0].block_splits == {(2, parts[0])}
     element = "f32" if dtype == "float32" else "f64"
     widths = {int(w) for w in re.findall(rf"vector.fma .*: vector<(\d+)x{element}>", str(module))}
     assert widths == set(parts), widths
