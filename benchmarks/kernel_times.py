@@ -17,7 +17,8 @@ first left them (in the cache of the core that read them), so far - near of the 
 less that of the second is what crossing the data from the kernels before costs. The step's
 results are then wrong (a kernel that adds into a buffer adds twice): for timing only.
 
-    python benchmarks/kernel_times.py [--sizes 784-1024-1024-10] [--batch 512] [--seconds 60] [--twice]
+    python benchmarks/kernel_times.py [--sizes 784-1024-1024-10] [--batch 512] [--optimizer sgd]
+        [--seconds 60] [--twice]
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def buffers(step: str, kernels: set[str]) -> dict[str, str]:
     return found
 
 
-def measure(sizes: tuple[int, ...], batch: int, seconds: float,
-            twice: bool = False) -> tuple[list[str], dict[str, list[np.ndarray]], dict[str, str]]:
+def measure(sizes: tuple[int, ...], batch: int, seconds: float, twice: bool = False,
+            optimizer: str = "sgd") -> tuple[list[str], dict[str, list[np.ndarray]], dict[str, str]]:
     """The kernels in call order, per placement one row per step: each kernel's time (ns), then
     the step's from its first tick to its last (``twice``: see ``instrument``), and each
     kernel's ``buffers``."""
@@ -101,7 +102,7 @@ def measure(sizes: tuple[int, ...], batch: int, seconds: float,
         return split
 
     kernel_split.split_step = split_instrumented
-    point = Point(sizes, batch)
+    point = Point(sizes, batch, optimizer)
     step, (x, y) = mlir_nn_step(point), data(point)
     for _ in range(3):
         step(x, y)
@@ -145,6 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="784-1024-1024-10")
     parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--top", type=int, default=25, help="kernels listed")
     parser.add_argument("--twice", action="store_true",
@@ -153,7 +155,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:
         os.environ["MLIR_NN_CACHE_DIR"] = cache
         order, rows, shapes = measure(tuple(int(n) for n in args.sizes.split("-")), args.batch, args.seconds,
-                                      args.twice)
+                                      args.twice, args.optimizer)
     print("\n".join(report(order, rows, args.top, shapes)))
 
 

@@ -140,7 +140,9 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns to %whole_loop {
         transform.apply_patterns.canonicalization
       } : !transform.any_op
-      // (`mlirnn.small_k_steps`, the (m, k, n) order: a loop over k in steps of {small_k_step}, the
+      // (`mlirnn.split_lanes_in_blocks`: the split of `mlirnn.split_lanes`, inside each block, so that
+      // both parts read the block's rows of A while they are in L1)
+{whole_splits}      // (`mlirnn.small_k_steps`, the (m, k, n) order: a loop over k in steps of {small_k_step}, the
       // block's accumulators hoisted into registers below, instead of k unrolled whole)
       %whole_k = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_k_steps} in %whole_loop
           : (!transform.any_op) -> !transform.any_op
@@ -149,11 +151,11 @@ module attributes {transform.with_named_sequence} {
       %whole_block = transform.structured.match ops{["linalg.generic"]} in %whole_loop
           : (!transform.any_op) -> !transform.any_op
       transform.structured.vectorize %whole_block : !transform.any_op
-      %rest_block = transform.structured.match ops{["linalg.generic"]} in %rest_loop
+{rest_splits}      %rest_block = transform.structured.match ops{["linalg.generic"]} in %rest_loop
           : (!transform.any_op) -> !transform.any_op
       %rest_row, %rest_rows = transform.structured.tile_using_for %rest_block tile_sizes [1, 0, 0]
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-      %rest_k = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_k_steps} in %rest_rows
+      %rest_k = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_k_steps} in %rest_loop
           : (!transform.any_op) -> !transform.any_op
       %rest_steps, %rest_k_loop = transform.structured.tile_using_for %rest_k tile_sizes [0, {small_k_step}, 0]
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)

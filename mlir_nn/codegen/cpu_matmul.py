@@ -99,6 +99,9 @@ PARALLEL = linalg.IteratorType.parallel
 REDUCTION = linalg.IteratorType.reduction
 ROW_MIN = 64  # shorter rows keep the dot-product loop order
 NARROW_SAVING_MIN = 0.03  # share of n that blocks one register wide must save in padding (``block_columns``)
+# Independent FMA chains a register block needs to keep both FMA pipes busy (latency 4 x 2 pipes on
+# Zen 3-5): blocks one register wide have a chain per row, so they need this many rows
+NARROW_ROWS_MIN = 8
 # A static product that would be swapped with at most this much work (attention's 64x16x64 per head)
 # runs as a vector loop instead: packing both operands cost more than the product. GPT small step on
 # one core: 31.4 -> 29.8 ms.
@@ -199,6 +202,11 @@ WIDE_TASK_WORK = 4 * SMALL_TASK_WORK
 # (Longer rows, a width-one layer's weight gradient carried as rows of up to SMALL_CARRY_MAX, stay
 # whole: split, some failed to vectorize.)
 SPLIT_LANES, LANE_SPLIT_MAX = "mlirnn.split_lanes", 4  # (loop, size of the first part); registers
+# The same split of a product whose rows are a dynamic batch, made inside each block of its rows: split
+# first, each part was a pass over the batch of its own, reading A twice (1000-10 at batch 10000, x @ w:
+# 4.35 -> 4.0 ms, one pass over x's 40 MB; a weight gradient's sum over the batch, split in its blocks,
+# ran 35% slower: its accumulators were no longer carried in registers)
+SPLIT_LANES_IN_BLOCKS = "mlirnn.split_lanes_in_blocks"
 SMALL_VECTOR_MAX = 1 << 12  # elements of the inner loops' vector (LLVM took minutes over 4100-lane vectors)
 # A sum over the batch carries its accumulator through the batch loop: larger ones are split
 # into chunks of at most this many elements, which stay in registers. A 256 x 10 weight gradient
@@ -670,7 +678,8 @@ def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: li
     lanes = dim_sizes(c)[1] if order[2] == 1 else None  # the vector code's lanes: C's rows
     point = _lane_split(lanes, vector_bytes() // _itemsize(c))
     if tags and point is not None:
-        product.owner.attributes[SPLIT_LANES] = ir.DenseI64ArrayAttr.get([2, point])
+        tag = SPLIT_LANES_IN_BLOCKS if SMALL_ROWS in tags and order[0] == 0 else SPLIT_LANES
+        product.owner.attributes[tag] = ir.DenseI64ArrayAttr.get([2, point])
     return product
 
 
@@ -1037,10 +1046,12 @@ def block_columns(n: int, itemsize: int) -> int:
     or one when that computes NARROW_SAVING_MIN less padding for a static n of more than two:
     a 100-wide layer's products ran at 68-77 GFLOP/s in blocks of 12 x 32 (128 columns computed),
     at 77-86 in blocks of 12 x 16 (112), one core of a Zen 4; blocks of 12 x 16 ran 0-4% slower
-    where neither pads (1024 columns), so n = 1000 (1008 against 1024 computed) keeps 12 x 32."""
-    tn = register_block(itemsize)[1]
+    where neither pads (1024 columns), so n = 1000 (1008 against 1024 computed) keeps 12 x 32.
+    Only with at least NARROW_ROWS_MIN rows per block: with AVX2's 6 x 8 (six FMA chains) the
+    100-100-100-100-1 Adam step at batch 5000 ran 15% slower than in 6 x 16 blocks (Zen 3, 2 cores)."""
+    tm, tn = register_block(itemsize)
     lanes = tn // 2
-    if not isinstance(n, int) or n <= tn:
+    if not isinstance(n, int) or n <= tn or tm < NARROW_ROWS_MIN:
         return tn
     saved = _ceil_div(n, tn) * tn - _ceil_div(n, lanes) * lanes
     return lanes if saved > NARROW_SAVING_MIN * n else tn
@@ -1526,7 +1537,8 @@ def _epilogues_into_fresh_tensors(product: ir.Value) -> None:
 def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
                    chunks: Iterable[tuple[str, tuple[int, ...]]] = (),
                    splits: Iterable[tuple[int, int]] = (), small_tasks: Iterable[int] = (),
-                   thread_count: int | None = None, quick: bool = False) -> str:
+                   thread_count: int | None = None, quick: bool = False,
+                   block_splits: Iterable[tuple[int, int]] = ()) -> str:
     """The schedule's text for products of ``itemsize`` bytes with these tags; ``quick``: the quick
     tier's (QUICK_K_UNROLL, QUICK_SMALL_K_STEP)."""
     tm, tn = register_block(itemsize)
@@ -1544,6 +1556,9 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
         text = text.replace("{" + name + "}", str(value))
     text = text.replace("{small_chunks}", "".join(_chunk_section(*c) for c in sorted(chunks)))
     text = text.replace("{lane_splits}", "".join(_split_section(s) for s in sorted(splits)))
+    for loop in ("whole", "rest"):
+        sections = "".join(_block_split_section(s, loop) for s in sorted(block_splits))
+        text = text.replace("{" + loop + "_splits}", sections)
     text = text.replace("{small_tasks}", "".join(_SMALL_TASKS.replace("{rows}", str(r)) for r in sorted(small_tasks)))
     return text.replace("{balanced_tasks}", "".join(_balanced_section(t) for t in sorted(tasks)))
 
@@ -1577,6 +1592,21 @@ def _split_section(split: tuple[int, int]) -> str:
     return _SPLIT.replace("{name}", f"{dim}_{point}").replace("{dim}", str(dim)).replace("{point}", str(point))
 
 
+# the same for the products tagged SPLIT_LANES_IN_BLOCKS, in each of their whole or rest blocks of rows
+_BLOCK_SPLIT = """      %{loop}_split_{name} = transform.structured.match ops{["linalg.generic"]}
+          attributes {mlirnn.split_lanes_in_blocks = array<i64: {dim}, {point}>} in %{loop}_loop
+          : (!transform.any_op) -> !transform.any_op
+      %{loop}_split_parts_{name} = transform.structured.split %{loop}_split_{name} after {point} {dimension = {dim}}
+          : !transform.any_op
+"""
+
+
+def _block_split_section(split: tuple[int, int], loop: str) -> str:
+    dim, point = split
+    return (_BLOCK_SPLIT.replace("{loop}", loop).replace("{name}", f"{dim}_{point}").replace("{dim}", str(dim))
+            .replace("{point}", str(point)))
+
+
 # tasks of products tagged PARALLEL_TASKS with these sizes (their zero fills: as the others')
 _BALANCED = """    %tasks_{c}_{r} = transform.structured.match ops{["linalg.generic"]}
         attributes {mlirnn.packed, mlirnn.parallel_tasks = array<i64: {c}, {r}>} in %root
@@ -1601,19 +1631,21 @@ _SMALL_TASKS = """    %small_tasks_{rows} = transform.structured.match ops{["lin
 @dataclass
 class _Tags:
     """The distinct schedule tags of the products of a module: PARALLEL_TASKS sizes, SMALL_TASKS
-    row counts, (SMALL_CHUNK or SMALL_CHUNK_TASKS, tile sizes) and SPLIT_LANES (loop, point)."""
+    row counts, (SMALL_CHUNK or SMALL_CHUNK_TASKS, tile sizes), SPLIT_LANES and
+    SPLIT_LANES_IN_BLOCKS (loop, point)."""
 
     tasks: set[tuple[int, int]]
     small_tasks: set[int]
     chunks: set[tuple[str, tuple[int, ...]]]
     splits: set[tuple[int, int]]
+    block_splits: set[tuple[int, int]]
 
 
 def _schedule_tags(module: ir.Module) -> _Tags:
     """Every tag of ``_Tags`` in one walk that skips the bodies of linalg ops (the tagged ops are
     linalg.generic ops; their bodies hold most of a module's ops). Five walks of the whole
     module before: a tenth of a second at 16x256 Adam."""
-    tags = _Tags(set(), set(), set(), set())
+    tags = _Tags(set(), set(), set(), set(), set())
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if not op.name.startswith("linalg."):
@@ -1629,6 +1661,8 @@ def _schedule_tags(module: ir.Module) -> _Tags:
                     tags.chunks.add((tag, tuple(ir.DenseI64ArrayAttr(attributes[tag]))))
             if SPLIT_LANES in attributes:
                 tags.splits.add(tuple(ir.DenseI64ArrayAttr(attributes[SPLIT_LANES])))
+            if SPLIT_LANES_IN_BLOCKS in attributes:
+                tags.block_splits.add(tuple(ir.DenseI64ArrayAttr(attributes[SPLIT_LANES_IN_BLOCKS])))
         return ir.WalkResult.SKIP
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
@@ -1640,7 +1674,8 @@ def _apply_schedule(module: ir.Module, itemsize: int, thread_count: int | None, 
     from mlir.dialects.transform import interpreter
 
     tags = _schedule_tags(module)
-    text = _schedule_text(itemsize, tags.tasks, tags.chunks, tags.splits, tags.small_tasks, thread_count, quick)
+    text = _schedule_text(itemsize, tags.tasks, tags.chunks, tags.splits, tags.small_tasks, thread_count, quick,
+                          tags.block_splits)
     schedule = ir.Module.parse(text, module.context)
     entry = next(op for op in schedule.body.operations
                  if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")

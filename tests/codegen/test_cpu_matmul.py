@@ -20,7 +20,7 @@ from mlir import ir
 from mlir_nn.backends.cpu import CpuBackend, CpuExecutable, compile_kernel, lower
 from mlir_nn.backends.reference import evaluate
 from mlir_nn.backends.thread_pool import ENV as NUM_THREADS_ENV
-from mlir_nn.codegen import emit_linalg
+from mlir_nn.codegen import cpu_matmul, emit_linalg
 from mlir_nn.codegen.batch_split import TASKS_MAX
 from mlir_nn.codegen.cpu_matmul import (
     FINE_TASK_SHARE,
@@ -29,6 +29,7 @@ from mlir_nn.codegen.cpu_matmul import (
     K_RANGES_OUTPUT_MAX,
     K_RANGES_PARTIALS_BYTES,
     K_UNROLL,
+    NARROW_ROWS_MIN,
     PACK,
     PACK_ROWS_STEP,
     PACK_TASK_ROWS,
@@ -53,10 +54,11 @@ from mlir_nn.codegen.cpu_matmul import (
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
-from mlir_nn.support.cpu_target import cache_blocks, register_block, vector_bytes
+from mlir_nn.support.cpu_target import PLANNED_TARGET_ENV, cache_blocks, register_block, vector_bytes
 from mlir_nn.support.pipelines import Pipeline, load_pipeline
 from mlir_nn.support.schedule_rates import DEFAULT, active, use_rates
 from tests.codegen.zoo import arguments, matmul_zoo
+from tests.conftest import replan
 
 pytestmark = pytest.mark.usefixtures("planned_for_the_schedule_tests")  # (tests/conftest.py)
 
@@ -242,18 +244,22 @@ def test_vector_rows_split_after_a_power_of_two_of_registers(size, lanes, point)
 
 
 @pytest.mark.parametrize("k, m, dtype", [(20, 20, "float32"), (48, 48, "float32"), (24, 12, "float64")])
-def test_small_products_with_rows_of_no_power_of_two_of_registers_run_in_two_parts(k, m, dtype):
+def test_small_products_with_rows_of_no_power_of_two_of_registers_run_in_two_parts(k, m, dtype, monkeypatch):
     """Every small product of the zoo whose vector rows (m or k floats) are longer than a
     register but not a power of two of them is split in two along them, each part's FMAs on
     whole registers or a power of two of lanes (LLVM widened 20-, 24- and 48-float vectors and
-    shuffled their pieces: x @ w over 50000 rows at 48 x 48, one core, 9.0 -> 3.2 ms); every
-    output matches the reference."""
+    shuffled their pieces: x @ w over 50000 rows at 48 x 48, one core, 9.0 -> 3.2 ms); those whose
+    rows are the batch (x @ w) in each block of rows, so that both parts read the block's rows of
+    x. Every output matches the reference."""
     parts = _lane_parts(m, dtype)
     if len(parts) == 1:
         pytest.skip(f"rows of {m} elements are a power of two of registers on this host")
     graph = matmul_zoo(k, m, dtype)
     module = emit_linalg(graph)
+    found, tagged = cpu_matmul._schedule_tags, []
+    monkeypatch.setattr(cpu_matmul, "_schedule_tags", lambda module: tagged.append(found(module)) or tagged[-1])
     assert rewrite_matmuls(module)[0] == 0
+    assert tagged[0].block_splits == {(2, parts[0])}
     element = "f32" if dtype == "float32" else "f64"
     widths = {int(w) for w in re.findall(rf"vector.fma .*: vector<(\d+)x{element}>", str(module))}
     assert widths == set(parts), widths
@@ -437,6 +443,16 @@ def test_products_with_a_short_k_are_one_pass_with_their_epilogue(k):
     generics = collect_ops(module, lambda op: op.name == "linalg.generic")
     assert len(generics) == 4 + 2  # the four products (epilogues merged) and the two copies of w^T and v^T rows
     _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 257), lr_slot=4, updated_slot=3)
+
+
+@pytest.mark.parametrize("k", [10, SHORT_K])
+def test_short_products_over_rows_a_multiple_of_1_kib_apart_match_the_reference(k):
+    """A short product whose op(B) is too large for L1 runs in tasks of columns; rows of 1024
+    floats (4 KiB apart) are first copied apart (``row_pitch``): a copy of the weight for x @ w + b,
+    of the transposed copy of v for g @ v^T. All match the reference at awkward batches."""
+    graph = _short_k_graph(k, 1024)
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 13, 33, 257, 4099), lr_slot=4,
+                              updated_slot=3)
 
 
 def test_sizes_cross_the_block_boundaries():
@@ -867,6 +883,26 @@ def test_a_short_last_column_panel_runs_in_blocks_one_register_wide(dtype, extra
     panels = -(-n // width)  # B's column panels, packed or (whole panels) read in place
     text = str(module)
     assert f"tensor<{panels}x130x{width}x{element}>" in text or f"tensor<130x{panels}x{width}x{element}>" in text
+    zoo = matmul_zoo(130, n, dtype)
+    _assert_matches_reference(zoo, CpuBackend().compile(zoo), BATCHES, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_blocks_of_too_few_rows_stay_two_registers_wide(dtype, monkeypatch):
+    """With AVX2's register blocks (6 rows: six FMA chains, one register wide) a short last
+    column panel keeps the two-register blocks, which ran the 100-wide layers' step 15% faster;
+    the product matches the reference at awkward batches."""
+    monkeypatch.setenv(PLANNED_TARGET_ENV, "32,32,512")
+    replan()
+    itemsize = np.dtype(dtype).itemsize
+    tm, tn = register_block(itemsize)
+    assert tm < NARROW_ROWS_MIN
+    n = 3 * tn + 1  # one column in the last panel: one register wide would save most padding
+    assert block_columns(n, itemsize) == tn
+    module = emit_linalg(_product_graph(130, n, dtype))  # (the op lives as long as its module)
+    op = collect_ops(module, lambda o: o.name == "linalg.matmul")[0]
+    plan = product_plan(op, threads=True)
+    assert plan.kind == "blocked" and plan.columns == tn, plan
     zoo = matmul_zoo(130, n, dtype)
     _assert_matches_reference(zoo, CpuBackend().compile(zoo), BATCHES, dtype)
 

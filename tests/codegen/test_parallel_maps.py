@@ -10,9 +10,10 @@ from mlir import ir
 
 from mlir_nn.backends.cpu import THREAD_PASS, CpuBackend, lower
 from mlir_nn.backends.reference import evaluate
-from mlir_nn.codegen.parallel_maps import PARALLEL_MAP, PARALLEL_MAP_ROWS, spread_maps
+from mlir_nn.codegen.parallel_maps import COLUMN_STEP, PARALLEL_MAP, PARALLEL_MAP_ROWS, spread_maps
 from mlir_nn.egraph.cache import optimize_cached
 from mlir_nn.ir import Graph, make_node
+from mlir_nn.support.cpu_target import data_cache_bytes
 from mlir_nn.support.pipelines import Pipeline, load_pipeline
 from tests.egraph.util import random_arguments, trace_mlp
 
@@ -56,6 +57,48 @@ def test_only_large_maps_not_yet_on_threads_are_spread(shape, spread, rows):
     text = _spread(_MAPS.replace("SHAPE", shape), spread)
     assert text.count("scf.forall") == 1 + spread
     assert ("(d0 * " in text) == bool(spread) and (rows is None or f"(d0 * {rows})" in text)  # a row block's offset
+
+
+_SHORT = """
+#x0 = affine_map<(d0, d1) -> (d0, 0)>
+#x1 = affine_map<(d0, d1) -> (d0, 1)>
+#x2 = affine_map<(d0, d1) -> (d0, 2)>
+#w0 = affine_map<(d0, d1) -> (0, d1)>
+#w1 = affine_map<(d0, d1) -> (1, d1)>
+#w2 = affine_map<(d0, d1) -> (2, d1)>
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @short(%x: memref<?x3xf32>, %w: memref<3xNxf32>, %out: memref<?xNxf32>) {
+  linalg.generic {indexing_maps = [#x0, #x1, #x2, #w0, #w1, #w2, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %x, %x, %w, %w, %w : memref<?x3xf32>, memref<?x3xf32>, memref<?x3xf32>, memref<3xNxf32>,
+          memref<3xNxf32>, memref<3xNxf32>) outs(%out : memref<?xNxf32>) {
+  ^bb0(%a0: f32, %a1: f32, %a2: f32, %b0: f32, %b1: f32, %b2: f32, %o: f32):
+    %p0 = arith.mulf %a0, %b0 : f32
+    %p1 = arith.mulf %a1, %b1 : f32
+    %p2 = arith.mulf %a2, %b2 : f32
+    %s0 = arith.addf %p0, %p1 : f32
+    %s1 = arith.addf %s0, %p2 : f32
+    linalg.yield %s1 : f32
+  }
+  return
+}
+"""
+
+
+@pytest.mark.parametrize("columns", [4096, 4000, 1000, 520])
+def test_short_products_whose_b_outgrows_l1_run_in_column_tasks(columns):
+    """A short product (k = 3 here) whose op(B) takes more than half of L1 runs in tasks of
+    columns, each slice of op(B) at most half of L1, whole vectors wide; op(B)'s rows 4 KiB apart
+    (4096 floats) are read from a copy one cache line longer a row (``row_pitch``). A smaller
+    op(B) keeps tasks of rows."""
+    budget = data_cache_bytes()[1] // 2
+    text = _spread(_SHORT.replace("N", str(columns)), 1)
+    if 3 * columns * 4 <= budget:
+        assert f"(d0 * {PARALLEL_MAP_ROWS})" in text and "memref.alloc" not in text
+        return
+    width = int(re.search(r"\(d0 \* (\d+)\)", text).group(1))
+    assert width % COLUMN_STEP == 0 and 3 * width * 4 <= budget + 3 * COLUMN_STEP * 4 and width < columns
+    copied = f"memref.alloc() : memref<3x{columns + 16}xf32>" in text
+    assert copied == (columns == 4096) and (text.count("linalg.copy") == int(copied))
 
 
 _COPY = """
