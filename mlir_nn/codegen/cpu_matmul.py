@@ -204,7 +204,7 @@ WIDE_TASK_WORK = 4 * SMALL_TASK_WORK
 SPLIT_LANES, LANE_SPLIT_MAX = "mlirnn.split_lanes", 4  # (loop, size of the first part); registers
 # The same split of a product whose rows are a dynamic batch, made inside each block of its rows: split
 # first, each part was a pass over the batch of its own, reading A twice (1000-10 at batch 10000, x @ w:
-# 4.35 -> 4.0 ms, one pass over x's 40 MB; a weight gradient's sum over the batch, split in its blocks,
+# 4.35 -> 3.86 ms, one pass over x's 40 MB; a weight gradient's sum over the batch, split in its blocks,
 # ran 35% slower: its accumulators were no longer carried in registers)
 SPLIT_LANES_IN_BLOCKS = "mlirnn.split_lanes_in_blocks"
 SMALL_VECTOR_MAX = 1 << 12  # elements of the inner loops' vector (LLVM took minutes over 4100-lane vectors)
@@ -1557,7 +1557,7 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
     text = text.replace("{small_chunks}", "".join(_chunk_section(*c) for c in sorted(chunks)))
     text = text.replace("{lane_splits}", "".join(_split_section(s) for s in sorted(splits)))
     for loop in ("whole", "rest"):
-        sections = "".join(_block_split_section(s, loop) for s in sorted(block_splits))
+        sections = "".join(_split_section(s, SPLIT_LANES_IN_BLOCKS, f"{loop}_loop") for s in sorted(block_splits))
         text = text.replace("{" + loop + "_splits}", sections)
     text = text.replace("{small_tasks}", "".join(_SMALL_TASKS.replace("{rows}", str(r)) for r in sorted(small_tasks)))
     return text.replace("{balanced_tasks}", "".join(_balanced_section(t) for t in sorted(tasks)))
@@ -1580,31 +1580,19 @@ def _chunk_section(tag: str, tiles: tuple[int, ...]) -> str:
             .replace("{tiling}", "tile_using_forall" if tasks else "tile_using_for"))
 
 
-# the two parts of the small products tagged SPLIT_LANES with this (loop, point)
-_SPLIT = """    %split_{name} = transform.structured.match ops{["linalg.generic"]}
-        attributes {mlirnn.split_lanes = array<i64: {dim}, {point}>} in %root : (!transform.any_op) -> !transform.any_op
-    %split_parts_{name} = transform.structured.split %split_{name} after {point} {dimension = {dim}} : !transform.any_op
+# the two parts of the small products tagged SPLIT_LANES with this (loop, point), or SPLIT_LANES_IN_BLOCKS
+# in each of their whole or rest blocks of rows (the handle ``within``)
+_SPLIT = """    %{within}_split_{name} = transform.structured.match ops{["linalg.generic"]}
+        attributes {{tag} = array<i64: {dim}, {point}>} in %{within} : (!transform.any_op) -> !transform.any_op
+    %{within}_split_parts_{name} = transform.structured.split %{within}_split_{name} after {point}
+        {dimension = {dim}} : !transform.any_op
 """
 
 
-def _split_section(split: tuple[int, int]) -> str:
+def _split_section(split: tuple[int, int], tag: str = SPLIT_LANES, within: str = "root") -> str:
     dim, point = split
-    return _SPLIT.replace("{name}", f"{dim}_{point}").replace("{dim}", str(dim)).replace("{point}", str(point))
-
-
-# the same for the products tagged SPLIT_LANES_IN_BLOCKS, in each of their whole or rest blocks of rows
-_BLOCK_SPLIT = """      %{loop}_split_{name} = transform.structured.match ops{["linalg.generic"]}
-          attributes {mlirnn.split_lanes_in_blocks = array<i64: {dim}, {point}>} in %{loop}_loop
-          : (!transform.any_op) -> !transform.any_op
-      %{loop}_split_parts_{name} = transform.structured.split %{loop}_split_{name} after {point} {dimension = {dim}}
-          : !transform.any_op
-"""
-
-
-def _block_split_section(split: tuple[int, int], loop: str) -> str:
-    dim, point = split
-    return (_BLOCK_SPLIT.replace("{loop}", loop).replace("{name}", f"{dim}_{point}").replace("{dim}", str(dim))
-            .replace("{point}", str(point)))
+    return (_SPLIT.replace("{within}", within).replace("{tag}", tag).replace("{name}", f"{dim}_{point}")
+            .replace("{dim}", str(dim)).replace("{point}", str(point)))
 
 
 # tasks of products tagged PARALLEL_TASKS with these sizes (their zero fills: as the others')

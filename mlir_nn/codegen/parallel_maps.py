@@ -5,7 +5,9 @@ update) runs as an ``scf.forall`` over blocks of PARALLEL_MAP_ROWS rows, or of m
 (PARALLEL_MAP_MIN elements), which the pipeline's thread pass spreads over threads. Over a
 dynamic batch, the blocks are counted at run time: a batch of one block (the moons step's)
 calls its body directly (``backends.parallel_bodies``), and a large one (24-48-48-24 at batch
-20000) is spread.
+20000) is spread. A short product (``short_products``) whose op(B) does not fit in half of L1
+runs in tasks of columns instead, each task's slice of op(B) read from L2 once for all its rows
+(``_column_tasks``).
 Passes over tensors of rank 3 and more (layout transposes, bias and activation epilogues,
 reductions over inner loops, copies and fills) are spread over their leading dim in blocks of
 at least PARALLEL_MAP_MIN inner iterations (elements read: a row statistic reads its whole
@@ -150,7 +152,8 @@ def _column_tasks(op: ir.Operation, columns: int) -> int | None:
     half of L1, else None: in tasks of columns whose slices of op(B) do, each task reads its slice
     from L2 once for all rows; in tasks of rows every row read the whole of op(B) again (the
     10-4096-1 step's first layer at batch 100, 100x10 @ 10x4096 with bias and ReLU: 160 KB from L2
-    a row, 343 of the step's 760 us on a Zen 3; 98 us in tasks of columns, ``row_pitch``)."""
+    a row, 343 of the step's 760 us on a Zen 3; 121 us in tasks of columns, op(B)'s rows copied
+    apart first, ``row_pitch``)."""
     read = sum(math.prod(ir.MemRefType(v.type).shape) * ir.MemRefType(v.type).element_type.width // 8
                for v in _row_reads(op))
     budget = data_cache_bytes()[1] // 2
