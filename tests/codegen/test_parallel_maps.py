@@ -101,6 +101,27 @@ def test_short_products_whose_b_outgrows_l1_run_in_column_tasks(columns):
     assert copied == (columns == 4096) and (text.count("linalg.copy") == int(copied))
 
 
+def test_a_buffer_the_step_made_for_op_b_gets_the_longer_rows_itself():
+    """op(B) that the step wrote itself (the transposed copy of a (n, k) weight) is allocated with
+    rows one cache line longer, which its writer fills: no second copy."""
+    transpose = """
+#t = affine_map<(d0, d1) -> (d1, d0)>
+#i = affine_map<(d0, d1) -> (d0, d1)>
+func.func @short(%x: memref<?x3xf32>, %v: memref<4096x3xf32>, %out: memref<?x4096xf32>) {
+  %w = memref.alloc() : memref<3x4096xf32>
+  linalg.generic {indexing_maps = [#t, #i], iterator_types = ["parallel", "parallel"]}
+      ins(%v : memref<4096x3xf32>) outs(%w : memref<3x4096xf32>) {
+  ^bb0(%a: f32, %b: f32):
+    linalg.yield %a : f32
+  }
+"""
+    body = _SHORT.replace("N", "4096").split("func.func @short(%x: memref<?x3xf32>, %w: memref<3x4096xf32>, "
+                                             "%out: memref<?x4096xf32>) {\n")
+    text = _spread(body[0] + transpose + body[1], 1)
+    assert "linalg.copy" not in text and "memref.alloc() : memref<3x4112xf32>" in text
+    assert "memref.alloc() : memref<3x4096xf32>" not in text
+
+
 _COPY = """
 func.func @copy(%a: memref<SHAPE, strided<[150, 1]>>, %c: f32, %b: memref<SHAPE, strided<[32, 1]>>) {
   linalg.copy ins(%a : memref<SHAPE, strided<[150, 1]>>) outs(%b : memref<SHAPE, strided<[32, 1]>>)
