@@ -437,8 +437,8 @@ API int32_t KMPC(dispatch_next_8u)(Ident *loc, int32_t gtid, int32_t *plast, uin
  * hundred ms), a 10-4096-1 MLP step at batch 100 took 0.50 ms on two threads and 0.72 on one
  * while the cores shared an L3, and 1.1 ms on two while they did not (each pass hands its rows
  * to the other core). mlirnn_runtime_run_step times the calls of a step and keeps the last RING
- * times of each width; once both widths have RING, a step runs on the width whose median is
- * less, and now and then (probe_interval) a burst of BURST calls runs on the other width to
+ * times of each width; after a burst of BURST calls on each width, a step runs on the width whose
+ * median is less, and now and then (probe_interval) a burst of BURST calls runs on the other width to
  * refresh its times, so that the choice follows the host. A call on a width other than the
  * call before it is not timed: it starts with the pool's threads asleep or the step's rows in
  * the other core's cache (a single call on two threads after calls on one took 0.9 ms where
@@ -481,7 +481,8 @@ static uint32_t probe_interval(const TeamChoice *c) {
     return every < PROBE_EVERY_MIN ? PROBE_EVERY_MIN : every > PROBE_EVERY_MAX ? PROBE_EVERY_MAX : (uint32_t)every;
 }
 
-static bool measured(const TeamChoice *c) { return c->timed[ALONE] >= RING && c->timed[ALL] >= RING; }
+/* Both widths timed: after a burst on each. */
+static bool measured(const TeamChoice *c) { return c->timed[ALONE] >= BURST - 1 && c->timed[ALL] >= BURST - 1; }
 
 /* The width of the next call. */
 static int next_width(TeamChoice *c) {
