@@ -207,6 +207,9 @@ SPLIT_LANES, LANE_SPLIT_MAX = "mlirnn.split_lanes", 4  # (loop, size of the firs
 # 4.35 -> 3.86 ms, one pass over x's 40 MB; a weight gradient's sum over the batch, split in its blocks,
 # ran 35% slower: its accumulators were no longer carried in registers)
 SPLIT_LANES_IN_BLOCKS = "mlirnn.split_lanes_in_blocks"
+# ... and that of a weight gradient summed in equal chunks of its accumulator, made inside each chunk,
+# so that the second part reads the chunk's columns of A from cache, not from memory again
+SPLIT_LANES_IN_CHUNKS = "mlirnn.split_lanes_in_chunks"
 SMALL_VECTOR_MAX = 1 << 12  # elements of the inner loops' vector (LLVM took minutes over 4100-lane vectors)
 # A sum over the batch carries its accumulator through the batch loop: larger ones are split
 # into chunks of at most this many elements, which stay in registers. A 256 x 10 weight gradient
@@ -653,6 +656,9 @@ def _nest(a: ir.Value, b: ir.Value, c: ir.Value, plan: LoopPlan) -> ir.Value:
             tiles[plan.chunk_axis] = plan.chunk
             tag = SMALL_CHUNK_TASKS if plan.chunk_tasks else SMALL_CHUNK
             product.owner.attributes[tag] = ir.DenseI64ArrayAttr.get(tiles)
+            if SPLIT_LANES in product.owner.attributes:
+                product.owner.attributes[SPLIT_LANES_IN_CHUNKS] = product.owner.attributes[SPLIT_LANES]
+                del product.owner.attributes[SPLIT_LANES]
         return product
     return _in_chunks(a, b, c, plan.ta, plan.tb, order, tags, list(plan.chunks), plan.chunk_axis)
 
@@ -1538,7 +1544,8 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
                    chunks: Iterable[tuple[str, tuple[int, ...]]] = (),
                    splits: Iterable[tuple[int, int]] = (), small_tasks: Iterable[int] = (),
                    thread_count: int | None = None, quick: bool = False,
-                   block_splits: Iterable[tuple[int, int]] = ()) -> str:
+                   block_splits: Iterable[tuple[int, int]] = (),
+                   chunk_splits: Iterable[tuple[int, int]] = ()) -> str:
     """The schedule's text for products of ``itemsize`` bytes with these tags; ``quick``: the quick
     tier's (QUICK_K_UNROLL, QUICK_SMALL_K_STEP)."""
     tm, tn = register_block(itemsize)
@@ -1556,6 +1563,8 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
         text = text.replace("{" + name + "}", str(value))
     text = text.replace("{small_chunks}", "".join(_chunk_section(*c) for c in sorted(chunks)))
     text = text.replace("{lane_splits}", "".join(_split_section(s) for s in sorted(splits)))
+    text = text.replace("{chunk_splits}", "".join(_split_section(s, SPLIT_LANES_IN_CHUNKS, label="chunks")
+                                                  for s in sorted(chunk_splits)))
     for loop in ("whole", "rest"):
         sections = "".join(_split_section(s, SPLIT_LANES_IN_BLOCKS, f"{loop}_loop") for s in sorted(block_splits))
         text = text.replace("{" + loop + "_splits}", sections)
@@ -1582,17 +1591,19 @@ def _chunk_section(tag: str, tiles: tuple[int, ...]) -> str:
 
 # the two parts of the small products tagged SPLIT_LANES with this (loop, point), or SPLIT_LANES_IN_BLOCKS
 # in each of their whole or rest blocks of rows (the handle ``within``)
-_SPLIT = """    %{within}_split_{name} = transform.structured.match ops{["linalg.generic"]}
+_SPLIT = """    %{label}_split_{name} = transform.structured.match ops{["linalg.generic"]}
         attributes {{tag} = array<i64: {dim}, {point}>} in %{within} : (!transform.any_op) -> !transform.any_op
-    %{within}_split_parts_{name} = transform.structured.split %{within}_split_{name} after {point}
+    %{label}_split_parts_{name} = transform.structured.split %{label}_split_{name} after {point}
         {dimension = {dim}} : !transform.any_op
 """
 
 
-def _split_section(split: tuple[int, int], tag: str = SPLIT_LANES, within: str = "root") -> str:
+def _split_section(split: tuple[int, int], tag: str = SPLIT_LANES, within: str = "root", label: str = "") -> str:
+    """The split of the products tagged ``tag`` with ``split`` (loop, point) in the handle ``within``;
+    ``label`` names its handles (default: ``within``)."""
     dim, point = split
-    return (_SPLIT.replace("{within}", within).replace("{tag}", tag).replace("{name}", f"{dim}_{point}")
-            .replace("{dim}", str(dim)).replace("{point}", str(point)))
+    return (_SPLIT.replace("{label}", label or within).replace("{within}", within).replace("{tag}", tag)
+            .replace("{name}", f"{dim}_{point}").replace("{dim}", str(dim)).replace("{point}", str(point)))
 
 
 # tasks of products tagged PARALLEL_TASKS with these sizes (their zero fills: as the others')
@@ -1627,13 +1638,14 @@ class _Tags:
     chunks: set[tuple[str, tuple[int, ...]]]
     splits: set[tuple[int, int]]
     block_splits: set[tuple[int, int]]
+    chunk_splits: set[tuple[int, int]]
 
 
 def _schedule_tags(module: ir.Module) -> _Tags:
     """Every tag of ``_Tags`` in one walk that skips the bodies of linalg ops (the tagged ops are
     linalg.generic ops; their bodies hold most of a module's ops). Five walks of the whole
     module before: a tenth of a second at 16x256 Adam."""
-    tags = _Tags(set(), set(), set(), set(), set())
+    tags = _Tags(set(), set(), set(), set(), set(), set())
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if not op.name.startswith("linalg."):
@@ -1651,6 +1663,8 @@ def _schedule_tags(module: ir.Module) -> _Tags:
                 tags.splits.add(tuple(ir.DenseI64ArrayAttr(attributes[SPLIT_LANES])))
             if SPLIT_LANES_IN_BLOCKS in attributes:
                 tags.block_splits.add(tuple(ir.DenseI64ArrayAttr(attributes[SPLIT_LANES_IN_BLOCKS])))
+            if SPLIT_LANES_IN_CHUNKS in attributes:
+                tags.chunk_splits.add(tuple(ir.DenseI64ArrayAttr(attributes[SPLIT_LANES_IN_CHUNKS])))
         return ir.WalkResult.SKIP
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
@@ -1663,7 +1677,7 @@ def _apply_schedule(module: ir.Module, itemsize: int, thread_count: int | None, 
 
     tags = _schedule_tags(module)
     text = _schedule_text(itemsize, tags.tasks, tags.chunks, tags.splits, tags.small_tasks, thread_count, quick,
-                          tags.block_splits)
+                          tags.block_splits, tags.chunk_splits)
     schedule = ir.Module.parse(text, module.context)
     entry = next(op for op in schedule.body.operations
                  if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")
