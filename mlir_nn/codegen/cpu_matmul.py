@@ -75,6 +75,7 @@ from mlir_nn.codegen.maps import dims_map, matmul_maps
 from mlir_nn.codegen.parameter_updates import Update, parameter_update, scaled
 from mlir_nn.codegen.row_blocks import K_STEP as ROW_BLOCK_K_STEP
 from mlir_nn.codegen.row_blocks import block_rows, row_block_product
+from mlir_nn.codegen.row_pitch import ALIASED_PITCH
 from mlir_nn.codegen.row_sums import tag_row_sums
 from mlir_nn.codegen.schedule_costs import (
     BATCH_ROWS_ESTIMATE,
@@ -290,21 +291,25 @@ def _blocking(op: ir.Operation, loops: LoopPlan, per_row: bool, rates: ScheduleR
 
 
 # A batch of at most this many rows reads a static B whose rows are over IN_PLACE_STRIDE_MAX
-# apart in place: packing it costs a copy of B per call, which few rows do not pay back (two
-# cores, 1024-4096-1024 SGD, B in place against packed: batch 16 -3..-7%, 64 +-2%, 192 0%, and
-# the 784-1024-1024-10 step at batch 512 +2.5%).
+# apart, or a multiple of ALIASED_PITCH (``_columns_in_place``), in place: packing it costs a copy
+# of B per call, which few rows do not pay back (two cores, 1024-4096-1024 SGD, B in place against
+# packed: batch 16 -3..-7%, 64 +-2%, 192 0%, and the 784-1024-1024-10 step at batch 512 +2.5%;
+# 64-256-256-64 at batch 1, its 1 KiB rows packed, 8.6% slower).
 STRIDED_COLUMNS_ROWS_MAX = 32
 
 
 def _strided_columns(op: ir.Operation, columns: int, batch_rows: int) -> bool:
     """Whether the blocked ``op`` over a dynamic batch of about ``batch_rows`` rows reads its B
-    (k, n) in place though its rows are over IN_PLACE_STRIDE_MAX bytes apart (register blocks
-    ``columns`` wide)."""
+    (k, n) in place though its rows are over IN_PLACE_STRIDE_MAX bytes apart or a multiple of
+    ALIASED_PITCH (register blocks ``columns`` wide)."""
     m, _, _ = _sizes(op)
     b, tb = op.operands[1], matmul_transposes(op)[1]
     k, n = _static_shape(b)
-    return (ir.ShapedType.is_dynamic_size(m) and batch_rows <= STRIDED_COLUMNS_ROWS_MAX and not tb
-            and k is not None and n is not None and n % columns == 0 and n * _itemsize(b) > IN_PLACE_STRIDE_MAX)
+    if not (ir.ShapedType.is_dynamic_size(m) and batch_rows <= STRIDED_COLUMNS_ROWS_MAX and not tb
+            and k is not None and n is not None and n % columns == 0):
+        return False
+    pitch = n * _itemsize(b)
+    return pitch > IN_PLACE_STRIDE_MAX or pitch % ALIASED_PITCH == 0
 
 
 def _column_tasks(op: ir.Operation, columns: int, batch_rows: int, threads: int) -> bool:
@@ -1493,9 +1498,15 @@ def _padded_rows(a: ir.Value, ta: bool, tm: int, number: int) -> ir.Value | None
 
 def _columns_in_place(b: ir.Value, tb: bool, tn: int) -> bool:
     """Whether op(B) = B (k, n) is read in place as [k, n / tn, tn] instead of packed: both
-    static, whole column panels, rows at most IN_PLACE_STRIDE_MAX apart."""
+    static, whole column panels, rows at most IN_PLACE_STRIDE_MAX apart and not a multiple of
+    ALIASED_PITCH: a kc-deep slice of a column panel then falls on a few sets of an 8-way L1
+    and is read from L2 again for every block of rows (on a Zen 3 host, the 784-256-10 step at
+    batch 1024 and the 128-512-512-512-1 step at 256 ran 8.5% faster with such B packed)."""
     k, n = _static_shape(b)
-    return not tb and k is not None and n is not None and n % tn == 0 and n * _itemsize(b) <= IN_PLACE_STRIDE_MAX
+    if tb or k is None or n is None or n % tn:
+        return False
+    pitch = n * _itemsize(b)
+    return pitch <= IN_PLACE_STRIDE_MAX and pitch % ALIASED_PITCH != 0
 
 
 def _static_shape(x: ir.Value) -> list[int | None]:

@@ -51,6 +51,7 @@ from mlir_nn.codegen.cpu_matmul import (
     product_plan,
     rewrite_matmuls,
 )
+from mlir_nn.codegen.row_pitch import ALIASED_PITCH
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
@@ -783,7 +784,7 @@ def test_static_operands_are_read_in_place_in_whole_register_blocks(rows, k, m, 
     # x^T @ g: x (rows, k) as [rows, k / tm, tm]; g and w (k, m) as column panels in place
     x_block = _block_of(k, tm) if k * itemsize <= IN_PLACE_STRIDE_MAX else None
     assert (f"tensor<{rows}x{k // (x_block or 1)}x{x_block}x{element}>" in text) == (x_block is not None)
-    if m % tn == 0 and m * itemsize <= IN_PLACE_STRIDE_MAX:
+    if m % tn == 0 and m * itemsize <= IN_PLACE_STRIDE_MAX and m * itemsize % ALIASED_PITCH:
         assert f"tensor<{k}x{m // tn}x{tn}x{element}>" in text and f"tensor<{rows}x{m // tn}x{tn}x{element}>" in text
     for threads in (True, False):
         _assert_matches_reference(graph, CpuExecutable(graph, compile_kernel(graph, threads=threads)), (rows,), dtype)
@@ -996,15 +997,17 @@ def test_a_small_weight_gradient_sums_ranges_of_the_batch_in_tasks(m, n, dtype):
     _assert_matches_reference(graph, executable, batches, dtype)
 
 
-@pytest.mark.parametrize("k, n, dtype", [(96, 1024, "float32"), (40, 4096, "float32"), (33, 544, "float64")])
-def test_few_batch_rows_read_a_wide_b_in_place(k, n, dtype):
+@pytest.mark.parametrize("k, n, dtype", [(96, 1024, "float32"), (40, 4096, "float32"), (33, 544, "float64"),
+                                         (64, 256, "float32"), (40, 512, "float32"), (33, 128, "float64")])
+def test_few_batch_rows_read_a_wide_or_aliased_b_in_place(k, n, dtype):
     """x @ w over a batch estimated at STRIDED_COLUMNS_ROWS_MAX rows or fewer (``Graph.batch_rows``),
-    w's rows over IN_PLACE_STRIDE_MAX bytes apart: w is read in place (packing it is a copy of w
-    per call, which few rows do not pay back); estimated at more rows, or not at all, packed as
-    column panels [n / tn, k, tn]. Matches the reference at every batch either way."""
+    w's rows over IN_PLACE_STRIDE_MAX bytes apart or a multiple of ALIASED_PITCH (1 or 2 KiB: a
+    kc-deep slice of a column panel on a few L1 sets): w is read in place (packing it is a copy
+    of w per call, which few rows do not pay back); estimated at more rows, or not at all, packed
+    as column panels [n / tn, k, tn]. Matches the reference at every batch either way."""
     itemsize = np.dtype(dtype).itemsize
     tn = register_block(itemsize)[1]
-    assert n * itemsize > IN_PLACE_STRIDE_MAX and n % tn == 0
+    assert (n * itemsize > IN_PLACE_STRIDE_MAX or n * itemsize % ALIASED_PITCH == 0) and n % tn == 0
     element = "f32" if dtype == "float32" else "f64"
     packed = f"tensor<{n // tn}x{k}x{tn}x{element}>"
     for rows, strided in ((STRIDED_COLUMNS_ROWS_MAX, True), (1, True), (2 * STRIDED_COLUMNS_ROWS_MAX, False),
