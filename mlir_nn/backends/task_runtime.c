@@ -82,7 +82,7 @@ static struct {
 
 static _Thread_local int32_t thread_id;       /* in the team this thread runs in */
 static _Thread_local int32_t team_size = 1;   /* of that team (1: none, or a serial one) */
-static _Thread_local int team_cap;            /* this thread forks teams of at most this size (0: any) */
+static _Thread_local bool forks_alone;       /* this thread's forks run serially (a step timed alone) */
 /* This thread forked a team that its pool threads have not joined yet: they join when the
  * team's loop has more than one iteration (the first call of __kmpc_for_static_init_8u). */
 static _Thread_local bool unpublished;
@@ -231,9 +231,9 @@ API void KMPC(fork_call)(Ident *loc, int32_t argc, Microtask fn, ...) {
     for (int i = 0; i < argc; i++) args[i] = va_arg(list, void *);
     va_end(list);
     bool idle = false;
-    if (team_size > 1 || atomic_load(&pool.threads) <= 1 || team_cap == 1 ||
+    if (team_size > 1 || atomic_load(&pool.threads) <= 1 || forks_alone ||
         !atomic_compare_exchange_strong(&pool.busy, &idle, true)) {
-        run_as(0, 1, fn, argc, args); /* nested, one thread, or another team runs */
+        run_as(0, 1, fn, argc, args); /* nested, one thread, a call run alone, or another team runs */
         return;
     }
     if (atomic_load(&pool.started) < atomic_load(&pool.threads) - 1) {
@@ -244,7 +244,6 @@ API void KMPC(fork_call)(Ident *loc, int32_t argc, Microtask fn, ...) {
     int size = atomic_load(&pool.started) + 1;
     if (size > atomic_load(&pool.threads)) size = atomic_load(&pool.threads);
     if (size > MAX_TEAM) size = MAX_TEAM;
-    if (team_cap > 1 && size > team_cap) size = team_cap;
     if (size == 1) {
         run_as(0, 1, fn, argc, args);
         atomic_store(&pool.busy, false);
@@ -504,12 +503,12 @@ static int next_width(TeamChoice *c) {
 /* Run step(args) on the width that `choice` measures best, or in a burst measuring the other. */
 API void mlirnn_runtime_run_step(void (*step)(void **), void **args, TeamChoice *c) {
     int width = next_width(c);
-    int outer = team_cap;
-    team_cap = width == ALONE ? 1 : 0;
+    bool outer = forks_alone;
+    forks_alone = width == ALONE;
     long long start = now_ns();
     step(args);
     long long took = now_ns() - start;
-    team_cap = outer;
+    forks_alone = outer;
     if (width == c->previous) {
         c->times[width][c->next[width]] = took > UINT32_MAX ? UINT32_MAX : (uint32_t)took;
         c->next[width] = (uint8_t)((c->next[width] + 1) % RING);
@@ -519,8 +518,8 @@ API void mlirnn_runtime_run_step(void (*step)(void **), void **args, TeamChoice 
     c->previous = (uint8_t)width;
 }
 
-/* The most threads a team forked on this thread may have now: 1 in a call run alone, 0 for any. */
-API int mlirnn_runtime_team_cap(void) { return team_cap; }
+/* Whether this thread's forks run serially now (in a call that mlirnn_runtime_run_step runs alone). */
+API int mlirnn_runtime_forks_alone(void) { return forks_alone; }
 
 /* What `choice` knows: calls timed alone and on all threads, the median of each one's last
  * times (ns; 0 before the first), the width used (0: alone, 1: all; -1 until both are

@@ -26,6 +26,7 @@ HEADER = 64
 # the task runtime's measurements of which team width runs this batch size's calls faster
 # (``task_runtime.c``: TeamChoice), zeroed with the workspace
 CHOICE_OFFSET, CHOICE_BYTES = 16, 48
+assert CHOICE_OFFSET + CHOICE_BYTES <= HEADER
 ALIGN = 64  # every buffer starts on a cache line
 
 

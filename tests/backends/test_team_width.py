@@ -33,7 +33,7 @@ class StandIn:
         self._callback = STEP(self._run)
 
     def _run(self, args: int | None) -> None:
-        width = "alone" if task_runtime.load().mlirnn_runtime_team_cap() == 1 else "all"
+        width = "alone" if task_runtime.load().mlirnn_runtime_forks_alone() else "all"
         self.widths.append(width)
         time.sleep(self.seconds[width])
 
