@@ -13,6 +13,8 @@ vector FMAs on every thread, halved for float64), and the one-way time of a cach
 two cores before and after the point (``core_latency``: on a virtual machine whose host moves
 its cores between core complexes, over 80 ns means no shared L3 and slower threaded steps);
 over the grid: geomean and worst ratio, and the points over 1.0 by placement (near, far, mixed).
+"threads" says which team width ran our step (``task_runtime.c``, "Team width by measurement"):
+the share of its timed calls on all threads, and the width in use at the end.
 The CPU model (``lscpu``) and the load average before and after go into the JSON.
 
     python benchmarks/grid.py [--quick | --held-out | --smoke] [--only SUBSTRING] [--json benchmarks/results/grid.json]
@@ -129,7 +131,17 @@ def mlir_nn_step(point: Point) -> Callable[[np.ndarray, np.ndarray], float]:
     opt = SGD(model.parameters(), lr=lr) if point.optimizer == "sgd" else Adam(
         model.parameters(), lr=lr, betas=BETAS, eps=EPS)
     step = jit(train_step(model, opt), backend="cpu", tiered=False)  # compiled at the first call
-    return lambda x, y: float(step(x, y))
+
+    def run(x: np.ndarray, y: np.ndarray) -> float:
+        return float(step(x, y))
+
+    def team_choice(x: np.ndarray, y: np.ndarray) -> dict | None:
+        """What the runtime measured of the step's team width at this batch (None: not threaded)."""
+        executable = step.lower(x, y).executable
+        return executable.team_choice(len(x)) if hasattr(executable, "team_choice") else None
+
+    run.team_choice = team_choice
+    return run
 
 
 def numpy_step(point: Point) -> Callable[[np.ndarray, np.ndarray], float]:
@@ -287,6 +299,15 @@ def cpu_model() -> str:
     return "; ".join(f"{k} {v}" for k, v in info.items()) + f"; {' '.join(isa)}"
 
 
+def _width(choice: dict | None) -> str:
+    """Which team width ran our step's calls (``task_runtime.team_choice``): the share of the timed
+    calls on all threads, and the width in use at the end."""
+    if not choice or not choice["calls_alone"] + choice["calls_all"]:
+        return "-"
+    share = choice["calls_all"] / (choice["calls_alone"] + choice["calls_all"])
+    return f"all {share:.0%}, now {choice['using'] or '-'}"
+
+
 def run_point(point: Point, factories: dict, budget_s: float, rounds: int, peak_f32: float) -> dict:
     steps = {label: factory(point) for label, factory in factories.items() if not isinstance(factory, str)}
     losses = check_same_work(point, steps)
@@ -294,6 +315,7 @@ def run_point(point: Point, factories: dict, budget_s: float, rounds: int, peak_
     latency_before = one_way_ns()
     timed = round_robin({label: (lambda s=step: s(x, y)) for label, step in steps.items()}, budget_s, rounds)
     latency_after = one_way_ns()
+    choice = steps["compiled cpu"].team_choice(x, y)
     medians = {label: row["median_s"] for label, row in timed.items()}
     ours = medians["compiled cpu"]
     peers = [medians[p] for p in PEERS if p in medians]
@@ -304,7 +326,8 @@ def run_point(point: Point, factories: dict, budget_s: float, rounds: int, peak_
            "round_medians_s": {k: v["round_medians_s"] for k, v in timed.items()},
            "flops_per_step": flops, "gflops": {k: flops / v / 1e9 for k, v in medians.items()},
            "fraction_of_fma_peak": {k: flops / v / 1e9 / peak for k, v in medians.items()},
-           "ours_over_numpy": ours / medians["numpy"], "core_one_way_ns": [latency_before, latency_after]}
+           "ours_over_numpy": ours / medians["numpy"], "core_one_way_ns": [latency_before, latency_after],
+           "team_choice": choice}
     if peers:
         row["ours_over_best_peer"] = ours / min(peers)
     return row
@@ -366,7 +389,7 @@ def main() -> None:
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     names = [n for n in ("compiled cpu", *PEERS, "numpy") if n not in skipped]
     print(f"{'point':44s} " + " ".join(f"{n:>12s}" for n in names)
-          + f" {'ours/best':>9s} {'GFLOP/s':>8s} {'peak':>5s} {'core ns':>9s} placement")
+          + f" {'ours/best':>9s} {'GFLOP/s':>8s} {'peak':>5s} {'core ns':>9s} placement  threads")
     for point in points:
         start = time.perf_counter()
         row = run_point(point, factories, args.budget, args.rounds, peak)
@@ -376,7 +399,7 @@ def main() -> None:
         print(f"{point.label:44s} " + " ".join(f"{_us(row['median_s'][n]):>12s}" for n in names)
               + f" {ratio:9.2f} {row['gflops']['compiled cpu']:8.1f} "
               f"{row['fraction_of_fma_peak']['compiled cpu']:5.0%} {_latency(row['core_one_way_ns']):>9s} "
-              f"{placement(row['core_one_way_ns'])}", flush=True)
+              f"{placement(row['core_one_way_ns']):9s}  {_width(row['team_choice'])}", flush=True)
     results["load_average_end"] = os.getloadavg()
     results["summary"] = summary(results["points"])
     if results["summary"]:

@@ -127,7 +127,9 @@ module attributes {transform.with_named_sequence} {
     // (`mlirnn.small_chunk = tiles`, a sum over the batch with a large accumulator: first a loop over
     // equal chunks of one inner loop (its tile sizes), the batch loop inside; `mlirnn.small_chunk_tasks`:
     // the chunks as tasks on threads)
-{small_chunks}    // (`mlirnn.small_tasks = array<i64: rows>`: first split into tasks of that many rows on threads)
+{small_chunks}    // (`mlirnn.split_lanes_in_chunks`: the split of `mlirnn.split_lanes` inside each chunk, so that the
+    // second part reads the chunk's columns of A from cache)
+{chunk_splits}    // (`mlirnn.small_tasks = array<i64: rows>`: first split into tasks of that many rows on threads)
 {small_tasks}    %blocked = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_rows} in %root
         : (!transform.any_op) -> !transform.any_op
     %row_blocks, %block_loop = transform.structured.tile_using_for %blocked tile_sizes [{small_rows}, 0, 0]

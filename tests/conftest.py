@@ -43,6 +43,13 @@ def _verify_every_hook():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _every_call_on_every_thread():
+    """Threaded steps run every call on all threads, as the tests that count teams expect, not on the
+    width the runtime measures faster (timing-dependent); test_team_width measures."""
+    yield from _session_env("MLIR_NN_TEAM_WIDTH", "all")
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _private_compile_cache(tmp_path_factory):
     """Compiled steps go to a fresh cache folder, never the user's ~/.cache/mlir-nn."""
     yield from _session_env("MLIR_NN_CACHE_DIR", str(tmp_path_factory.mktemp("mlir-nn-cache")))

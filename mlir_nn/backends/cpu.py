@@ -43,7 +43,7 @@ from mlir_nn.backends.errors import NativeError
 from mlir_nn.backends.memref_args import ArgumentBlock
 from mlir_nn.backends.native import OPT_LEVEL, NativeFunction, gemm_calls, link_objects, load_shared_object
 from mlir_nn.backends.thread_pool import num_threads
-from mlir_nn.backends.workspace import MemoryPlan, Workspaces
+from mlir_nn.backends.workspace import CHOICE_OFFSET, MemoryPlan, Workspaces
 from mlir_nn.ir import BATCH, Graph, conv_forms
 from mlir_nn.ir.arguments import check_arguments, input_error, label_inputs
 from mlir_nn.support import schedule_rates
@@ -560,7 +560,8 @@ class CpuExecutable:
                  for i, (n, fast) in enumerate(zip(graph.inputs, self._input_fast))]
         self._entry = thin_call.extension().ThinCall(
             kernel.native.address, self._args.address, self._args.words.ctypes.data, (self._args, specs),
-            specs if all_fast else None, self._n_params, self._input_error)
+            specs if all_fast else None, self._n_params, self._input_error,
+            task_runtime.step_runner() if kernel.threaded else 0, CHOICE_OFFSET)
         # the call for plainly valid arguments (see the class docstring); None if they are not
         self.run_plain: Callable[[Sequence[Any], Sequence[np.ndarray]], list[np.ndarray] | None] = self._entry.run
         self.kernel = kernel
@@ -595,6 +596,12 @@ class CpuExecutable:
         for k, out in enumerate(outputs):
             self._args.bind(self._output_slot + k, out)
         return outputs
+
+    def team_choice(self, batch: int = 1) -> dict[str, int | str | None] | None:
+        """What the task runtime measured of this step's calls at ``batch`` rows (which team width
+        runs them faster: ``task_runtime.team_choice``); None before the first call at that size."""
+        found = self._workspaces.peek(batch)
+        return None if found is None else task_runtime.team_choice(found.buffer)
 
     @staticmethod
     def _batch_major(shape: tuple) -> bool:

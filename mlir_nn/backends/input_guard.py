@@ -20,7 +20,7 @@ from mlir.dialects import arith, memref, scf
 from mlir.dialects import math as mlir_math
 
 from mlir_nn.backends.memory_plan import entry_function
-from mlir_nn.backends.workspace import HEADER
+from mlir_nn.backends.workspace import CHOICE_OFFSET
 
 STATUS_OK = 0
 # With threads, an input is checked in tasks of at least CHECK_TASK_ELEMENTS elements, CHECK_TASKS_MAX
@@ -28,7 +28,7 @@ STATUS_OK = 0
 # 4.3 ms at batch 10000 (13% of its samples on one thread)
 CHECK_TASK_ELEMENTS, CHECK_TASKS_MAX = 1 << 16, 8
 CHECK_SLOTS_AT = 8  # the tasks' answers: a byte each in the workspace's header, from this offset
-assert CHECK_SLOTS_AT + CHECK_TASKS_MAX <= HEADER
+assert CHECK_SLOTS_AT + CHECK_TASKS_MAX <= CHOICE_OFFSET  # before the team choice in the header
 
 
 def _flat(value: ir.Value) -> tuple[ir.Value, ir.Value]:

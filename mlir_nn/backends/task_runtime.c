@@ -82,6 +82,7 @@ static struct {
 
 static _Thread_local int32_t thread_id;       /* in the team this thread runs in */
 static _Thread_local int32_t team_size = 1;   /* of that team (1: none, or a serial one) */
+static _Thread_local bool forks_alone;       /* this thread's forks run serially (a step timed alone) */
 /* This thread forked a team that its pool threads have not joined yet: they join when the
  * team's loop has more than one iteration (the first call of __kmpc_for_static_init_8u). */
 static _Thread_local bool unpublished;
@@ -230,9 +231,9 @@ API void KMPC(fork_call)(Ident *loc, int32_t argc, Microtask fn, ...) {
     for (int i = 0; i < argc; i++) args[i] = va_arg(list, void *);
     va_end(list);
     bool idle = false;
-    if (team_size > 1 || atomic_load(&pool.threads) <= 1 ||
+    if (team_size > 1 || atomic_load(&pool.threads) <= 1 || forks_alone ||
         !atomic_compare_exchange_strong(&pool.busy, &idle, true)) {
-        run_as(0, 1, fn, argc, args); /* nested, one thread, or another team runs */
+        run_as(0, 1, fn, argc, args); /* nested, one thread, a call run alone, or another team runs */
         return;
     }
     if (atomic_load(&pool.started) < atomic_load(&pool.threads) - 1) {
@@ -425,6 +426,111 @@ API int32_t KMPC(dispatch_next_8u)(Ident *loc, int32_t gtid, int32_t *plast, uin
     *plast = at == trips - 1;
     *pstride = 1;
     return 1;
+}
+
+/* ---- Team width by measurement ----
+ *
+ * A step that forks teams runs either on every computing thread or on its caller alone, and
+ * which is faster depends on the step and on where the host put the cores at the time: on a
+ * 2-core virtual machine whose cores the host moves between sharing an L3 and not (every few
+ * hundred ms), a 10-4096-1 MLP step at batch 100 took 0.50 ms on two threads and 0.72 on one
+ * while the cores shared an L3, and 1.1 ms on two while they did not (each pass hands its rows
+ * to the other core). mlirnn_runtime_run_step times the calls of a step and keeps the last RING
+ * times of each width; after a burst of BURST calls on each width, a step runs on the width whose
+ * median is less, and now and then (probe_interval) a burst of BURST calls runs on the other width to
+ * refresh its times, so that the choice follows the host. A call on a width other than the
+ * call before it is not timed: it starts with the pool's threads asleep or the step's rows in
+ * the other core's cache (a single call on two threads after calls on one took 0.9 ms where
+ * calls in a row took 0.5). Probes are spaced so that they cost about PROBE_COST of the step's
+ * time: the slower the other width, the rarer. */
+#define RING 3               /* step times kept per width */
+#define BURST 3              /* calls in a row on a width being measured (the first is not timed) */
+#define PROBE_COST 0.01      /* the share of step time that probes of the other width may cost */
+#define PROBE_EVERY_MIN 8    /* calls between probes, at least */
+#define PROBE_EVERY_MAX 3000 /* and at most */
+enum { ALONE, ALL, WIDTHS };
+
+/* Zeroed before a step's first call at a batch size; it lives in the header of that batch
+ * size's workspace (workspace.py: CHOICE_OFFSET, CHOICE_BYTES), so it fits in 48 bytes. */
+typedef struct {
+    uint32_t times[WIDTHS][RING]; /* the last step times (ns, at most UINT32_MAX) on each width */
+    uint32_t timed[WIDTHS];       /* calls timed on each width (up to UINT32_MAX) */
+    uint32_t since_probe;         /* calls since the other width was last probed */
+    uint8_t next[WIDTHS];         /* where each width's next time goes in times */
+    uint8_t using;                /* the width chosen (once both are measured) */
+    uint8_t previous;             /* the width of the call before (ALONE before the first, on ALL) */
+    uint8_t burst;                /* calls left in a burst on `previous` */
+} TeamChoice;
+_Static_assert(sizeof(TeamChoice) <= 48, "the team choice fits in the workspace header");
+
+/* The median of the times kept for `width` (the mean of two when only two are). */
+static uint32_t typical(const TeamChoice *c, int width) {
+    const uint32_t *t = c->times[width];
+    if (c->timed[width] == 1) return t[0];
+    if (c->timed[width] == 2) return (uint32_t)(((uint64_t)t[0] + t[1]) / 2);
+    uint32_t lo = t[0] < t[1] ? t[0] : t[1], hi = t[0] < t[1] ? t[1] : t[0];
+    return t[2] < lo ? lo : t[2] > hi ? hi : t[2];
+}
+
+/* Calls between probes of the width not used: a burst's extra time spread over them costs
+ * PROBE_COST of the step's. */
+static uint32_t probe_interval(const TeamChoice *c) {
+    double used = typical(c, c->using), other = typical(c, !c->using);
+    double every = used > 0 ? BURST * (other - used) / used / PROBE_COST : PROBE_EVERY_MIN;
+    return every < PROBE_EVERY_MIN ? PROBE_EVERY_MIN : every > PROBE_EVERY_MAX ? PROBE_EVERY_MAX : (uint32_t)every;
+}
+
+/* Both widths timed: after a burst on each. */
+static bool measured(const TeamChoice *c) { return c->timed[ALONE] >= BURST - 1 && c->timed[ALL] >= BURST - 1; }
+
+/* The width of the next call. */
+static int next_width(TeamChoice *c) {
+    if (c->burst > 0) {
+        c->burst--;
+        return c->previous;
+    }
+    int width = c->using;
+    if (!measured(c)) {
+        width = c->timed[ALL] <= c->timed[ALONE] ? ALL : ALONE; /* bursts on each in turn */
+    } else if (++c->since_probe >= probe_interval(c)) {
+        width = !c->using;
+        c->since_probe = 0;
+    }
+    if (width != c->using || !measured(c)) c->burst = BURST - 1;
+    return width;
+}
+
+/* Run step(args) on the width that `choice` measures best, or in a burst measuring the other. */
+API void mlirnn_runtime_run_step(void (*step)(void **), void **args, TeamChoice *c) {
+    int width = next_width(c);
+    bool outer = forks_alone;
+    forks_alone = width == ALONE;
+    long long start = now_ns();
+    step(args);
+    long long took = now_ns() - start;
+    forks_alone = outer;
+    if (width == c->previous) {
+        c->times[width][c->next[width]] = took > UINT32_MAX ? UINT32_MAX : (uint32_t)took;
+        c->next[width] = (uint8_t)((c->next[width] + 1) % RING);
+        if (c->timed[width] < UINT32_MAX) c->timed[width]++;
+        if (measured(c)) c->using = typical(c, ALL) <= typical(c, ALONE) ? ALL : ALONE;
+    }
+    c->previous = (uint8_t)width;
+}
+
+/* Whether this thread's forks run serially now (in a call that mlirnn_runtime_run_step runs alone). */
+API int mlirnn_runtime_forks_alone(void) { return forks_alone; }
+
+/* What `choice` knows: calls timed alone and on all threads, the median of each one's last
+ * times (ns; 0 before the first), the width used (0: alone, 1: all; -1 until both are
+ * measured) and the calls between probes. */
+API void mlirnn_runtime_choice_report(const TeamChoice *c, long long out[6]) {
+    out[0] = c->timed[ALONE];
+    out[1] = c->timed[ALL];
+    out[2] = c->timed[ALONE] ? typical(c, ALONE) : 0;
+    out[3] = c->timed[ALL] ? typical(c, ALL) : 0;
+    out[4] = measured(c) ? c->using : -1;
+    out[5] = measured(c) ? probe_interval(c) : 0;
 }
 
 /* ---- For Python ---- */

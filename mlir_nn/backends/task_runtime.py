@@ -18,8 +18,11 @@ import ctypes
 from functools import cache
 from pathlib import Path
 
+import numpy as np
+
 from mlir_nn.backends.c_build import CBuild
-from mlir_nn.backends.thread_pool import num_threads
+from mlir_nn.backends.thread_pool import num_threads, width_measured
+from mlir_nn.backends.workspace import CHOICE_BYTES, CHOICE_OFFSET
 
 # the functions that the LLVM translation of OpenMP's parallel loops calls (none is declared
 # in the LLVM dialect: a compile registers them as placeholders)
@@ -46,6 +49,7 @@ def load() -> ctypes.CDLL:
     library = BUILD.load_global()
     library.mlirnn_runtime_set_threads.argtypes = [ctypes.c_int]
     library.mlirnn_runtime_teams_forked.restype = ctypes.c_longlong
+    library.mlirnn_runtime_choice_report.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_longlong)]
     library.mlirnn_runtime_set_threads(num_threads())
     return library
 
@@ -76,3 +80,25 @@ def pool_threads_started() -> int:
 def teams_forked() -> int:
     """Parallel loops run by more than one thread in this process so far."""
     return int(load().mlirnn_runtime_teams_forked())
+
+
+def step_runner() -> int:
+    """The address of the runtime's ``mlirnn_runtime_run_step`` for a threaded step's calls (the
+    thin call's runner), or 0 where they all run on every computing thread: one thread,
+    or ``MLIR_NN_TEAM_WIDTH=all``."""
+    if num_threads() < 2 or not width_measured():
+        return 0
+    return ctypes.cast(load().mlirnn_runtime_run_step, ctypes.c_void_p).value or 0
+
+
+def team_choice(workspace: np.ndarray) -> dict[str, int | str | None]:
+    """What the runtime measured for the calls on ``workspace`` (a step's, at one batch size):
+    calls on the caller alone and on every thread, the median of each one's last times (ns), the
+    width in use (None until both are measured) and the calls between probes of the other."""
+    if workspace.nbytes < CHOICE_OFFSET + CHOICE_BYTES:
+        raise ValueError(f"a workspace of {workspace.nbytes} bytes has no team choice")
+    out = (ctypes.c_longlong * 6)()
+    load().mlirnn_runtime_choice_report(workspace.ctypes.data + CHOICE_OFFSET, out)
+    alone, every, alone_ns, every_ns, using, probe_every = out
+    return {"calls_alone": alone, "calls_all": every, "alone_ns": alone_ns, "all_ns": every_ns,
+            "using": None if using < 0 else ("all" if using else "alone"), "probe_every": probe_every}

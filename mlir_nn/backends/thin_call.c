@@ -24,6 +24,10 @@
 #define MAX_RANK 16
 
 typedef void (*packed_fn)(void **);
+/* the task runtime's mlirnn_runtime_run_step: runs a step on the team width it measures best,
+ * its measurements kept in the bound workspace's header */
+typedef void (*step_runner)(packed_fn, void **, void *);
+#define HEADER 64 /* workspace.py */
 
 typedef struct {
     PyArray_Descr *descr; /* the dtype it must have */
@@ -58,6 +62,8 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     packed_fn fn;
+    step_runner runner;  /* runs fn on the team width it measures, or NULL: fn is called directly */
+    Py_ssize_t choice_offset; /* where in the workspace the runner keeps its measurements */
     void **packed;       /* the step's void **args */
     int64_t *words;      /* the descriptors' words */
     PyObject *keep;      /* owner of packed and words */
@@ -186,14 +192,18 @@ static int parse_dims(PyObject *dims, npy_intp *out, int ndim) {
     return 0;
 }
 
-/* ThinCall(function, packed, words, keep, inputs, n_params, error): inputs is a sequence of
- * (dtype, dims, batch_major, word), dims all sizes (dims[0] ignored when batch_major), or
- * None for a step whose calls always take the checked path. */
+/* ThinCall(function, packed, words, keep, inputs, n_params, error[, runner, choice_offset]): inputs
+ * is a sequence of (dtype, dims, batch_major, word), dims all sizes (dims[0] ignored when
+ * batch_major), or None for a step whose calls always take the checked path; runner, when given
+ * (not 0), is the task runtime's mlirnn_runtime_run_step, which then makes every call and keeps
+ * its measurements at choice_offset in the bound workspace. */
 static int ThinCall_init(ThinCall *self, PyObject *args, PyObject *kwds) {
-    unsigned long long function, packed, words;
+    unsigned long long function, packed, words, runner = 0;
+    Py_ssize_t choice_offset = 0;
     PyObject *keep, *specs, *error;
     Py_ssize_t n_params;
-    if (!PyArg_ParseTuple(args, "KKKOOnO", &function, &packed, &words, &keep, &specs, &n_params, &error)) {
+    if (!PyArg_ParseTuple(args, "KKKOOnO|Kn", &function, &packed, &words, &keep, &specs, &n_params, &error, &runner,
+                          &choice_offset)) {
         return -1;
     }
     if (self->lock) {
@@ -205,6 +215,12 @@ static int ThinCall_init(ThinCall *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->fn = (packed_fn)(uintptr_t)function;
+    if (runner && (choice_offset < 4 || choice_offset >= HEADER)) {
+        PyErr_SetString(PyExc_ValueError, "ThinCall: the team choice must lie in the workspace header after the status word");
+        return -1;
+    }
+    self->runner = (step_runner)(uintptr_t)runner;
+    self->choice_offset = choice_offset;
     self->packed = (void **)(uintptr_t)packed;
     self->words = (int64_t *)(uintptr_t)words;
     Py_INCREF(keep);
@@ -376,7 +392,11 @@ static int refresh_feeds(ThinCall *self) {
 
 static void call_native(ThinCall *self) {
     Py_BEGIN_ALLOW_THREADS
-    self->fn(self->packed);
+    if (self->runner && self->status) {
+        self->runner(self->fn, self->packed, (char *)self->status + self->choice_offset);
+    } else {
+        self->fn(self->packed);
+    }
     Py_END_ALLOW_THREADS
 }
 
@@ -628,9 +648,9 @@ static PyObject *ThinCall_bind_workspace(ThinCall *self, PyObject *args) {
     if (batch == Py_None) {
         Py_RETURN_NONE;
     }
-    if (!buffer || !outputs || !words || !PyArray_Check(buffer) || PyArray_NBYTES((PyArrayObject *)buffer) < 4) {
+    if (!buffer || !outputs || !words || !PyArray_Check(buffer) || PyArray_NBYTES((PyArrayObject *)buffer) < HEADER) {
         PyErr_SetString(PyExc_TypeError,
-                        "bind_workspace(batch, buffer, outputs, words): buffer must hold the status word");
+                        "bind_workspace(batch, buffer, outputs, words): buffer must hold the header");
         return NULL;
     }
     Py_ssize_t n = PyLong_AsSsize_t(batch);

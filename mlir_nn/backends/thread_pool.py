@@ -4,6 +4,9 @@
 this process may run on (``os.sched_getaffinity``). The task runtime (``task_runtime``)
 starts one pool thread fewer: the thread that calls a step is the first thread of each
 parallel loop's team, so a step keeps every core busy without a thread more than there are cores.
+A step's calls run on all of them or on the caller alone, whichever the runtime measures faster
+(``task_runtime.c``: "Team width by measurement"); ``MLIR_NN_TEAM_WIDTH=all`` keeps every call
+on all of them.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import os
 
 ENV = "MLIR_NN_NUM_THREADS"
+WIDTH_ENV = "MLIR_NN_TEAM_WIDTH"
+WIDTHS = ("measured", "all")
 
 
 def available_cores() -> int:
@@ -29,3 +34,12 @@ def num_threads() -> int:
     if value < 1:
         raise ValueError(f"{ENV}={text!r}: expected a positive integer")
     return value
+
+
+def width_measured() -> bool:
+    """Whether a threaded step's calls run on the team width the runtime measures faster
+    (``MLIR_NN_TEAM_WIDTH``: "measured", the default, or "all")."""
+    text = os.environ.get(WIDTH_ENV, "").strip() or WIDTHS[0]
+    if text not in WIDTHS:
+        raise ValueError(f"{WIDTH_ENV}={text!r}: expected one of {', '.join(WIDTHS)}")
+    return text == WIDTHS[0]

@@ -20,7 +20,13 @@ from mlir_nn.ir.shapes import Shape, resolve
 from mlir_nn.support.pages import zeroed_bytes
 
 KEEP = 4  # workspaces kept per step (the most recently used batch sizes)
-HEADER = 64  # bytes before the first buffer: the status word, padded to a cache line
+# bytes before the first buffer, one cache line: the status word, the input check's task slots
+# (``input_guard``) and the team choice
+HEADER = 64
+# the task runtime's measurements of which team width runs this batch size's calls faster
+# (``task_runtime.c``: TeamChoice), zeroed with the workspace
+CHOICE_OFFSET, CHOICE_BYTES = 16, 48
+assert CHOICE_OFFSET + CHOICE_BYTES <= HEADER
 ALIGN = 64  # every buffer starts on a cache line
 
 
@@ -90,6 +96,10 @@ class Workspaces:
         while len(self._by_batch) > KEEP:
             self._by_batch.popitem(last=False)
         return workspace, True
+
+    def peek(self, batch: int) -> Workspace | None:
+        """The workspace for ``batch`` rows if one is kept (its use unrecorded)."""
+        return self._by_batch.get(batch)
 
     def _allocate(self, batch: int) -> Workspace:
         size = round_up(self.plan.workspace_bytes(batch))

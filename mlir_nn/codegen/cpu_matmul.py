@@ -75,6 +75,7 @@ from mlir_nn.codegen.maps import dims_map, matmul_maps
 from mlir_nn.codegen.parameter_updates import Update, parameter_update, scaled
 from mlir_nn.codegen.row_blocks import K_STEP as ROW_BLOCK_K_STEP
 from mlir_nn.codegen.row_blocks import block_rows, row_block_product
+from mlir_nn.codegen.row_pitch import ALIASED_PITCH
 from mlir_nn.codegen.row_sums import tag_row_sums
 from mlir_nn.codegen.schedule_costs import (
     BATCH_ROWS_ESTIMATE,
@@ -207,6 +208,9 @@ SPLIT_LANES, LANE_SPLIT_MAX = "mlirnn.split_lanes", 4  # (loop, size of the firs
 # 4.35 -> 3.86 ms, one pass over x's 40 MB; a weight gradient's sum over the batch, split in its blocks,
 # ran 35% slower: its accumulators were no longer carried in registers)
 SPLIT_LANES_IN_BLOCKS = "mlirnn.split_lanes_in_blocks"
+# ... and that of a weight gradient summed in equal chunks of its accumulator, made inside each chunk,
+# so that the second part reads the chunk's columns of A from cache, not from memory again
+SPLIT_LANES_IN_CHUNKS = "mlirnn.split_lanes_in_chunks"
 SMALL_VECTOR_MAX = 1 << 12  # elements of the inner loops' vector (LLVM took minutes over 4100-lane vectors)
 # A sum over the batch carries its accumulator through the batch loop: larger ones are split
 # into chunks of at most this many elements, which stay in registers. A 256 x 10 weight gradient
@@ -287,21 +291,25 @@ def _blocking(op: ir.Operation, loops: LoopPlan, per_row: bool, rates: ScheduleR
 
 
 # A batch of at most this many rows reads a static B whose rows are over IN_PLACE_STRIDE_MAX
-# apart in place: packing it costs a copy of B per call, which few rows do not pay back (two
-# cores, 1024-4096-1024 SGD, B in place against packed: batch 16 -3..-7%, 64 +-2%, 192 0%, and
-# the 784-1024-1024-10 step at batch 512 +2.5%).
+# apart, or a multiple of ALIASED_PITCH (``_columns_in_place``), in place: packing it costs a copy
+# of B per call, which few rows do not pay back (two cores, 1024-4096-1024 SGD, B in place against
+# packed: batch 16 -3..-7%, 64 +-2%, 192 0%, and the 784-1024-1024-10 step at batch 512 +2.5%;
+# 64-256-256-64 at batch 1, its 1 KiB rows packed, 8.6% slower).
 STRIDED_COLUMNS_ROWS_MAX = 32
 
 
 def _strided_columns(op: ir.Operation, columns: int, batch_rows: int) -> bool:
     """Whether the blocked ``op`` over a dynamic batch of about ``batch_rows`` rows reads its B
-    (k, n) in place though its rows are over IN_PLACE_STRIDE_MAX bytes apart (register blocks
-    ``columns`` wide)."""
+    (k, n) in place though its rows are over IN_PLACE_STRIDE_MAX bytes apart or a multiple of
+    ALIASED_PITCH (register blocks ``columns`` wide)."""
     m, _, _ = _sizes(op)
     b, tb = op.operands[1], matmul_transposes(op)[1]
     k, n = _static_shape(b)
-    return (ir.ShapedType.is_dynamic_size(m) and batch_rows <= STRIDED_COLUMNS_ROWS_MAX and not tb
-            and k is not None and n is not None and n % columns == 0 and n * _itemsize(b) > IN_PLACE_STRIDE_MAX)
+    if not (ir.ShapedType.is_dynamic_size(m) and batch_rows <= STRIDED_COLUMNS_ROWS_MAX and not tb
+            and k is not None and n is not None and n % columns == 0):
+        return False
+    pitch = n * _itemsize(b)
+    return pitch > IN_PLACE_STRIDE_MAX or pitch % ALIASED_PITCH == 0
 
 
 def _column_tasks(op: ir.Operation, columns: int, batch_rows: int, threads: int) -> bool:
@@ -653,6 +661,9 @@ def _nest(a: ir.Value, b: ir.Value, c: ir.Value, plan: LoopPlan) -> ir.Value:
             tiles[plan.chunk_axis] = plan.chunk
             tag = SMALL_CHUNK_TASKS if plan.chunk_tasks else SMALL_CHUNK
             product.owner.attributes[tag] = ir.DenseI64ArrayAttr.get(tiles)
+            if SPLIT_LANES in product.owner.attributes:
+                product.owner.attributes[SPLIT_LANES_IN_CHUNKS] = product.owner.attributes[SPLIT_LANES]
+                del product.owner.attributes[SPLIT_LANES]
         return product
     return _in_chunks(a, b, c, plan.ta, plan.tb, order, tags, list(plan.chunks), plan.chunk_axis)
 
@@ -1487,9 +1498,15 @@ def _padded_rows(a: ir.Value, ta: bool, tm: int, number: int) -> ir.Value | None
 
 def _columns_in_place(b: ir.Value, tb: bool, tn: int) -> bool:
     """Whether op(B) = B (k, n) is read in place as [k, n / tn, tn] instead of packed: both
-    static, whole column panels, rows at most IN_PLACE_STRIDE_MAX apart."""
+    static, whole column panels, rows at most IN_PLACE_STRIDE_MAX apart and not a multiple of
+    ALIASED_PITCH: a kc-deep slice of a column panel then falls on a few sets of an 8-way L1
+    and is read from L2 again for every block of rows (on a Zen 3 host, the 784-256-10 step at
+    batch 1024 and the 128-512-512-512-1 step at 256 ran 8.5% faster with such B packed)."""
     k, n = _static_shape(b)
-    return not tb and k is not None and n is not None and n % tn == 0 and n * _itemsize(b) <= IN_PLACE_STRIDE_MAX
+    if tb or k is None or n is None or n % tn:
+        return False
+    pitch = n * _itemsize(b)
+    return pitch <= IN_PLACE_STRIDE_MAX and pitch % ALIASED_PITCH != 0
 
 
 def _static_shape(x: ir.Value) -> list[int | None]:
@@ -1538,7 +1555,8 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
                    chunks: Iterable[tuple[str, tuple[int, ...]]] = (),
                    splits: Iterable[tuple[int, int]] = (), small_tasks: Iterable[int] = (),
                    thread_count: int | None = None, quick: bool = False,
-                   block_splits: Iterable[tuple[int, int]] = ()) -> str:
+                   block_splits: Iterable[tuple[int, int]] = (),
+                   chunk_splits: Iterable[tuple[int, int]] = ()) -> str:
     """The schedule's text for products of ``itemsize`` bytes with these tags; ``quick``: the quick
     tier's (QUICK_K_UNROLL, QUICK_SMALL_K_STEP)."""
     tm, tn = register_block(itemsize)
@@ -1556,6 +1574,8 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
         text = text.replace("{" + name + "}", str(value))
     text = text.replace("{small_chunks}", "".join(_chunk_section(*c) for c in sorted(chunks)))
     text = text.replace("{lane_splits}", "".join(_split_section(s) for s in sorted(splits)))
+    text = text.replace("{chunk_splits}", "".join(_split_section(s, SPLIT_LANES_IN_CHUNKS, label="chunks")
+                                                  for s in sorted(chunk_splits)))
     for loop in ("whole", "rest"):
         sections = "".join(_split_section(s, SPLIT_LANES_IN_BLOCKS, f"{loop}_loop") for s in sorted(block_splits))
         text = text.replace("{" + loop + "_splits}", sections)
@@ -1582,17 +1602,19 @@ def _chunk_section(tag: str, tiles: tuple[int, ...]) -> str:
 
 # the two parts of the small products tagged SPLIT_LANES with this (loop, point), or SPLIT_LANES_IN_BLOCKS
 # in each of their whole or rest blocks of rows (the handle ``within``)
-_SPLIT = """    %{within}_split_{name} = transform.structured.match ops{["linalg.generic"]}
+_SPLIT = """    %{label}_split_{name} = transform.structured.match ops{["linalg.generic"]}
         attributes {{tag} = array<i64: {dim}, {point}>} in %{within} : (!transform.any_op) -> !transform.any_op
-    %{within}_split_parts_{name} = transform.structured.split %{within}_split_{name} after {point}
+    %{label}_split_parts_{name} = transform.structured.split %{label}_split_{name} after {point}
         {dimension = {dim}} : !transform.any_op
 """
 
 
-def _split_section(split: tuple[int, int], tag: str = SPLIT_LANES, within: str = "root") -> str:
+def _split_section(split: tuple[int, int], tag: str = SPLIT_LANES, within: str = "root", label: str = "") -> str:
+    """The split of the products tagged ``tag`` with ``split`` (loop, point) in the handle ``within``;
+    ``label`` names its handles (default: ``within``)."""
     dim, point = split
-    return (_SPLIT.replace("{within}", within).replace("{tag}", tag).replace("{name}", f"{dim}_{point}")
-            .replace("{dim}", str(dim)).replace("{point}", str(point)))
+    return (_SPLIT.replace("{label}", label or within).replace("{within}", within).replace("{tag}", tag)
+            .replace("{name}", f"{dim}_{point}").replace("{dim}", str(dim)).replace("{point}", str(point)))
 
 
 # tasks of products tagged PARALLEL_TASKS with these sizes (their zero fills: as the others')
@@ -1627,13 +1649,14 @@ class _Tags:
     chunks: set[tuple[str, tuple[int, ...]]]
     splits: set[tuple[int, int]]
     block_splits: set[tuple[int, int]]
+    chunk_splits: set[tuple[int, int]]
 
 
 def _schedule_tags(module: ir.Module) -> _Tags:
     """Every tag of ``_Tags`` in one walk that skips the bodies of linalg ops (the tagged ops are
     linalg.generic ops; their bodies hold most of a module's ops). Five walks of the whole
     module before: a tenth of a second at 16x256 Adam."""
-    tags = _Tags(set(), set(), set(), set(), set())
+    tags = _Tags(set(), set(), set(), set(), set(), set())
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if not op.name.startswith("linalg."):
@@ -1651,6 +1674,8 @@ def _schedule_tags(module: ir.Module) -> _Tags:
                 tags.splits.add(tuple(ir.DenseI64ArrayAttr(attributes[SPLIT_LANES])))
             if SPLIT_LANES_IN_BLOCKS in attributes:
                 tags.block_splits.add(tuple(ir.DenseI64ArrayAttr(attributes[SPLIT_LANES_IN_BLOCKS])))
+            if SPLIT_LANES_IN_CHUNKS in attributes:
+                tags.chunk_splits.add(tuple(ir.DenseI64ArrayAttr(attributes[SPLIT_LANES_IN_CHUNKS])))
         return ir.WalkResult.SKIP
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
@@ -1663,7 +1688,7 @@ def _apply_schedule(module: ir.Module, itemsize: int, thread_count: int | None, 
 
     tags = _schedule_tags(module)
     text = _schedule_text(itemsize, tags.tasks, tags.chunks, tags.splits, tags.small_tasks, thread_count, quick,
-                          tags.block_splits)
+                          tags.block_splits, tags.chunk_splits)
     schedule = ir.Module.parse(text, module.context)
     entry = next(op for op in schedule.body.operations
                  if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")

@@ -44,6 +44,7 @@ def test_the_schedule_tags_of_one_walk_are_those_of_every_tagged_product(monkeyp
         assert tags.small_tasks == {t[0] for t in _tag_values(module, cpu_matmul.SMALL_TASKS)}
         assert tags.splits == _tag_values(module, cpu_matmul.SPLIT_LANES)
         assert tags.block_splits == _tag_values(module, cpu_matmul.SPLIT_LANES_IN_BLOCKS)
+        assert tags.chunk_splits == _tag_values(module, cpu_matmul.SPLIT_LANES_IN_CHUNKS)
         assert tags.chunks == {(tag, t) for tag in (cpu_matmul.SMALL_CHUNK, cpu_matmul.SMALL_CHUNK_TASKS)
                                for t in _tag_values(module, tag)}
         seen.append(tags)
