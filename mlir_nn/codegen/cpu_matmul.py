@@ -304,12 +304,9 @@ def _strided_columns(op: ir.Operation, columns: int, batch_rows: int) -> bool:
     ALIASED_PITCH (register blocks ``columns`` wide)."""
     m, _, _ = _sizes(op)
     b, tb = op.operands[1], matmul_transposes(op)[1]
-    k, n = _static_shape(b)
-    if not (ir.ShapedType.is_dynamic_size(m) and batch_rows <= STRIDED_COLUMNS_ROWS_MAX and not tb
-            and k is not None and n is not None and n % columns == 0):
-        return False
-    pitch = n * _itemsize(b)
-    return pitch > IN_PLACE_STRIDE_MAX or pitch % ALIASED_PITCH == 0
+    pitch = _panel_pitch(b, tb, columns)
+    return (ir.ShapedType.is_dynamic_size(m) and batch_rows <= STRIDED_COLUMNS_ROWS_MAX and pitch is not None
+            and not _pitch_in_place(pitch))
 
 
 def _column_tasks(op: ir.Operation, columns: int, batch_rows: int, threads: int) -> bool:
@@ -655,22 +652,20 @@ def _nest(a: ir.Value, b: ir.Value, c: ir.Value, plan: LoopPlan) -> ir.Value:
     """C + op(A) op(B) as the loop nest of ``plan``, its accumulator in chunks when it has some."""
     order, tags = list(plan.order), list(plan.tags)
     if plan.chunks is None:
-        product = _looped(a, b, c, plan.ta, plan.tb, order, tags)
+        product = _looped(a, b, c, plan.ta, plan.tb, order, tags, chunk_loop=bool(plan.chunk))
         if plan.chunk:
             tiles = [0, 0, 0]
             tiles[plan.chunk_axis] = plan.chunk
             tag = SMALL_CHUNK_TASKS if plan.chunk_tasks else SMALL_CHUNK
             product.owner.attributes[tag] = ir.DenseI64ArrayAttr.get(tiles)
-            if SPLIT_LANES in product.owner.attributes:
-                product.owner.attributes[SPLIT_LANES_IN_CHUNKS] = product.owner.attributes[SPLIT_LANES]
-                del product.owner.attributes[SPLIT_LANES]
         return product
     return _in_chunks(a, b, c, plan.ta, plan.tb, order, tags, list(plan.chunks), plan.chunk_axis)
 
 
 def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: list[int],
-            tags: list[str]) -> ir.Value:
-    """C + op(A) op(B) as a ``linalg.generic`` with loops in ``order`` (of matmul dims m, n, k)."""
+            tags: list[str], chunk_loop: bool = False) -> ir.Value:
+    """C + op(A) op(B) as a ``linalg.generic`` with loops in ``order`` (of matmul dims m, n, k);
+    ``chunk_loop``: the schedule runs it in a loop over equal chunks (``SMALL_CHUNK``)."""
     position = {dim: i for i, dim in enumerate(order)}
     maps = [dims_map(3, [position[d] for d in _operand_dims(amap)]) for amap in matmul_maps(ta, tb)]
     iterators = [REDUCTION if d == 2 else PARALLEL for d in order]
@@ -689,7 +684,8 @@ def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: li
     lanes = dim_sizes(c)[1] if order[2] == 1 else None  # the vector code's lanes: C's rows
     point = _lane_split(lanes, vector_bytes() // _itemsize(c))
     if tags and point is not None:
-        tag = SPLIT_LANES_IN_BLOCKS if SMALL_ROWS in tags and order[0] == 0 else SPLIT_LANES
+        tag = (SPLIT_LANES_IN_BLOCKS if SMALL_ROWS in tags and order[0] == 0 else
+               SPLIT_LANES_IN_CHUNKS if chunk_loop else SPLIT_LANES)
         product.owner.attributes[tag] = ir.DenseI64ArrayAttr.get([2, point])
     return product
 
@@ -1502,10 +1498,20 @@ def _columns_in_place(b: ir.Value, tb: bool, tn: int) -> bool:
     ALIASED_PITCH: a kc-deep slice of a column panel then falls on a few sets of an 8-way L1
     and is read from L2 again for every block of rows (on a Zen 3 host, the 784-256-10 step at
     batch 1024 and the 128-512-512-512-1 step at 256 ran 8.5% faster with such B packed)."""
+    pitch = _panel_pitch(b, tb, tn)
+    return pitch is not None and _pitch_in_place(pitch)
+
+
+def _panel_pitch(b: ir.Value, tb: bool, tn: int) -> int | None:
+    """The bytes between rows of op(B) = B (k, n) when it could be read in place as column panels
+    (both static, whole panels of ``tn``), else None."""
     k, n = _static_shape(b)
-    if tb or k is None or n is None or n % tn:
-        return False
-    pitch = n * _itemsize(b)
+    return None if tb or k is None or n is None or n % tn else n * _itemsize(b)
+
+
+def _pitch_in_place(pitch: int) -> bool:
+    """Whether rows ``pitch`` bytes apart read well in place: at most IN_PLACE_STRIDE_MAX and not a
+    multiple of ALIASED_PITCH (``_columns_in_place``)."""
     return pitch <= IN_PLACE_STRIDE_MAX and pitch % ALIASED_PITCH != 0
 
 
