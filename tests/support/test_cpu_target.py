@@ -6,8 +6,14 @@ import pytest
 
 from mlir_nn.backends.cpu import codegen_digest
 from mlir_nn.support import cpu_target
-from mlir_nn.support.cpu_target import (PLANNED_TARGET_ENV, cache_blocks, data_cache_bytes, deep_kc, register_block,
-                                        vector_bytes)
+from mlir_nn.support.cpu_target import (
+    PLANNED_TARGET_ENV,
+    cache_blocks,
+    data_cache_bytes,
+    deep_kc,
+    register_block,
+    vector_bytes,
+)
 from tests.conftest import replan
 
 
