@@ -3,7 +3,7 @@
 // C = op(A) @ op(B) GotoBLAS-style and fills in the block sizes for the dtype and host:
 // {tm} x {tn} register blocks (two vector registers per row; one, {tn_narrow} columns, where
 // block_columns says), tasks of {row_panels} row panels ({tm} rows each) x {col_panels} column
-// panels ({tn} columns each), kc = {kc}.
+// panels ({tn} columns each), kc = {kc} or deeper (`mlirnn.kc`).
 //
 // * Packing (`mlirnn.pack*`, copies with permuted maps): A into row panels [m / tm, k, tm], B
 //   into column panels [n / tn, k, tn], zero-padded to whole panels, so that the
@@ -194,14 +194,10 @@ module attributes {transform.with_named_sequence} {
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     // (products with static rows whose default tasks would be few or uneven,
     // `mlirnn.parallel_tasks = array<i64: column panels, row panels>`: tasks of those sizes)
-{balanced_tasks}    // kc slices of k; per column panel, per row panel, the register kernel.
-    %all = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.packed} in %root
-        : (!transform.any_op) -> !transform.any_op
-    %slices, %k_blocks = transform.structured.tile_using_for %all tile_sizes [0, 0, 0, 0, {kc}]
-        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    // (marked for the zero start of the accumulators that follows the schedule, in cpu_matmul.py)
-    transform.annotate %k_blocks "mlirnn.kc_loop" : !transform.any_op
-    %blocks, %col_loop, %row_loop = transform.structured.tile_using_for %slices tile_sizes [1, 1, 0, 0, 0]
+{balanced_tasks}    // kc slices of k, as deep as each product's `mlirnn.kc = array<i64: kc>` says (marked for the
+    // zero start of the accumulators that follows the schedule, in cpu_matmul.py); per column panel,
+    // per row panel, the register kernel.
+{kc_slices}    %blocks, %col_loop, %row_loop = transform.structured.tile_using_for %slices tile_sizes [1, 1, 0, 0, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
     %steps, %k_loop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, 0, 0, 1]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)

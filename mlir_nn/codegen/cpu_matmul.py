@@ -92,7 +92,7 @@ from mlir_nn.codegen.shaped import dim_sizes, matmul_transposes, transposed, upd
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_linalg_ops, in_tasks
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
-from mlir_nn.support.cpu_target import cache_blocks, register_block, vector_bytes
+from mlir_nn.support.cpu_target import cache_blocks, deep_kc, register_block, vector_bytes
 from mlir_nn.support.pipelines import shipped_dir
 from mlir_nn.support.schedule_rates import ScheduleRates, active
 
@@ -128,6 +128,8 @@ SCHEDULE = "cpu_matmul.mlir"
 # tiles when the packing transposes and the sizes allow, else loops), and ops with
 # enough work to spread over threads.
 PACKED, PARALLEL_ROWS = "mlirnn.packed", "mlirnn.parallel"
+# the depth of a packed product's kc slices (``_slice_depth``: deeper where a task sweeps few rows of A)
+KC_DEPTH = "mlirnn.kc"
 # tasks of SWAPPED_TASK_PANELS column panels only: a swapped product on threads, or one over a
 # batch of fewer rows than its columns (``_column_tasks``)
 PARALLEL_COLUMNS = "mlirnn.parallel_columns"
@@ -527,6 +529,7 @@ class ProductPlan:
     # least [0] rows from a batch of [1] rows, [2] of them at most (``_summed_in_tasks``)
     strided_columns: bool = False  # B read in place though its rows are far apart (``_strided_columns``)
     column_tasks: bool = False  # on threads in tasks of column panels only (``_column_tasks``)
+    kc: int | None = None  # the depth of a "blocked" product's slices of k when not the default (``_slice_depth``)
 
     @property
     def blocked(self) -> bool:
@@ -586,8 +589,12 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         by_columns = parallel and _column_tasks(op, columns, batch_rows, rates.threads)
         if by_columns:
             work += f"; tasks of {SWAPPED_TASK_PANELS} column panels: {batch_rows} rows < n={n}"
+        swept = None if k_ranges is not None or by_columns else _task_rows(op, parallel, tasks, columns)
+        depth = _slice_depth(swept, _itemsize(op.result))
+        if depth is not None:
+            work += f"; kc slices {depth} deep: tasks sweep {swept} rows of A"
         return ProductPlan("blocked", parallel, f"{priced}; {work}", tasks=tasks, columns=columns,
-                           k_ranges=k_ranges, strided_columns=strided, column_tasks=by_columns)
+                           k_ranges=k_ranges, strided_columns=strided, column_tasks=by_columns, kc=depth)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
            f"n={n}: {compared(swapping)}, static work <= {SWAPPED_LOOP_MAX}" if swapping and small_swapped else
            "over the batch with a side narrower than a vector" if narrow else
@@ -614,6 +621,32 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
     return ProductPlan("small-rows", SMALL_TASKS in plan.tags or plan.chunk_tasks or bool(plan.split_rows),
                        f"{vector}, blocks of {SMALL_ROW_BLOCK} rows{chunks}",
                        plan)
+
+
+def _task_rows(op: ir.Operation, parallel: bool, tasks: tuple[int, int] | None, columns: int) -> int | None:
+    """The rows of A that one task of a "blocked" product sweeps (as ``_blocked`` tags it): the
+    schedule's row panels per task (``_schedule_text``: mc's, or a quarter of them where its
+    columns are one task's, or ``tasks``') of register-block rows; one thread: all its rows where
+    they are static, else None."""
+    itemsize = _itemsize(op.result)
+    (mc, nc, _), tm = cache_blocks(itemsize), register_block(itemsize)[0]
+    m, n, _ = _sizes(op)
+    if not parallel:
+        return None if ir.ShapedType.is_dynamic_size(m) else m
+    if tasks is not None:
+        return tasks[1] * tm
+    one_column_task = not ir.ShapedType.is_dynamic_size(n) and _ceil_div(n, columns) <= nc // columns
+    return (max(1, mc // tm // FINE_TASK_SHARE) if one_column_task else mc // tm) * tm
+
+
+def _slice_depth(rows: int | None, itemsize: int) -> int | None:
+    """kc of a product whose tasks sweep ``rows`` rows of A (``deep_kc``), where deeper than
+    ``cache_blocks``'; None otherwise, and where ``rows`` is unknown (a weight gradient summed in
+    ranges of the batch, whose tasks sweep every row of C; tasks of column panels over the batch)."""
+    if rows is None:
+        return None
+    depth = deep_kc(rows, itemsize)
+    return depth if depth > cache_blocks(itemsize)[2] else None
 
 
 def _as_generic(op: ir.Operation, plan: LoopPlan) -> ir.Value:
@@ -1120,7 +1153,7 @@ def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update
         return _blocked(a, b, ta, tb, parallel, False, rows_only, plan.columns, number, update.parameter)
     if plan.kind == "blocked":
         return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number, k_ranges=plan.k_ranges,
-                        strided_columns=plan.strided_columns, column_tasks=plan.column_tasks)
+                        strided_columns=plan.strided_columns, column_tasks=plan.column_tasks, kc=plan.kc)
     return transposed(_blocked(b, a, not tb, not ta, parallel, True))
 
 
@@ -1186,7 +1219,7 @@ def _largest_share(row_panels: int, col_panels: int, split: tuple[int, int], thr
 def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapped: bool,
              tasks: tuple[int, int] | None = None, block_width: int | None = None, number: int = 0,
              into: ir.Value | None = None, k_ranges: tuple[int, int, int] | None = None,
-             strided_columns: bool = False, column_tasks: bool = False) -> ir.Value:
+             strided_columns: bool = False, column_tasks: bool = False, kc: int | None = None) -> ir.Value:
     """op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
     panels [nb, k, tn] (static operands that allow it read in place instead: ``_rows_in_place``,
     ``_columns_in_place``), a generic over (column panel, row panel, row, column, k) into a
@@ -1200,7 +1233,8 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     ``_accumulated_into``. ``k_ranges``: one task loop of ranges of k (the batch) or of tiles of C,
     chosen at run time (``_summed_in_tasks``). ``strided_columns``: B is read in place though its rows
     are far apart (``_strided_columns``). ``column_tasks``: on threads in tasks of column panels only
-    (``_column_tasks``)."""
+    (``_column_tasks``). ``kc``: the depth of its slices of k when not ``cache_blocks``' (``_slice_depth``;
+    not for the tasks of ``k_ranges``)."""
     element = ir.RankedTensorType(a.type).element_type
     tm, wide = register_block(_itemsize(a))
     tn = block_width or wide
@@ -1262,6 +1296,8 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
             elif tasks is not None:
                 tag, value = PARALLEL_TASKS, ir.DenseI64ArrayAttr.get(list(tasks))
             product.owner.attributes[tag] = value
+        depth = kc if b_panels is None and kc is not None else cache_blocks(_itemsize(a))[2]
+        product.owner.attributes[KC_DEPTH] = ir.DenseI64ArrayAttr.get([depth])
         return product
 
     if into is not None:
@@ -1562,9 +1598,9 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
                    splits: Iterable[tuple[int, int]] = (), small_tasks: Iterable[int] = (),
                    thread_count: int | None = None, quick: bool = False,
                    block_splits: Iterable[tuple[int, int]] = (),
-                   chunk_splits: Iterable[tuple[int, int]] = ()) -> str:
-    """The schedule's text for products of ``itemsize`` bytes with these tags; ``quick``: the quick
-    tier's (QUICK_K_UNROLL, QUICK_SMALL_K_STEP)."""
+                   chunk_splits: Iterable[tuple[int, int]] = (), depths: Iterable[int] = ()) -> str:
+    """The schedule's text for products of ``itemsize`` bytes with these tags (``depths``: their kc
+    slices'); ``quick``: the quick tier's (QUICK_K_UNROLL, QUICK_SMALL_K_STEP)."""
     tm, tn = register_block(itemsize)
     mc, nc, kc = cache_blocks(itemsize)
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn, "tn_narrow": tn // 2,
@@ -1586,6 +1622,7 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
         sections = "".join(_split_section(s, SPLIT_LANES_IN_BLOCKS, f"{loop}_loop") for s in sorted(block_splits))
         text = text.replace("{" + loop + "_splits}", sections)
     text = text.replace("{small_tasks}", "".join(_SMALL_TASKS.replace("{rows}", str(r)) for r in sorted(small_tasks)))
+    text = text.replace("{kc_slices}", _kc_sections(set(depths) | {kc}))
     return text.replace("{balanced_tasks}", "".join(_balanced_section(t) for t in sorted(tasks)))
 
 
@@ -1632,6 +1669,23 @@ _BALANCED = """    %tasks_{c}_{r} = transform.structured.match ops{["linalg.gene
 """
 
 
+# kc slices of the packed products tagged KC_DEPTH with this depth
+_KC_SLICES = """    %packed_{kc} = transform.structured.match ops{["linalg.generic"]}
+        attributes {mlirnn.packed, mlirnn.kc = array<i64: {kc}>} in %root : (!transform.any_op) -> !transform.any_op
+    %slices_{kc}, %k_blocks_{kc} = transform.structured.tile_using_for %packed_{kc} tile_sizes [0, 0, 0, 0, {kc}]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.annotate %k_blocks_{kc} "mlirnn.kc_loop" : !transform.any_op
+"""
+
+
+def _kc_sections(depths: Iterable[int]) -> str:
+    """The kc slices of every depth in ``depths``, their handles merged into %slices."""
+    depths = sorted(depths)
+    merged = ", ".join(f"%slices_{kc}" for kc in depths)
+    return ("".join(_KC_SLICES.replace("{kc}", str(kc)) for kc in depths)
+            + f"    %slices = transform.merge_handles {merged} : !transform.any_op\n")
+
+
 def _balanced_section(tasks: tuple[int, int]) -> str:
     return _BALANCED.replace("{c}", str(tasks[0])).replace("{r}", str(tasks[1]))
 
@@ -1648,7 +1702,7 @@ _SMALL_TASKS = """    %small_tasks_{rows} = transform.structured.match ops{["lin
 class _Tags:
     """The distinct schedule tags of the products of a module: PARALLEL_TASKS sizes, SMALL_TASKS
     row counts, (SMALL_CHUNK or SMALL_CHUNK_TASKS, tile sizes), SPLIT_LANES and
-    SPLIT_LANES_IN_BLOCKS (loop, point)."""
+    SPLIT_LANES_IN_BLOCKS (loop, point), KC_DEPTH depths."""
 
     tasks: set[tuple[int, int]]
     small_tasks: set[int]
@@ -1656,13 +1710,14 @@ class _Tags:
     splits: set[tuple[int, int]]
     block_splits: set[tuple[int, int]]
     chunk_splits: set[tuple[int, int]]
+    depths: set[int]
 
 
 def _schedule_tags(module: ir.Module) -> _Tags:
     """Every tag of ``_Tags`` in one walk that skips the bodies of linalg ops (the tagged ops are
     linalg.generic ops; their bodies hold most of a module's ops). Five walks of the whole
     module before: a tenth of a second at 16x256 Adam."""
-    tags = _Tags(set(), set(), set(), set(), set(), set())
+    tags = _Tags(set(), set(), set(), set(), set(), set(), set())
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if not op.name.startswith("linalg."):
@@ -1682,6 +1737,8 @@ def _schedule_tags(module: ir.Module) -> _Tags:
                 tags.block_splits.add(tuple(ir.DenseI64ArrayAttr(attributes[SPLIT_LANES_IN_BLOCKS])))
             if SPLIT_LANES_IN_CHUNKS in attributes:
                 tags.chunk_splits.add(tuple(ir.DenseI64ArrayAttr(attributes[SPLIT_LANES_IN_CHUNKS])))
+            if KC_DEPTH in attributes:
+                tags.depths.add(ir.DenseI64ArrayAttr(attributes[KC_DEPTH])[0])
         return ir.WalkResult.SKIP
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
@@ -1694,7 +1751,7 @@ def _apply_schedule(module: ir.Module, itemsize: int, thread_count: int | None, 
 
     tags = _schedule_tags(module)
     text = _schedule_text(itemsize, tags.tasks, tags.chunks, tags.splits, tags.small_tasks, thread_count, quick,
-                          tags.block_splits, tags.chunk_splits)
+                          tags.block_splits, tags.chunk_splits, tags.depths)
     schedule = ir.Module.parse(text, module.context)
     entry = next(op for op in schedule.body.operations
                  if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")

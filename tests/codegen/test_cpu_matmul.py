@@ -55,7 +55,7 @@ from mlir_nn.codegen.row_pitch import ALIASED_PITCH
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
-from mlir_nn.support.cpu_target import PLANNED_TARGET_ENV, cache_blocks, register_block, vector_bytes
+from mlir_nn.support.cpu_target import PLANNED_TARGET_ENV, cache_blocks, deep_kc, register_block, vector_bytes
 from mlir_nn.support.pipelines import Pipeline, load_pipeline
 from mlir_nn.support.schedule_rates import DEFAULT, active, use_rates
 from tests.codegen.zoo import arguments, matmul_zoo
@@ -639,6 +639,32 @@ def test_a_weight_gradient_of_784_x_256_runs_in_tasks_that_share_evenly():
     xs, gs = rng.standard_normal((4099, 784)).astype(np.float32), rng.standard_normal((4099, 256)).astype(np.float32)
     (got,) = executable.run([xs, gs], [])
     np.testing.assert_allclose(got, xs.T.astype(np.float64) @ gs, rtol=1e-4, atol=1e-3)
+
+
+def test_products_whose_tasks_sweep_few_rows_take_deep_kc_slices_and_match_the_reference():
+    """x @ w (1100 x 600) over the batch: its tasks sweep mc rows of A, so its kc slices are as deep as
+    ``deep_kc`` says (1024 + 76 on a 512 KiB L2, not five slices of 256), and the plan says so; a weight
+    gradient summed in ranges of the batch keeps the default; both match the reference."""
+    x = make_node("input", [], name="x", shape=("N", 1100), dtype="float32")
+    h = make_node("input", [], name="h", shape=("N", 256), dtype="float32")
+    g = make_node("input", [], name="g", shape=("N", 256), dtype="float32")
+    w = make_node("param", [], name="w", shape=(1100, 600), dtype="float32")
+    graph = Graph((x, h, g), (w,), (make_node("matmul", [x, w]), make_node("matmul", [h, g], transpose_a=True)),
+                  name="deep")
+    assert 256 * 256 <= K_RANGES_OUTPUT_MAX
+    tm, _ = register_block(4)
+    mc, _, kc = cache_blocks(4)
+    deep = deep_kc(mc // tm * tm, 4)
+    module = emit_linalg(graph)
+    with module.context:
+        forward, gradient = (product_plan(op, threads=True)
+                             for op in collect_ops(module, lambda o: o.name == "linalg.matmul"))
+    assert gradient.k_ranges is not None and gradient.kc is None
+    if deep > kc:
+        assert forward.kc == deep and f"kc slices {deep} deep: tasks sweep {mc // tm * tm} rows" in forward.reason
+    else:  # (a host whose L2 holds no deeper slices)
+        assert forward.kc is None
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES)
 
 
 def test_a_weight_gradient_of_few_panels_runs_in_balanced_tasks():

@@ -6,7 +6,14 @@ import pytest
 
 from mlir_nn.backends.cpu import codegen_digest
 from mlir_nn.support import cpu_target
-from mlir_nn.support.cpu_target import PLANNED_TARGET_ENV, cache_blocks, data_cache_bytes, register_block, vector_bytes
+from mlir_nn.support.cpu_target import (
+    PLANNED_TARGET_ENV,
+    cache_blocks,
+    data_cache_bytes,
+    deep_kc,
+    register_block,
+    vector_bytes,
+)
 from tests.conftest import replan
 
 
@@ -32,6 +39,16 @@ def test_a_pinned_target_is_what_blocks_and_cache_keys_are_planned_for(pinned):
     pinned("32,32,512")
     assert register_block(4) == (6, 16) and cache_blocks(4)[2] == 256
     assert codegen_digest() != wide  # kernels planned for one target are not found for the other
+
+
+def test_deep_slices_fill_l2_with_a_task_s_rows_of_a_and_never_go_shallower(pinned):
+    pinned("32,32,512")  # Zen 3: 6 x 16 float32 register blocks, kc 256 fills half of L1 per panel
+    assert deep_kc(96, 4) == 1024  # 96 x 1024 floats: 3/4 of L2; a panel's slice 1024 x 16: an eighth
+    assert deep_kc(6, 4) == 1024  # (the panel's slice caps it)
+    assert deep_kc(256, 4) == 384 and deep_kc(60, 8) == 816  # rounded down to 16
+    assert deep_kc(1024, 4) == cache_blocks(4)[2] == 256
+    pinned("64,48,1024")
+    assert deep_kc(192, 4) == 1024 and deep_kc(4096, 4) == cache_blocks(4)[2]
 
 
 @pytest.mark.parametrize("text", ["64", "24,48,1024", "64,0,1024", "avx512,48,1024", "64,48,1024,1"])
