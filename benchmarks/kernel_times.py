@@ -102,7 +102,7 @@ def measure(sizes: tuple[int, ...], batch: int, seconds: float, twice: bool = Fa
         return split
 
     kernel_split.split_step = split_instrumented
-    point = Point(sizes, batch, optimizer)
+    point = Point(sizes, batch, optimizer, os.environ.get("DTYPE", "float32"))
     step, (x, y) = mlir_nn_step(point), data(point)
     for _ in range(3):
         step(x, y)

@@ -118,9 +118,11 @@ IN_PLACE_STRIDE_MAX = 2048
 # Over a dynamic k, an operand read in place in blocks of fewer rows than a register block's when
 # the product has at most this many columns: packing costs about one copy per n multiply-adds, the
 # shorter blocks some FMA density (one process alternating both builds, one core: 100-wide Adam
-# step at batch 5000 -6.6% in blocks of 10 rows, 64-wide layers -4%, 256-wide float64 -3%; 512
-# columns +1 to +2.5% in blocks of 8)
-IN_PLACE_SHORT_COLUMNS_MAX = 256
+# step at batch 5000 -6.6% in blocks of 10 rows, 64-wide layers -4%; 512 columns +1 to +2.5% in
+# blocks of 8). On two threads, 256 columns in blocks of 4 rows lost to packing (one process
+# alternating both builds: 256-256-256-10 float64 at batch 1024 0.86x and 4096 0.87x packed, float32
+# 0.95x, 64-256-256-64 Adam at batch 1000 0.91x; 64 and 100 columns even)
+IN_PLACE_SHORT_COLUMNS_MAX = 128
 PADDED_ROWS = "mlirnn.padded_rows"  # a buffer of whole row panels that a product reads in place: its number
 SCHEDULE = "cpu_matmul.mlir"
 # Tags the schedule matches: the blocked product, its accumulator's zero fill, packings
