@@ -18,7 +18,7 @@ less that of the second is what crossing the data from the kernels before costs.
 results are then wrong (a kernel that adds into a buffer adds twice): for timing only.
 
     python benchmarks/kernel_times.py [--sizes 784-1024-1024-10] [--batch 512] [--optimizer sgd]
-        [--seconds 60] [--twice]
+        [--dtype float32] [--seconds 60] [--twice]
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def buffers(step: str, kernels: set[str]) -> dict[str, str]:
     return found
 
 
-def measure(sizes: tuple[int, ...], batch: int, seconds: float, twice: bool = False,
-            optimizer: str = "sgd") -> tuple[list[str], dict[str, list[np.ndarray]], dict[str, str]]:
+def measure(sizes: tuple[int, ...], batch: int, seconds: float, twice: bool = False, optimizer: str = "sgd",
+            dtype: str = "float32") -> tuple[list[str], dict[str, list[np.ndarray]], dict[str, str]]:
     """The kernels in call order, per placement one row per step: each kernel's time (ns), then
     the step's from its first tick to its last (``twice``: see ``instrument``), and each
     kernel's ``buffers``."""
@@ -102,7 +102,7 @@ def measure(sizes: tuple[int, ...], batch: int, seconds: float, twice: bool = Fa
         return split
 
     kernel_split.split_step = split_instrumented
-    point = Point(sizes, batch, optimizer, os.environ.get("DTYPE", "float32"))
+    point = Point(sizes, batch, optimizer, dtype)
     step, (x, y) = mlir_nn_step(point), data(point)
     for _ in range(3):
         step(x, y)
@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="784-1024-1024-10")
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--top", type=int, default=25, help="kernels listed")
     parser.add_argument("--twice", action="store_true",
@@ -155,7 +156,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:
         os.environ["MLIR_NN_CACHE_DIR"] = cache
         order, rows, shapes = measure(tuple(int(n) for n in args.sizes.split("-")), args.batch, args.seconds,
-                                      args.twice, args.optimizer)
+                                      args.twice, args.optimizer, args.dtype)
     print("\n".join(report(order, rows, args.top, shapes)))
 
 
