@@ -115,5 +115,5 @@ def deep_kc(rows: int, itemsize: int) -> int:
     A as large as L2) made the 256-256-256-10 step 3-5% slower."""
     tn = register_block(itemsize)[1]
     l2, shallow = data_cache_bytes()[2], cache_blocks(itemsize)[2]
-    deep = min(l2 * 3 // 4 // (rows * itemsize), l2 // 8 // (tn * itemsize)) // 16 * 16
+    deep = min(l2 * 3 // 4 // (max(1, rows) * itemsize), l2 // 8 // (tn * itemsize)) // 16 * 16
     return max(shallow, deep)

@@ -641,20 +641,22 @@ def test_a_weight_gradient_of_784_x_256_runs_in_tasks_that_share_evenly():
     np.testing.assert_allclose(got, xs.T.astype(np.float64) @ gs, rtol=1e-4, atol=1e-3)
 
 
-def test_products_whose_tasks_sweep_few_rows_take_deep_kc_slices_and_match_the_reference():
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_products_whose_tasks_sweep_few_rows_take_deep_kc_slices_and_match_the_reference(dtype):
     """x @ w (1100 x 600) over the batch: its tasks sweep mc rows of A, so its kc slices are as deep as
     ``deep_kc`` says (1024 + 76 on a 512 KiB L2, not five slices of 256), and the plan says so; a weight
     gradient summed in ranges of the batch keeps the default; both match the reference."""
-    x = make_node("input", [], name="x", shape=("N", 1100), dtype="float32")
-    h = make_node("input", [], name="h", shape=("N", 256), dtype="float32")
-    g = make_node("input", [], name="g", shape=("N", 256), dtype="float32")
-    w = make_node("param", [], name="w", shape=(1100, 600), dtype="float32")
+    x = make_node("input", [], name="x", shape=("N", 1100), dtype=dtype)
+    h = make_node("input", [], name="h", shape=("N", 256), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", 256), dtype=dtype)
+    w = make_node("param", [], name="w", shape=(1100, 600), dtype=dtype)
     graph = Graph((x, h, g), (w,), (make_node("matmul", [x, w]), make_node("matmul", [h, g], transpose_a=True)),
                   name="deep")
     assert 256 * 256 <= K_RANGES_OUTPUT_MAX
-    tm, _ = register_block(4)
-    mc, _, kc = cache_blocks(4)
-    deep = deep_kc(mc // tm * tm, 4)
+    itemsize = np.dtype(dtype).itemsize
+    tm, _ = register_block(itemsize)
+    mc, _, kc = cache_blocks(itemsize)
+    deep = deep_kc(mc // tm * tm, itemsize)
     module = emit_linalg(graph)
     with module.context:
         forward, gradient = (product_plan(op, threads=True)
@@ -664,7 +666,7 @@ def test_products_whose_tasks_sweep_few_rows_take_deep_kc_slices_and_match_the_r
         assert forward.kc == deep and f"kc slices {deep} deep: tasks sweep {mc // tm * tm} rows" in forward.reason
     else:  # (a host whose L2 holds no deeper slices)
         assert forward.kc is None
-    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES)
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES, dtype)
 
 
 def test_a_weight_gradient_of_few_panels_runs_in_balanced_tasks():
