@@ -631,14 +631,28 @@ def _task_rows(op: ir.Operation, parallel: bool, tasks: tuple[int, int] | None, 
     columns are one task's, or ``tasks``') of register-block rows; one thread: all its rows where
     they are static, else None."""
     itemsize = _itemsize(op.result)
-    (mc, nc, _), tm = cache_blocks(itemsize), register_block(itemsize)[0]
+    tm = register_block(itemsize)[0]
     m, n, _ = _sizes(op)
     if not parallel:
         return None if ir.ShapedType.is_dynamic_size(m) else m
     if tasks is not None:
         return tasks[1] * tm
-    one_column_task = not ir.ShapedType.is_dynamic_size(n) and _ceil_div(n, columns) <= nc // columns
-    return (max(1, mc // tm // FINE_TASK_SHARE) if one_column_task else mc // tm) * tm
+    fine = not ir.ShapedType.is_dynamic_size(n) and _one_column_task(_ceil_div(n, columns), columns, itemsize)
+    return _task_row_panels(itemsize, fine) * tm
+
+
+def _one_column_task(col_panels: int, tn: int, itemsize: int) -> bool:
+    """Whether a product's ``col_panels`` column panels of ``tn`` columns fit one task's (nc): its
+    default tasks are then of fewer row panels (PARALLEL_FINE)."""
+    return col_panels <= cache_blocks(itemsize)[1] // tn
+
+
+def _task_row_panels(itemsize: int, one_column_task: bool) -> int:
+    """Row panels per default task of a product on threads (the schedule's, ``_schedule_text``): mc's,
+    or a FINE_TASK_SHARE of them where its columns are one task's, so that a partial last task leaves
+    the other cores little to wait for."""
+    panels = cache_blocks(itemsize)[0] // register_block(itemsize)[0]
+    return max(1, panels // FINE_TASK_SHARE) if one_column_task else panels
 
 
 def _slice_depth(rows: int | None, itemsize: int) -> int | None:
@@ -1235,8 +1249,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     ``_accumulated_into``. ``k_ranges``: one task loop of ranges of k (the batch) or of tiles of C,
     chosen at run time (``_summed_in_tasks``). ``strided_columns``: B is read in place though its rows
     are far apart (``_strided_columns``). ``column_tasks``: on threads in tasks of column panels only
-    (``_column_tasks``). ``kc``: the depth of its slices of k when not ``cache_blocks``' (``_slice_depth``;
-    not for the tasks of ``k_ranges``)."""
+    (``_column_tasks``). ``kc``: the depth of its slices of k when not ``cache_blocks``' (``_slice_depth``)."""
     element = ir.RankedTensorType(a.type).element_type
     tm, wide = register_block(_itemsize(a))
     tn = block_width or wide
@@ -1288,8 +1301,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
 
         product.owner.attributes[PACKED] = ir.UnitAttr.get()
         if parallel and b_panels is None:
-            _, nc, _ = cache_blocks(_itemsize(a))
-            one_column_task = isinstance(col_panels, int) and col_panels <= nc // tn
+            one_column_task = isinstance(col_panels, int) and _one_column_task(col_panels, tn, _itemsize(a))
             tag = (PARALLEL_COLUMNS if swapped or column_tasks else PARALLEL_FINE if one_column_task
                    else PARALLEL_ROWS)
             value = ir.UnitAttr.get()
@@ -1298,7 +1310,7 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
             elif tasks is not None:
                 tag, value = PARALLEL_TASKS, ir.DenseI64ArrayAttr.get(list(tasks))
             product.owner.attributes[tag] = value
-        depth = kc if b_panels is None and kc is not None else cache_blocks(_itemsize(a))[2]
+        depth = kc or cache_blocks(_itemsize(a))[2]
         product.owner.attributes[KC_DEPTH] = ir.DenseI64ArrayAttr.get([depth])
         return product
 
@@ -1307,9 +1319,8 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     if k_ranges is not None:
         partials = tensor.empty([k_ranges[2], *_static([row_panels, tm, col_panels, tn])], element)
         # below the switch, the tasks the tagged product gets: ``tasks``, else the schedule's default tiles
-        mc, nc, _ = cache_blocks(_itemsize(a))
-        rows = mc // register_block(_itemsize(a))[0]
-        tiles = tasks or (nc // wide, max(1, rows // FINE_TASK_SHARE) if col_panels <= nc // tn else rows)
+        nc = cache_blocks(_itemsize(a))[1]
+        tiles = tasks or (nc // wide, _task_row_panels(_itemsize(a), _one_column_task(col_panels, tn, _itemsize(a))))
         dims = [_operand_dims(a_map), _operand_dims(b_map)]
         product = _summed_in_tasks([packed_a, packed_b], [dims[0].index(4), dims[1].index(4)],
                                    (dims[0].index(1), dims[1].index(0)), tiles, partials, k_ranges, added_into)
@@ -1604,9 +1615,10 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
     """The schedule's text for products of ``itemsize`` bytes with these tags (``depths``: their kc
     slices'); ``quick``: the quick tier's (QUICK_K_UNROLL, QUICK_SMALL_K_STEP)."""
     tm, tn = register_block(itemsize)
-    mc, nc, kc = cache_blocks(itemsize)
+    _, nc, kc = cache_blocks(itemsize)
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn, "tn_narrow": tn // 2,
-             "row_panels": mc // tm, "fine_row_panels": max(1, mc // tm // FINE_TASK_SHARE), "col_panels": nc // tn,
+             "row_panels": _task_row_panels(itemsize, False), "fine_row_panels": _task_row_panels(itemsize, True),
+             "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
              "small_rows": SMALL_ROW_BLOCK, "small_k_step": QUICK_SMALL_K_STEP if quick else SMALL_K_STEP,
              "k_unroll": QUICK_K_UNROLL if quick else K_UNROLL,
