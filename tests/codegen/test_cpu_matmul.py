@@ -184,6 +184,20 @@ def test_the_quick_schedule_does_not_unroll_the_blocked_k_loop():
     assert all(u - q == (K_UNROLL - 1) * register_block(4)[0] for u, q in zip(unrolled, quick))
 
 
+@pytest.mark.parametrize("threads", [False, True])
+@pytest.mark.parametrize("graph", ["update", "zoo"])
+def test_every_blocked_k_loop_is_unrolled(graph, threads):
+    """Every kc slice's k loop is unrolled K_UNROLL times, on threads too: the loops the schedule
+    unrolls are found again after the accumulators are hoisted (the SGD-fused weight gradient's
+    loops on threads, replaced by the hoisting, kept one register kernel per iteration through a
+    stale handle)."""
+    built = _update_graph(96, 1024, False) if graph == "update" else matmul_zoo(257, 33, "float32")
+    module = emit_linalg(built)
+    assert rewrite_matmuls(module, threads=threads)[0]
+    slices = collect_ops(module, lambda op: op.name == "scf.for" and "mlirnn.kc_loop" in op.attributes)
+    assert slices and all(str(op).count("vector.fma") >= K_UNROLL * register_block(4)[0] for op in slices)
+
+
 @pytest.mark.parametrize("k, m, dtype", [(64, 64, "float32"), (128, 32, "float32"), (128, 32, "float64")])
 def test_batch_products_with_a_small_b_are_vector_code(k, m, dtype):
     """x @ w, g @ w^T and x @ w + b over the batch with w of SMALL_VECTOR_MAX elements: vector
