@@ -8,9 +8,11 @@ Before timing, their first losses are compared (the same work is timed). The con
 then run round-robin, a slice each per round with a pause before each turn (OpenBLAS's
 spinning threads), and the median of the rounds' medians is reported, so load that comes
 and goes hits them alike. Per point: ours / the best of PyTorch and JAX (the goal: <= 1.0),
-ours / NumPy, GFLOP/s and the fraction of the FMA peak (a measured loop of independent
-vector FMAs on every thread, halved for float64), and the one-way time of a cache line between
-two cores before and after the point (``core_latency``: on a virtual machine whose host moves
+ours / NumPy, GFLOP/s and the fraction of the FMA peak (a loop of independent vector FMAs on
+every thread, halved for float64, run round-robin with the point's contenders: the median peak
+the host gave while the point ran, printed beside it; the JSON also has the fraction of the best
+of a longer run at the start), and the one-way time of a cache line between two cores before
+and after the point (``core_latency``: on a virtual machine whose host moves
 its cores between core complexes, over 80 ns means no shared L3 and slower threaded steps);
 over the grid: geomean and worst ratio, and the points over 1.0 by placement (near, far, mixed).
 "threads" says which team width ran our step (``task_runtime.c``, "Team width by measurement"):
@@ -48,6 +50,35 @@ LR = {"sgd": 0.005, "adam": 1e-3}
 BETAS, EPS = (0.9, 0.999), 1e-8
 PEERS = ("pytorch-cpu", "jax-jit")  # the goal: ours <= the best of these at every point
 LOSS_RTOL = {"float32": 1e-3, "float64": 1e-9}  # first-step losses of all contenders agree this closely
+
+
+# One burst of the FMA peak loop on every thread: ~9 ms at 180 GFLOP/s, so starting its thread costs
+# about 1%; it runs round-robin with a point's contenders, so the fraction of the peak compares
+# with the peak the host gave while the point ran (both swing with load, a step's more).
+PEAK_LABEL, PEAK_BURST_ITERATIONS = "fma peak", 5_000_000
+
+
+@dataclass(frozen=True)
+class FmaPeak:
+    """The FMA peak loop (``matmul_table.fma_burst``) as one burst of ``iterations`` per call, and the
+    best of PEAK_TRIES longer runs at the start of the grid."""
+    burst_of: Callable[[int], None]
+    flops_per_iteration: float
+    iterations: int
+    at_start: float
+
+    @classmethod
+    def measure(cls, threads: int, iterations: int) -> FmaPeak:
+        from benchmarks.matmul_table import fma_burst, fma_peak
+
+        burst, flops = fma_burst(threads)
+        return cls(burst, flops, iterations, fma_peak(threads, iterations=4 * iterations))
+
+    def burst(self) -> None:
+        self.burst_of(self.iterations)
+
+    def gflops(self, seconds_per_burst: float) -> float:
+        return self.iterations * self.flops_per_iteration / seconds_per_burst / 1e9
 
 
 @dataclass(frozen=True)
@@ -308,24 +339,28 @@ def _width(choice: dict | None) -> str:
     return f"all {share:.0%}, now {choice['using'] or '-'}"
 
 
-def run_point(point: Point, factories: dict, budget_s: float, rounds: int, peak_f32: float) -> dict:
+def run_point(point: Point, factories: dict, budget_s: float, rounds: int, peak: FmaPeak) -> dict:
     steps = {label: factory(point) for label, factory in factories.items() if not isinstance(factory, str)}
     losses = check_same_work(point, steps)
     x, y = data(point)
     latency_before = one_way_ns()
-    timed = round_robin({label: (lambda s=step: s(x, y)) for label, step in steps.items()}, budget_s, rounds)
+    contenders = {label: (lambda s=step: s(x, y)) for label, step in steps.items()}
+    timed = round_robin({**contenders, PEAK_LABEL: peak.burst}, budget_s, rounds)
     latency_after = one_way_ns()
     choice = steps["compiled cpu"].team_choice(x, y)
+    peak_here = peak.gflops(timed.pop(PEAK_LABEL)["median_s"])
     medians = {label: row["median_s"] for label, row in timed.items()}
     ours = medians["compiled cpu"]
     peers = [medians[p] for p in PEERS if p in medians]
     flops = flops_per_step(list(point.sizes), point.batch)
-    peak = peak_f32 / (2 if point.dtype == "float64" else 1)
+    halved = 2 if point.dtype == "float64" else 1  # lanes of a vector register per float32 lane
     row = {"sizes": list(point.sizes), "batch": point.batch, "optimizer": point.optimizer, "dtype": point.dtype,
            "first_losses": losses, "median_s": medians,
            "round_medians_s": {k: v["round_medians_s"] for k, v in timed.items()},
            "flops_per_step": flops, "gflops": {k: flops / v / 1e9 for k, v in medians.items()},
-           "fraction_of_fma_peak": {k: flops / v / 1e9 / peak for k, v in medians.items()},
+           "fma_peak_gflops_float32": peak_here,
+           "fraction_of_fma_peak": {k: flops / v / 1e9 / (peak_here / halved) for k, v in medians.items()},
+           "fraction_of_start_peak": {k: flops / v / 1e9 / (peak.at_start / halved) for k, v in medians.items()},
            "ours_over_numpy": ours / medians["numpy"], "core_one_way_ns": [latency_before, latency_after],
            "team_choice": choice}
     if peers:
@@ -379,17 +414,15 @@ def main() -> None:
     skipped = {k: v for k, v in factories.items() if isinstance(v, str)}
     for name, reason in skipped.items():
         print(f"skipping {name}: {reason}")
-    from benchmarks.matmul_table import fma_peak
-
-    peak = fma_peak(os.cpu_count() or 1, iterations=100_000 if args.smoke else 20_000_000)
+    peak = FmaPeak.measure(os.cpu_count() or 1, 10_000 if args.smoke else PEAK_BURST_ITERATIONS)
     results: dict = {"cpu": cpu_model(), "cpus": os.cpu_count(), "threads": len(os.sched_getaffinity(0)),
-                     "fma_peak_gflops_float32": peak, "load_average_start": os.getloadavg(),
+                     "fma_peak_gflops_float32": peak.at_start, "load_average_start": os.getloadavg(),
                      "budget_s": args.budget, "rounds": args.rounds, "skipped": skipped, "points": {}}
-    print(f"{results['cpu']}\nFMA peak {peak:.0f} GFLOP/s (float32), load average "
+    print(f"{results['cpu']}\nFMA peak {peak.at_start:.0f} GFLOP/s (float32) at the start, load average "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     names = [n for n in ("compiled cpu", *PEERS, "numpy") if n not in skipped]
     print(f"{'point':44s} " + " ".join(f"{n:>12s}" for n in names)
-          + f" {'ours/best':>9s} {'GFLOP/s':>8s} {'peak':>5s} {'core ns':>9s} placement  threads")
+          + f" {'ours/best':>9s} {'GFLOP/s':>8s} {'peak':>5s} {'of':>4s} {'core ns':>9s} placement  threads")
     for point in points:
         start = time.perf_counter()
         row = run_point(point, factories, args.budget, args.rounds, peak)
@@ -398,7 +431,8 @@ def main() -> None:
         ratio = row.get("ours_over_best_peer", float("nan"))
         print(f"{point.label:44s} " + " ".join(f"{_us(row['median_s'][n]):>12s}" for n in names)
               + f" {ratio:9.2f} {row['gflops']['compiled cpu']:8.1f} "
-              f"{row['fraction_of_fma_peak']['compiled cpu']:5.0%} {_latency(row['core_one_way_ns']):>9s} "
+              f"{row['fraction_of_fma_peak']['compiled cpu']:5.0%} {row['fma_peak_gflops_float32']:4.0f} "
+              f"{_latency(row['core_one_way_ns']):>9s} "
               f"{placement(row['core_one_way_ns']):9s}  {_width(row['team_choice'])}", flush=True)
     results["load_average_end"] = os.getloadavg()
     results["summary"] = summary(results["points"])

@@ -112,6 +112,9 @@ def test_grid(tmp_path):
     (row,) = results["points"].values()
     assert {"compiled cpu", "numpy"} <= set(row["median_s"]) and "load_average_end" in results
     assert "Model name" in results["cpu"] and "wrote" in out
+    # the peak measured round-robin with the point is no contender, and gives its own fraction
+    assert "fma peak" not in row["median_s"] and row["fma_peak_gflops_float32"] > 0
+    assert set(row["fraction_of_fma_peak"]) == set(row["fraction_of_start_peak"]) == set(row["median_s"])
 
 
 def test_grid_summary_by_placement():

@@ -92,7 +92,7 @@ from mlir_nn.codegen.shaped import dim_sizes, matmul_transposes, transposed, upd
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_linalg_ops, in_tasks
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
-from mlir_nn.support.cpu_target import cache_blocks, deep_kc, register_block, vector_bytes
+from mlir_nn.support.cpu_target import cache_blocks, deep_kc, register_block, strided_kc, vector_bytes
 from mlir_nn.support.pipelines import shipped_dir
 from mlir_nn.support.schedule_rates import ScheduleRates, active
 
@@ -595,6 +595,8 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         depth = _slice_depth(swept, _itemsize(op.result))
         if depth is not None:
             work += f"; kc slices {depth} deep: tasks sweep {swept} rows of A"
+        elif k_ranges is not None and (depth := _strided_depth(op)) is not None:
+            work += f"; kc slices {depth} deep: x read in place, its rows {m * _itemsize(op.result)} bytes each"
         return ProductPlan("blocked", parallel, f"{priced}; {work}", tasks=tasks, columns=columns,
                            k_ranges=k_ranges, strided_columns=strided, column_tasks=by_columns, kc=depth)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
@@ -663,6 +665,21 @@ def _slice_depth(rows: int | None, itemsize: int) -> int | None:
         return None
     depth = deep_kc(rows, itemsize)
     return depth if depth > cache_blocks(itemsize)[2] else None
+
+
+def _strided_depth(op: ir.Operation) -> int | None:
+    """kc of a weight gradient x^T g over a dynamic batch whose x is read in place (``_rows_in_place``)
+    and whose tasks sweep all of x's m columns (summed in ranges of the batch): ``strided_kc`` of
+    x's m elements per batch row, where shallower than ``cache_blocks``'; None otherwise."""
+    m, n, k = _sizes(op)
+    a, ta = op.operands[0], matmul_transposes(op)[0]
+    itemsize = _itemsize(op.result)
+    if not ta or not ir.ShapedType.is_dynamic_size(k) or ir.ShapedType.is_dynamic_size(m):
+        return None
+    if _rows_in_place(a, ta, register_block(itemsize)[0], n) is None:
+        return None
+    depth = strided_kc(m * itemsize, itemsize)
+    return depth if depth < cache_blocks(itemsize)[2] else None
 
 
 def _as_generic(op: ir.Operation, plan: LoopPlan) -> ir.Value:

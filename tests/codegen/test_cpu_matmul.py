@@ -55,7 +55,14 @@ from mlir_nn.codegen.row_pitch import ALIASED_PITCH
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
-from mlir_nn.support.cpu_target import PLANNED_TARGET_ENV, cache_blocks, deep_kc, register_block, vector_bytes
+from mlir_nn.support.cpu_target import (
+    PLANNED_TARGET_ENV,
+    cache_blocks,
+    deep_kc,
+    register_block,
+    strided_kc,
+    vector_bytes,
+)
 from mlir_nn.support.pipelines import Pipeline, load_pipeline
 from mlir_nn.support.schedule_rates import DEFAULT, active, use_rates
 from tests.codegen.zoo import arguments, matmul_zoo
@@ -182,6 +189,20 @@ def test_the_quick_schedule_does_not_unroll_the_blocked_k_loop():
     unrolled, quick = kernel_fmas(False), kernel_fmas(True)
     assert quick and len(unrolled) == len(quick)
     assert all(u - q == (K_UNROLL - 1) * register_block(4)[0] for u, q in zip(unrolled, quick))
+
+
+@pytest.mark.parametrize("threads", [False, True])
+@pytest.mark.parametrize("graph", ["update", "zoo"])
+def test_every_blocked_k_loop_is_unrolled(graph, threads):
+    """Every kc slice's k loop is unrolled K_UNROLL times, on threads too: the loops the schedule
+    unrolls are found again after the accumulators are hoisted (the SGD-fused weight gradient's
+    loops on threads, replaced by the hoisting, kept one register kernel per iteration through a
+    stale handle)."""
+    built = _update_graph(96, 1024, False) if graph == "update" else matmul_zoo(257, 33, "float32")
+    module = emit_linalg(built)
+    assert rewrite_matmuls(module, threads=threads)[0]
+    slices = collect_ops(module, lambda op: op.name == "scf.for" and "mlirnn.kc_loop" in op.attributes)
+    assert slices and all(str(op).count("vector.fma") >= K_UNROLL * register_block(4)[0] for op in slices)
 
 
 @pytest.mark.parametrize("k, m, dtype", [(64, 64, "float32"), (128, 32, "float32"), (128, 32, "float64")])
@@ -1023,6 +1044,31 @@ def test_a_small_weight_gradient_sums_ranges_of_the_batch_in_tasks(m, n, dtype):
     batches = (1, 7, 13, 33, 257, batch_min - 1, batch_min, batch_min + 3 * rows + 5, ranges * rows + batch_min + 3,
                4099)
     _assert_matches_reference(graph, executable, batches, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_weight_gradient_summed_in_ranges_with_x_in_place_takes_shallow_slices(dtype, monkeypatch):
+    """x^T g over the batch with x read in place (100 columns: blocks of 5 rows) and summed in
+    ranges of the batch: each task sweeps all of x's columns, so its kc slices are as deep as
+    ``strided_kc`` of x's rows (their cache lines and a panel's slice fit L1), not the default; the
+    product matches the reference at awkward batches and on both sides of the ranges' switch."""
+    monkeypatch.setenv(PLANNED_TARGET_ENV, "32,32,512")
+    replan()
+    itemsize = np.dtype(dtype).itemsize
+    x = make_node("input", [], name="x", shape=("N", 100), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", 100), dtype=dtype)
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
+    module = emit_linalg(graph)
+    (op,) = collect_ops(module, lambda o: o.name == "linalg.matmul")
+    plan = product_plan(op, threads=True)
+    assert plan.kind == "blocked" and plan.k_ranges is not None, plan
+    assert plan.kc == strided_kc(100 * itemsize, itemsize) < cache_blocks(itemsize)[2], plan
+    rewrite_matmuls(module, threads=True)
+    slices = collect_ops(module, lambda o: o.name == "scf.for" and "mlirnn.kc_loop" in o.attributes)
+    assert slices and all(f"step %c{plan.kc} " in str(o).splitlines()[0] for o in slices)
+    batch_min = plan.k_ranges[1]
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (batch_min - 1, batch_min + 7, 4099),
+                              dtype)
 
 
 @pytest.mark.parametrize("k, n, dtype", [(96, 1024, "float32"), (40, 4096, "float32"), (33, 544, "float64"),
