@@ -92,7 +92,7 @@ from mlir_nn.codegen.shaped import dim_sizes, matmul_transposes, transposed, upd
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_linalg_ops, in_tasks
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
-from mlir_nn.support.cpu_target import cache_blocks, deep_kc, register_block, strided_kc, vector_bytes
+from mlir_nn.support.cpu_target import cache_blocks, deep_kc, in_place_kc, register_block, vector_bytes
 from mlir_nn.support.pipelines import shipped_dir
 from mlir_nn.support.schedule_rates import ScheduleRates, active
 
@@ -601,7 +601,7 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         depth = _slice_depth(swept, _itemsize(op.result))
         if depth is not None:
             work += f"; kc slices {depth} deep: tasks sweep {swept} rows of A"
-        elif k_ranges is not None and (depth := _strided_depth(op)) is not None:
+        elif k_ranges is not None and (depth := _x_in_place_depth(op)) is not None:
             work += f"; kc slices {depth} deep: x read in place, its rows {m * _itemsize(op.result)} bytes each"
         elif strided and STRIDED_COLUMNS_KC < cache_blocks(_itemsize(op.result))[2]:
             depth = STRIDED_COLUMNS_KC
@@ -679,9 +679,9 @@ def _slice_depth(rows: int | None, itemsize: int) -> int | None:
     return depth if depth > cache_blocks(itemsize)[2] else None
 
 
-def _strided_depth(op: ir.Operation) -> int | None:
+def _x_in_place_depth(op: ir.Operation) -> int | None:
     """kc of a weight gradient x^T g over a dynamic batch whose x is read in place (``_rows_in_place``)
-    and whose tasks sweep all of x's m columns (summed in ranges of the batch): ``strided_kc`` of
+    and whose tasks sweep all of x's m columns (summed in ranges of the batch): ``in_place_kc`` of
     x's m elements per batch row, where shallower than ``cache_blocks``'; None otherwise."""
     m, n, k = _sizes(op)
     a, ta = op.operands[0], matmul_transposes(op)[0]
@@ -690,7 +690,7 @@ def _strided_depth(op: ir.Operation) -> int | None:
         return None
     if _rows_in_place(a, ta, register_block(itemsize)[0], n) is None:
         return None
-    depth = strided_kc(m * itemsize, itemsize)
+    depth = in_place_kc(m * itemsize, itemsize)
     return depth if depth < cache_blocks(itemsize)[2] else None
 
 

@@ -60,8 +60,8 @@ from mlir_nn.support.cpu_target import (
     PLANNED_TARGET_ENV,
     cache_blocks,
     deep_kc,
+    in_place_kc,
     register_block,
-    strided_kc,
     vector_bytes,
 )
 from mlir_nn.support.pipelines import Pipeline, load_pipeline
@@ -1051,7 +1051,7 @@ def test_a_small_weight_gradient_sums_ranges_of_the_batch_in_tasks(m, n, dtype):
 def test_a_weight_gradient_summed_in_ranges_with_x_in_place_takes_shallow_slices(dtype, monkeypatch):
     """x^T g over the batch with x read in place (100 columns: blocks of 5 rows) and summed in
     ranges of the batch: each task sweeps all of x's columns, so its kc slices are as deep as
-    ``strided_kc`` of x's rows (their cache lines and a panel's slice fit L1), not the default; the
+    ``in_place_kc`` of x's rows (their cache lines and a panel's slice fit L1), not the default; the
     product matches the reference at awkward batches and on both sides of the ranges' switch."""
     monkeypatch.setenv(PLANNED_TARGET_ENV, "32,32,512")
     replan()
@@ -1063,7 +1063,7 @@ def test_a_weight_gradient_summed_in_ranges_with_x_in_place_takes_shallow_slices
     (op,) = collect_ops(module, lambda o: o.name == "linalg.matmul")
     plan = product_plan(op, threads=True)
     assert plan.kind == "blocked" and plan.k_ranges is not None, plan
-    assert plan.kc == strided_kc(100 * itemsize, itemsize) < cache_blocks(itemsize)[2], plan
+    assert plan.kc == in_place_kc(100 * itemsize, itemsize) < cache_blocks(itemsize)[2], plan
     rewrite_matmuls(module, threads=True)
     slices = collect_ops(module, lambda o: o.name == "scf.for" and "mlirnn.kc_loop" in o.attributes)
     assert slices and all(f"step %c{plan.kc} " in str(o).splitlines()[0] for o in slices)
