@@ -201,7 +201,7 @@ module attributes {transform.with_named_sequence} {
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
     %steps, %k_loop = transform.structured.tile_using_for %blocks tile_sizes [0, 0, 0, 0, 1]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    transform.annotate %k_loop "mlirnn.k_loop" : !transform.any_op
+    transform.annotate %k_loop "mlirnn.register_k_loop" : !transform.any_op
     transform.structured.vectorize %steps : !transform.any_op
     transform.apply_patterns to %root {
       transform.apply_patterns.vector.transfer_permutation_patterns
@@ -220,7 +220,7 @@ module attributes {transform.with_named_sequence} {
     // ({k_unroll} register kernels per iteration of the k loop; the loops matched again by their tag:
     // the hoisting above replaced some, on threads the SGD-fused weight gradients', whose handles in
     // %k_loop then went stale and were left one register kernel per iteration)
-    %k_loops = transform.structured.match ops{["scf.for"]} attributes {mlirnn.k_loop} in %root
+    %k_loops = transform.structured.match ops{["scf.for"]} attributes {mlirnn.register_k_loop} in %root
         : (!transform.any_op) -> !transform.any_op
     transform.loop.unroll %k_loops {factor = {k_unroll}} : !transform.any_op
     transform.yield

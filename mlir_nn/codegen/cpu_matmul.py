@@ -92,7 +92,7 @@ from mlir_nn.codegen.shaped import dim_sizes, matmul_transposes, transposed, upd
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_linalg_ops, in_tasks
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
-from mlir_nn.support.cpu_target import cache_blocks, deep_kc, register_block, strided_kc, vector_bytes
+from mlir_nn.support.cpu_target import cache_blocks, deep_kc, in_place_kc, register_block, vector_bytes
 from mlir_nn.support.pipelines import shipped_dir
 from mlir_nn.support.schedule_rates import ScheduleRates, active
 
@@ -300,6 +300,12 @@ def _blocking(op: ir.Operation, loops: LoopPlan, per_row: bool, rates: ScheduleR
 # packed: batch 16 -3..-7%, 64 +-2%, 192 0%, and the 784-1024-1024-10 step at batch 512 +2.5%;
 # 64-256-256-64 at batch 1, its 1 KiB rows packed, 8.6% slower).
 STRIDED_COLUMNS_ROWS_MAX = 32
+# the depth of such a product's kc slices: a slice's rows of B fall on few sets of L1 and L2 (rows
+# 8 KB apart: 8 of L2's 1024 sets), so each row panel reads lines of it from L3 again; shallower
+# slices keep more of it (two cores, one process alternating both builds, kc 128 against 256:
+# 1024-4096-1024 at batch 16 0.915x and 0.927x; 2048-2048-10 at batch 32 0.955x, then even within
+# the 10% by which whichever build came first ran faster, its 16 MB weight placed apart)
+STRIDED_COLUMNS_KC = 128
 
 
 def _strided_columns(op: ir.Operation, columns: int, batch_rows: int) -> bool:
@@ -591,12 +597,15 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         by_columns = parallel and _column_tasks(op, columns, batch_rows, rates.threads)
         if by_columns:
             work += f"; tasks of {SWAPPED_TASK_PANELS} column panels: {batch_rows} rows < n={n}"
-        swept = None if k_ranges is not None or by_columns else _task_rows(op, parallel, tasks, columns)
+        swept = None if k_ranges is not None or by_columns or strided else _task_rows(op, parallel, tasks, columns)
         depth = _slice_depth(swept, _itemsize(op.result))
         if depth is not None:
             work += f"; kc slices {depth} deep: tasks sweep {swept} rows of A"
-        elif k_ranges is not None and (depth := _strided_depth(op)) is not None:
+        elif k_ranges is not None and (depth := _x_in_place_depth(op)) is not None:
             work += f"; kc slices {depth} deep: x read in place, its rows {m * _itemsize(op.result)} bytes each"
+        elif strided and STRIDED_COLUMNS_KC < cache_blocks(_itemsize(op.result))[2]:
+            depth = STRIDED_COLUMNS_KC
+            work += f"; kc slices {depth} deep: B's rows far apart"
         return ProductPlan("blocked", parallel, f"{priced}; {work}", tasks=tasks, columns=columns,
                            k_ranges=k_ranges, strided_columns=strided, column_tasks=by_columns, kc=depth)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
@@ -660,16 +669,19 @@ def _task_row_panels(itemsize: int, one_column_task: bool) -> int:
 def _slice_depth(rows: int | None, itemsize: int) -> int | None:
     """kc of a product whose tasks sweep ``rows`` rows of A (``deep_kc``), where deeper than
     ``cache_blocks``'; None otherwise, and where ``rows`` is unknown (a weight gradient summed in
-    ranges of the batch, whose tasks sweep every row of C; tasks of column panels over the batch)."""
+    ranges of the batch, whose tasks sweep every row of C; tasks of column panels over the batch)
+    or beside the point: B read in place from rows far apart (``_strided_columns``), whose slice's
+    lines fall on few sets of L1 and L2, so that each row panel reads it again from L3 (a deep slice
+    made the 2048-2048-10 step at batch 32 1.56x and 1024-4096-1024 at batch 16 1.19x slower)."""
     if rows is None:
         return None
     depth = deep_kc(rows, itemsize)
     return depth if depth > cache_blocks(itemsize)[2] else None
 
 
-def _strided_depth(op: ir.Operation) -> int | None:
+def _x_in_place_depth(op: ir.Operation) -> int | None:
     """kc of a weight gradient x^T g over a dynamic batch whose x is read in place (``_rows_in_place``)
-    and whose tasks sweep all of x's m columns (summed in ranges of the batch): ``strided_kc`` of
+    and whose tasks sweep all of x's m columns (summed in ranges of the batch): ``in_place_kc`` of
     x's m elements per batch row, where shallower than ``cache_blocks``'; None otherwise."""
     m, n, k = _sizes(op)
     a, ta = op.operands[0], matmul_transposes(op)[0]
@@ -678,7 +690,7 @@ def _strided_depth(op: ir.Operation) -> int | None:
         return None
     if _rows_in_place(a, ta, register_block(itemsize)[0], n) is None:
         return None
-    depth = strided_kc(m * itemsize, itemsize)
+    depth = in_place_kc(m * itemsize, itemsize)
     return depth if depth < cache_blocks(itemsize)[2] else None
 
 

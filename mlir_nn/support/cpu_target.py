@@ -10,7 +10,7 @@ from pathlib import Path
 CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 DEFAULT_CACHES = {1: 32 << 10, 2: 512 << 10}  # bytes of L1d and L2 when sysfs does not say
 CACHE_LINE = 64  # bytes
-STRIDED_KC_MIN = 32  # shallower slices load and store each register block's accumulators too often
+IN_PLACE_KC_MIN = 32  # shallower slices load and store each register block's accumulators too often
 # "vector bytes,L1d KiB,L2 KiB": the target the code generator plans for instead of the host's (the
 # code still compiles for the host, which runs wider vectors as several); the code generator's
 # schedule tests pin the one they were written for
@@ -107,17 +107,17 @@ def cache_blocks(itemsize: int) -> tuple[int, int, int]:
     return mc, nc, kc
 
 
-def strided_kc(row_bytes: int, itemsize: int) -> int:
+def in_place_kc(row_bytes: int, itemsize: int) -> int:
     """kc for a product whose tasks read, per k, ``row_bytes`` of A in place from rows far apart
     (x of a weight gradient x^T g, a task sweeping all of x's columns): as deep as lets those
     rows' cache lines and a slice of one packed column panel fill 3/4 of L1, so that each slice of x is
     read from L2 once and then from L1 for every column panel; in steps of 16, at least
-    STRIDED_KC_MIN, never deeper than ``cache_blocks``'. Measured on Zen 3 (L1d 32 KiB): kc 32 to 64
+    IN_PLACE_KC_MIN, never deeper than ``cache_blocks``'. Measured on Zen 3 (L1d 32 KiB): kc 32 to 64
     instead of 256 for 100-wide layers (7 lines of x per batch row) made the 100-100-100-100-1 Adam
     step at batch 5000 3% faster."""
     per_k = -(-row_bytes // CACHE_LINE) * CACHE_LINE + register_block(itemsize)[1] * itemsize
     depth = data_cache_bytes()[1] * 3 // 4 // per_k // 16 * 16
-    return max(STRIDED_KC_MIN, min(cache_blocks(itemsize)[2], depth))
+    return max(IN_PLACE_KC_MIN, min(cache_blocks(itemsize)[2], depth))
 
 
 def deep_kc(rows: int, itemsize: int) -> int:

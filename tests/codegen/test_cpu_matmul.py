@@ -41,6 +41,7 @@ from mlir_nn.codegen.cpu_matmul import (
     SMALL_K_STEPS,
     SMALL_ROW_BLOCK,
     SMALL_VECTOR_MAX,
+    STRIDED_COLUMNS_KC,
     STRIDED_COLUMNS_ROWS_MAX,
     TRANSPOSE_TILE,
     _even_block_rows,
@@ -59,8 +60,8 @@ from mlir_nn.support.cpu_target import (
     PLANNED_TARGET_ENV,
     cache_blocks,
     deep_kc,
+    in_place_kc,
     register_block,
-    strided_kc,
     vector_bytes,
 )
 from mlir_nn.support.pipelines import Pipeline, load_pipeline
@@ -1050,7 +1051,7 @@ def test_a_small_weight_gradient_sums_ranges_of_the_batch_in_tasks(m, n, dtype):
 def test_a_weight_gradient_summed_in_ranges_with_x_in_place_takes_shallow_slices(dtype, monkeypatch):
     """x^T g over the batch with x read in place (100 columns: blocks of 5 rows) and summed in
     ranges of the batch: each task sweeps all of x's columns, so its kc slices are as deep as
-    ``strided_kc`` of x's rows (their cache lines and a panel's slice fit L1), not the default; the
+    ``in_place_kc`` of x's rows (their cache lines and a panel's slice fit L1), not the default; the
     product matches the reference at awkward batches and on both sides of the ranges' switch."""
     monkeypatch.setenv(PLANNED_TARGET_ENV, "32,32,512")
     replan()
@@ -1062,7 +1063,7 @@ def test_a_weight_gradient_summed_in_ranges_with_x_in_place_takes_shallow_slices
     (op,) = collect_ops(module, lambda o: o.name == "linalg.matmul")
     plan = product_plan(op, threads=True)
     assert plan.kind == "blocked" and plan.k_ranges is not None, plan
-    assert plan.kc == strided_kc(100 * itemsize, itemsize) < cache_blocks(itemsize)[2], plan
+    assert plan.kc == in_place_kc(100 * itemsize, itemsize) < cache_blocks(itemsize)[2], plan
     rewrite_matmuls(module, threads=True)
     slices = collect_ops(module, lambda o: o.name == "scf.for" and "mlirnn.kc_loop" in o.attributes)
     assert slices and all(f"step %c{plan.kc} " in str(o).splitlines()[0] for o in slices)
@@ -1077,8 +1078,9 @@ def test_few_batch_rows_read_a_wide_or_aliased_b_in_place(k, n, dtype):
     """x @ w over a batch estimated at STRIDED_COLUMNS_ROWS_MAX rows or fewer (``Graph.batch_rows``),
     w's rows over IN_PLACE_STRIDE_MAX bytes apart or a multiple of ALIASED_PITCH (1 or 2 KiB: a
     kc-deep slice of a column panel on a few L1 sets): w is read in place (packing it is a copy
-    of w per call, which few rows do not pay back); estimated at more rows, or not at all, packed
-    as column panels [n / tn, k, tn]. Matches the reference at every batch either way."""
+    of w per call, which few rows do not pay back), in kc slices STRIDED_COLUMNS_KC deep (never
+    ``deep_kc``'s: the slice's rows fall on few cache sets); estimated at more rows, or not at all,
+    packed as column panels [n / tn, k, tn]. Matches the reference at every batch either way."""
     itemsize = np.dtype(dtype).itemsize
     tn = register_block(itemsize)[1]
     assert (n * itemsize > IN_PLACE_STRIDE_MAX or n * itemsize % ALIASED_PITCH == 0) and n % tn == 0
@@ -1093,6 +1095,8 @@ def test_few_batch_rows_read_a_wide_or_aliased_b_in_place(k, n, dtype):
             plan = product_plan(op, threads=True, batch_rows=graph.batch_rows)
         assert plan.kind == "blocked" and plan.strided_columns == strided, plan
         assert ("B read in place" in plan.reason) == strided
+        if strided:
+            assert plan.kc == (STRIDED_COLUMNS_KC if STRIDED_COLUMNS_KC < cache_blocks(itemsize)[2] else None), plan
         rewrite_matmuls(module, threads=True, batch_rows=graph.batch_rows)
         text = str(module)
         assert (packed in text) == (not strided), rows

@@ -11,8 +11,8 @@ from mlir_nn.support.cpu_target import (
     cache_blocks,
     data_cache_bytes,
     deep_kc,
+    in_place_kc,
     register_block,
-    strided_kc,
     vector_bytes,
 )
 from tests.conftest import replan
@@ -52,14 +52,14 @@ def test_deep_slices_fill_l2_with_a_task_s_rows_of_a_and_never_go_shallower(pinn
     assert deep_kc(192, 4) == 1024 and deep_kc(4096, 4) == cache_blocks(4)[2]
 
 
-def test_strided_slices_fit_x_s_cache_lines_and_a_panel_s_slice_in_l1(pinned):
+def test_in_place_slices_fit_x_s_cache_lines_and_a_panel_s_slice_in_l1(pinned):
     pinned("32,32,512")  # Zen 3: 16-float panels, kc 256
-    assert strided_kc(400, 4) == 48  # 100 floats: 7 lines + a panel's 64 bytes per k, 3/4 of 32 KiB
-    assert strided_kc(256, 4) == 64 and strided_kc(449, 4) == 32  # 4 lines; 8 lines: 24576 // 576 = 42
-    assert strided_kc(2048, 8) == 32  # never shallower than STRIDED_KC_MIN
-    assert strided_kc(32, 4) == 192 < cache_blocks(4)[2]  # one line and a panel's: 24576 // 128
+    assert in_place_kc(400, 4) == 48  # 100 floats: 7 lines + a panel's 64 bytes per k, 3/4 of 32 KiB
+    assert in_place_kc(256, 4) == 64 and in_place_kc(449, 4) == 32  # 4 lines; 8 lines: 24576 // 576 = 42
+    assert in_place_kc(2048, 8) == 32  # never shallower than IN_PLACE_KC_MIN
+    assert in_place_kc(32, 4) == 192 < cache_blocks(4)[2]  # one line and a panel's: 24576 // 128
     pinned("64,48,1024")
-    assert strided_kc(400, 4) == 64  # 7 lines + a 32-float panel's 128 bytes: 36864 // 576 = 64
+    assert in_place_kc(400, 4) == 64  # 7 lines + a 32-float panel's 128 bytes: 36864 // 576 = 64
 
 
 @pytest.mark.parametrize("text", ["64", "24,48,1024", "64,0,1024", "avx512,48,1024", "64,48,1024,1"])
