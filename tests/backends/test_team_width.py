@@ -19,7 +19,7 @@ from tests.backends.test_cpu_parallel import PARALLEL_FN, K, M
 from tests.codegen.zoo import arguments, matmul_zoo
 
 STEP = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-RING, BURST, PROBE_EVERY_MIN = 3, 3, 8  # task_runtime.c
+RING, BURST, PROBE_EVERY_MIN, PROBE_PERIOD_S = 3, 3, 8, 1.0  # task_runtime.c
 LEARNING = ["all"] * BURST + ["alone"] * BURST  # bursts, the first call of each untimed
 
 
@@ -74,6 +74,20 @@ def test_when_the_widths_are_alike_the_other_is_probed_often():
     widths = step.call(4 * (PROBE_EVERY_MIN + BURST))
     assert "alone" in widths and "all" in widths  # bursts on the width not in use
     assert PROBE_EVERY_MIN <= task_runtime.team_choice(step.header)["probe_every"] < 100
+
+
+def test_a_long_step_probes_the_other_width_at_least_once_a_second():
+    """A width timed 4x slower is probed after PROBE_PERIOD_S of calls on the other, not after the
+    900 calls its cost share allows: a burst timed while the host took a core away for a moment
+    does not keep a 50 ms step on one width for minutes."""
+    step = StandIn(alone=0.05, all_=0.2)
+    step.call(len(LEARNING))
+    every = round(PROBE_PERIOD_S / 0.05)
+    choice = task_runtime.team_choice(step.header)
+    assert choice["using"] == "alone" and PROBE_EVERY_MIN <= choice["probe_every"] <= every < 900
+    step.seconds["all"] = 0.01  # the core is back: all threads are now the faster
+    widths = step.call(every + 2 * BURST)
+    assert "all" in widths and widths[-BURST:] == ["all"] * BURST
 
 
 def test_a_threaded_step_gives_the_same_results_on_either_width(monkeypatch):
