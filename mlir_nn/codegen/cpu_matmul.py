@@ -598,14 +598,9 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         if by_columns:
             work += f"; tasks of {SWAPPED_TASK_PANELS} column panels: {batch_rows} rows < n={n}"
         swept = None if k_ranges is not None or by_columns or strided else _task_rows(op, parallel, tasks, columns)
-        depth = _slice_depth(swept, _itemsize(op.result))
+        depth, deep_why = _slice_depth(op, swept, k_ranges is not None, strided)
         if depth is not None:
-            work += f"; kc slices {depth} deep: tasks sweep {swept} rows of A"
-        elif k_ranges is not None and (depth := _x_in_place_depth(op)) is not None:
-            work += f"; kc slices {depth} deep: x read in place, its rows {m * _itemsize(op.result)} bytes each"
-        elif strided and STRIDED_COLUMNS_KC < cache_blocks(_itemsize(op.result))[2]:
-            depth = STRIDED_COLUMNS_KC
-            work += f"; kc slices {depth} deep: B's rows far apart"
+            work += f"; kc slices {depth} deep: {deep_why}"
         return ProductPlan("blocked", parallel, f"{priced}; {work}", tasks=tasks, columns=columns,
                            k_ranges=k_ranges, strided_columns=strided, column_tasks=by_columns, kc=depth)
     why = ("dynamic columns" if ir.ShapedType.is_dynamic_size(n) else
@@ -666,17 +661,24 @@ def _task_row_panels(itemsize: int, one_column_task: bool) -> int:
     return max(1, panels // FINE_TASK_SHARE) if one_column_task else panels
 
 
-def _slice_depth(rows: int | None, itemsize: int) -> int | None:
-    """kc of a product whose tasks sweep ``rows`` rows of A (``deep_kc``), where deeper than
-    ``cache_blocks``'; None otherwise, and where ``rows`` is unknown (a weight gradient summed in
-    ranges of the batch, whose tasks sweep every row of C; tasks of column panels over the batch)
-    or beside the point: B read in place from rows far apart (``_strided_columns``), whose slice's
-    lines fall on few sets of L1 and L2, so that each row panel reads it again from L3 (a deep slice
-    made the 2048-2048-10 step at batch 32 1.56x and 1024-4096-1024 at batch 16 1.19x slower)."""
-    if rows is None:
-        return None
-    depth = deep_kc(rows, itemsize)
-    return depth if depth > cache_blocks(itemsize)[2] else None
+def _slice_depth(op: ir.Operation, swept: int | None, k_ranges: bool, strided: bool) -> tuple[int | None, str]:
+    """(kc, why) of a blocked product whose slices of k are not ``cache_blocks``' deep, else (None, ""):
+    deeper (``deep_kc``) where its tasks sweep ``swept`` rows of A (None where unknown: a weight
+    gradient summed in ranges of the batch, ``k_ranges``, whose tasks sweep every row of C; tasks of
+    column panels over the batch; B read in place from rows far apart, ``strided``, whose slice's
+    lines fall on few sets of L1 and L2, so that each row panel reads it again from L3: a deep slice
+    made the 2048-2048-10 step at batch 32 1.56x and 1024-4096-1024 at batch 16 1.19x slower);
+    shallower where a weight gradient summed in ranges reads x in place (``_x_in_place_depth``), or
+    B is ``strided`` (STRIDED_COLUMNS_KC)."""
+    itemsize = _itemsize(op.result)
+    default = cache_blocks(itemsize)[2]
+    if swept is not None and (deep := deep_kc(swept, itemsize)) > default:
+        return deep, f"tasks sweep {swept} rows of A"
+    if k_ranges and (shallow := _x_in_place_depth(op)) is not None:
+        return shallow, f"x read in place, its rows {_sizes(op)[0] * itemsize} bytes each"
+    if strided and STRIDED_COLUMNS_KC < default:
+        return STRIDED_COLUMNS_KC, "B's rows far apart"
+    return None, ""
 
 
 def _x_in_place_depth(op: ir.Operation) -> int | None:
