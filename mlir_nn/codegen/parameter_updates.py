@@ -5,7 +5,8 @@ element-wise op that reads the product. A blocked product writes its accumulator
 buffer of W's size), then the update reads it and W and writes W: for a wide layer at a small
 batch (1024 x 4096 at batch 16) those passes cost about as much as the product. Recognized here,
 the update becomes the product itself (``cpu_matmul``): its register blocks start from W and one
-operand is scaled by c, W + (c X)^T dY, one read and one write of W.
+operand is scaled by c as it is packed (``times_factor`` in the packing copies), W + (c X)^T dY,
+one read and one write of W.
 """
 
 from __future__ import annotations
