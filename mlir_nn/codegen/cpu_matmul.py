@@ -72,7 +72,7 @@ from mlir_nn.codegen.im2col_panels import (
     pixel_panels,
 )
 from mlir_nn.codegen.maps import dims_map, matmul_maps
-from mlir_nn.codegen.parameter_updates import Update, parameter_update, scaled
+from mlir_nn.codegen.parameter_updates import Update, factor_operands, parameter_update, scaled, times_factor
 from mlir_nn.codegen.row_blocks import K_STEP as ROW_BLOCK_K_STEP
 from mlir_nn.codegen.row_blocks import block_rows, row_block_product
 from mlir_nn.codegen.row_pitch import ALIASED_PITCH
@@ -938,11 +938,11 @@ def _put(part: ir.Value, into: ir.Value, offsets: list[int | ir.Value], sizes: l
 
 
 def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, rows_tag: str | None,
-                       parallel: bool, panels: ir.Value | None = None) -> ir.Value:
+                       parallel: bool, panels: ir.Value | None = None, factor: Update | None = None) -> ir.Value:
     """``x`` (its dim ``axis`` a multiple of ``tile``) as panels [s / tile, o, tile] written into
     ``into`` (only its first ``panels`` when given); tagged for the schedule (``rows_tag`` when it
     copies rows) unless ``rows_tag`` is None. Rows whose count o is the batch are copied in
-    groups (``_pack_row_groups``)."""
+    groups (``_pack_row_groups``). ``factor``: as ``_pack_copy``'s."""
     size, other = dim_sizes(x)[axis], dim_sizes(x)[1 - axis]
     count = _ceil_div(size, tile)
     if axis == 0:  # (s, o) -> [count, tile, o] -> [count, o, tile]
@@ -950,19 +950,20 @@ def _pack_whole_panels(x: ir.Value, axis: int, tile: int, into: ir.Value, rows_t
         if panels is not None:
             split = _part(split, [0, 0, 0], [panels, tile, other])
         if rows_tag is not None and isinstance(other, int) and other >= TRANSPOSE_TILE:
-            return _pack_transposed(split, into, tile, other, parallel)
+            return _pack_transposed(split, into, tile, other, parallel, factor)
         tag = PACK
     elif rows_tag is not None and isinstance(other, ir.Value) and panels is None:
-        return _pack_row_groups(x, tile, into, rows_tag, parallel)
+        return _pack_row_groups(x, tile, into, rows_tag, parallel, factor)
     else:  # (o, s) -> [o, count, tile] -> [count, o, tile]
         split, perm = _expand(x, [other, count, tile], [[0], [1, 2]]), [1, 0, 2]
         tag = rows_tag
         if panels is not None:
             split = _part(split, [0, 0, 0], [other, panels, tile])
-    return _pack_copy(split, into, perm, tag if rows_tag is not None else None, parallel)
+    return _pack_copy(split, into, perm, tag if rows_tag is not None else None, parallel, factor)
 
 
-def _pack_transposed(split: ir.Value, into: ir.Value, tile: int, other: int, parallel: bool) -> ir.Value:
+def _pack_transposed(split: ir.Value, into: ir.Value, tile: int, other: int, parallel: bool,
+                     factor: Update | None = None) -> ir.Value:
     """``split`` [p, tile, o] transposed into panels [p, o, tile]: the first o rounded down to a
     multiple of TRANSPOSE_TILE in vector tiles (squares of TRANSPOSE_TILE when the panels are
     wider), the few rows left by loops (all of it went by loops when o was not a multiple:
@@ -973,19 +974,27 @@ def _pack_transposed(split: ir.Value, into: ir.Value, tile: int, other: int, par
     parts = [(0, lead, tag), (lead, other - lead, PACK)] if lead < other else [(0, other, tag)]
     for offset, length, part_tag in parts:
         part = _pack_copy(_part(split, [0, 0, offset], [panels, tile, length]),
-                          _part(into, [0, offset, 0], [panels, length, tile]), [0, 2, 1], part_tag, parallel)
+                          _part(into, [0, offset, 0], [panels, length, tile]), [0, 2, 1], part_tag, parallel,
+                          factor)
         into = _put(part, into, [0, offset, 0], [panels, length, tile])
     return into
 
 
-def _pack_copy(split: ir.Value, into: ir.Value, perm: list[int], tag: str | None, parallel: bool) -> ir.Value:
-    """``into`` = ``split`` with its dims permuted by ``perm``, tagged for the schedule."""
+def _pack_copy(split: ir.Value, into: ir.Value, perm: list[int], tag: str | None, parallel: bool,
+               factor: Update | None = None) -> ir.Value:
+    """``into`` = ``split`` with its dims permuted by ``perm``, tagged for the schedule; times the
+    ``factor`` of an SGD update where given (the update's product then starts from the parameter
+    with no scaled copy of an operand: a pass over x or dY, 0.7% of the 784-1024-1024-10 step)."""
     # a generic, not linalg.transpose: tiles that only move unit dims must not fold into copies
     rank = len(perm)
+    scalars = [] if factor is None else factor_operands(factor)
+    maps = [dims_map(rank, perm)] + [dims_map(rank, [])] * len(scalars) + [dims_map(rank, list(range(rank)))]
 
-    @linalg.generic([split], [into], [dims_map(rank, perm), dims_map(rank, list(range(rank)))], [PARALLEL] * rank)
-    def pack(value: ir.Value, _out: ir.Value) -> ir.Value:
-        return value
+    @linalg.generic([split, *scalars], [into], maps, [PARALLEL] * rank)
+    def pack(value: ir.Value, *scalar_and_out: ir.Value) -> ir.Value:
+        if factor is None:
+            return value
+        return times_factor(value, factor, scalar_and_out[0] if scalars else None)
 
     if tag is not None:
         pack.owner.attributes[tag] = ir.UnitAttr.get()
@@ -997,7 +1006,8 @@ def _pack_copy(split: ir.Value, into: ir.Value, perm: list[int], tag: str | None
     return pack
 
 
-def _pack_row_groups(x: ir.Value, tile: int, into: ir.Value, rows_tag: str, parallel: bool) -> ir.Value:
+def _pack_row_groups(x: ir.Value, tile: int, into: ir.Value, rows_tag: str, parallel: bool,
+                     factor: Update | None = None) -> ir.Value:
     """The rows of ``x`` (o, s), o the batch, as panels [s / tile, o, tile] in ``into``: the
     first PACK_ROWS_STEP * (o // PACK_ROWS_STEP) rows as groups of PACK_ROWS_STEP, a static
     shape that the schedule copies with plain vector loads and stores, then the last few
@@ -1011,31 +1021,34 @@ def _pack_row_groups(x: ir.Value, tile: int, into: ir.Value, rows_tag: str, para
     whole = _times(groups, step)
     split = _expand(_part(x, [0, 0], [whole, size]), [groups, step, count, tile], [[0, 1], [2, 3]])
     grouped = _expand(_part(into, [0, 0, 0], [count, whole, tile]), [count, groups, step, tile], [[0], [1, 2], [3]])
-    copied = _pack_copy(split, grouped, [1, 2, 0, 3], PACK_ROW_GROUPS, parallel)
+    copied = _pack_copy(split, grouped, [1, 2, 0, 3], PACK_ROW_GROUPS, parallel, factor)
     element = ir.RankedTensorType(x.type).element_type
     flat = tensor.collapse_shape(ir.RankedTensorType.get(_static([count, whole, tile]), element), copied,
                                  [[0], [1, 2], [3]])
     into = _put(flat, into, [0, 0, 0], [count, whole, tile])
     rest = arith.subi(rows, whole)
     tail = _expand(_part(x, [whole, 0], [rest, size]), [rest, count, tile], [[0], [1, 2]])
-    packed_tail = _pack_copy(tail, _part(into, [0, whole, 0], [count, rest, tile]), [1, 0, 2], rows_tag, False)
+    packed_tail = _pack_copy(tail, _part(into, [0, whole, 0], [count, rest, tile]), [1, 0, 2], rows_tag, False,
+                             factor)
     return _put(packed_tail, into, [0, whole, 0], [count, rest, tile])
 
 
-def _panels(x: ir.Value, axis: int, tile: int, parallel: bool, rows_tag: str) -> ir.Value:
+def _panels(x: ir.Value, axis: int, tile: int, parallel: bool, rows_tag: str, factor: Update | None = None
+            ) -> ir.Value:
     """A 2-D tensor as panels [ceil(s / tile), o, tile] of ``tile`` consecutive indices of
     its dim ``axis`` (size s; the other dim has size o), zero-padded to whole panels.
     Packing op(A) takes tiles of its rows, op(B) of its columns; a transposed operand is
     read in its own layout (the packing is the transpose). The whole panels are packed
     straight from ``x`` (vector copies, on threads for large products); a partial last
-    panel is packed from a zero-padded copy of its few rows or columns."""
+    panel is packed from a zero-padded copy of its few rows or columns. ``factor``: an SGD update
+    whose factor scales x as it is packed (``times_factor``)."""
     sizes = dim_sizes(x)
     size, other = sizes[axis], sizes[1 - axis]
     element = ir.RankedTensorType(x.type).element_type
     count = _ceil_div(size, tile)
     packed = _empty([count, other, tile], element)
     if isinstance(size, int) and size % tile == 0:
-        return _pack_whole_panels(x, axis, tile, packed, rows_tag, parallel)
+        return _pack_whole_panels(x, axis, tile, packed, rows_tag, parallel, factor=factor)
     index = ir.IndexType.get()
     full = size // tile if isinstance(size, int) else arith.divui(size, arith.constant(index, tile))
     whole = _times(full, tile)
@@ -1047,13 +1060,15 @@ def _panels(x: ir.Value, axis: int, tile: int, parallel: bool, rows_tag: str) ->
     if not (isinstance(full, int) and full == 0):
         main = _part(x, *along(0, whole))
         into = _part(packed, [0, 0, 0], [full, other, tile])
-        packed = _put(_pack_whole_panels(main, axis, tile, into, rows_tag, parallel), packed, [0, 0, 0],
-                      [full, other, tile])
+        packed = _put(_pack_whole_panels(main, axis, tile, into, rows_tag, parallel, factor=factor), packed,
+                      [0, 0, 0], [full, other, tile])
     rest = size - whole if isinstance(size, int) else arith.subi(size, whole)
+    left = _part(x, *along(whole, rest))
+    left = left if factor is None else scaled(left, factor)  # (a few rows or columns)
     if axis == 1 and isinstance(size, int):
-        panel = _column_tail(_part(x, *along(whole, rest)), _part(packed, [full, 0, 0], [1, other, tile]))
+        panel = _column_tail(left, _part(packed, [full, 0, 0], [1, other, tile]))
         return _put(panel, packed, [full, 0, 0], [1, other, tile])
-    tail = _zero_padded(_part(x, *along(whole, rest)), axis, tile)
+    tail = _zero_padded(left, axis, tile)
     missing = count - full if isinstance(count, int) else arith.subi(count, full)  # 0 or 1 panels
     into = _part(packed, [full, 0, 0], [missing, other, tile])
     last = _pack_whole_panels(tail, axis, tile, into, None, False, None if isinstance(missing, int) else missing)
@@ -1187,17 +1202,17 @@ def _k_ranges(op: ir.Operation) -> tuple[int, int, int] | None:
 def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update | None = None) -> ir.Value:
     """The blocked product of a large ``linalg.matmul`` (``_blocked``), as C^T transposed
     back when its columns are few (``_swapping``); with ``update``, the updated parameter, its
-    operand with fewer columns scaled by the update's factor (``_update_of``)."""
+    operand with fewer columns scaled by the update's factor as it is packed (``_update_of``)."""
     a, b, _ = op.operands
     ta, tb = matmul_transposes(op)
     parallel = plan.threads
     if update is not None:
         m, n, _ = _sizes(op)
-        a, b = (scaled(a, update), b) if m <= n else (a, scaled(b, update))
         # tasks of one row panel each: its blocks walk along the parameter's rows (down its columns, 16 KB
         # apart for a 4096-wide layer, the products were as slow as product and update apart)
         rows_only = (n // (plan.columns or register_block(_itemsize(op.result))[1]), 1)
-        return _blocked(a, b, ta, tb, parallel, False, rows_only, plan.columns, number, update.parameter)
+        return _blocked(a, b, ta, tb, parallel, False, rows_only, plan.columns, number, update.parameter,
+                        factors=(update, None) if m <= n else (None, update))
     if plan.kind == "blocked":
         return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number, k_ranges=plan.k_ranges,
                         strided_columns=plan.strided_columns, column_tasks=plan.column_tasks, kc=plan.kc)
@@ -1266,7 +1281,8 @@ def _largest_share(row_panels: int, col_panels: int, split: tuple[int, int], thr
 def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapped: bool,
              tasks: tuple[int, int] | None = None, block_width: int | None = None, number: int = 0,
              into: ir.Value | None = None, k_ranges: tuple[int, int, int] | None = None,
-             strided_columns: bool = False, column_tasks: bool = False, kc: int | None = None) -> ir.Value:
+             strided_columns: bool = False, column_tasks: bool = False, kc: int | None = None,
+             factors: tuple[Update | None, Update | None] = (None, None)) -> ir.Value:
     """op(A) @ op(B) GotoBLAS-style: A packed as row panels [mb, k, tm], B as column
     panels [nb, k, tn] (static operands that allow it read in place instead: ``_rows_in_place``,
     ``_columns_in_place``), a generic over (column panel, row panel, row, column, k) into a
@@ -1280,14 +1296,20 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
     ``_accumulated_into``. ``k_ranges``: one task loop of ranges of k (the batch) or of tiles of C,
     chosen at run time (``_summed_in_tasks``). ``strided_columns``: B is read in place though its rows
     are far apart (``_strided_columns``). ``column_tasks``: on threads in tasks of column panels only
-    (``_column_tasks``). ``kc``: the depth of its slices of k when not ``cache_blocks``' (``_slice_depth``)."""
+    (``_column_tasks``). ``kc``: the depth of its slices of k when not ``cache_blocks``' (``_slice_depth``).
+    ``factors``: an SGD update (of ``into``) whose factor scales A, or B, as it is packed (a scaled copy
+    first where that operand is read in place)."""
     element = ir.RankedTensorType(a.type).element_type
     tm, wide = register_block(_itemsize(a))
     tn = block_width or wide
-    tm, columns = (tm, None) if swapped else _image_panels(a, ta, tm)
+    a_factor, b_factor = factors
+    tm, columns = (tm, None) if swapped or a_factor is not None else _image_panels(a, ta, tm)
     a_map, b_map = dims_map(5, [1, 4, 2]), dims_map(5, [0, 4, 3])
     in_place = None if swapped or columns is not None else _rows_in_place(a, ta, tm, dim_sizes(b)[0 if tb else 1])
-    padded_rows = None if in_place is not None or swapped or columns is not None else _padded_rows(a, ta, tm, number)
+    if in_place is not None and a_factor is not None:
+        a, a_factor = scaled(a, a_factor), None
+    padded_rows = (None if in_place is not None or swapped or columns is not None or a_factor is not None
+                   else _padded_rows(a, ta, tm, number))
     if in_place is not None:  # A (m, k) viewed as [m / tm, tm, k]; A stored (k, m) as [k, m / tm, tm]
         tm, (k, m) = in_place, dim_sizes(a) if ta else reversed(dim_sizes(a))
         if ta:
@@ -1301,19 +1323,20 @@ def _blocked(a: ir.Value, b: ir.Value, ta: bool, tb: bool, parallel: bool, swapp
         m = dim_sizes(a)[1 if ta else 0]
         if isinstance(m, int):
             tm = _even_block_rows(m, tm)
-        packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A)
+        packed_a = _panels(a, 1 if ta else 0, tm, parallel, PACK_ROWS_A, a_factor)
     else:
         packed_a = im2col_panels(columns, tm)
         m = _times(dim_sizes(packed_a)[0], tm)  # (the columns go)
     n = dim_sizes(b)[0 if tb else 1]
-    pixels = _pixel_panels(b, tb, tn) if swapped else _padded_columns(b, tb, tn)
+    pixels = None if b_factor is not None else _pixel_panels(b, tb, tn) if swapped else _padded_columns(b, tb, tn)
     if pixels is not None:  # a convolution's columns [k, column panel, column]
         packed_b, b_map = pixels, dims_map(5, [4, 0, 3])
     elif not swapped and (strided_columns or _columns_in_place(b, tb, tn)):  # B (k, n) viewed as [k, n / tn, tn]
+        b = b if b_factor is None else scaled(b, b_factor)
         packed_b, b_map = _expand(b, [dim_sizes(b)[0], n // tn, tn], [[0], [1, 2]]), dims_map(5, [4, 0, 3])
     else:
         rows_tag = PACK_ROWS_B if tn == wide else PACK_ROWS_B_NARROW
-        packed_b = _panels(b, 0 if tb else 1, tn, parallel, rows_tag)
+        packed_b = _panels(b, 0 if tb else 1, tn, parallel, rows_tag, b_factor)
     row_panels, col_panels = _ceil_div(m, tm), _ceil_div(n, tn)
     # dims (column panel, row panel, row, column, k): the tasks' row blocks vary fastest
     maps = [a_map, b_map, dims_map(5, [1, 2, 0, 3])]

@@ -503,17 +503,19 @@ def test_the_serial_build_matches_the_threaded_one():
         np.testing.assert_array_equal(a, b)  # each block is summed in the same order either way
 
 
-def _update_graph(k: int, m: int, also_read: bool, dtype: str = "float32") -> Graph:
+def _update_graph(k: int, m: int, also_read: bool, dtype: str = "float32", constant_lr: float | None = None) -> Graph:
     """W <- W - lr * x^T g (a blocked update product) in place; ``also_read``: another output
-    reads W's old value after the update's product."""
+    reads W's old value after the update's product; ``constant_lr``: lr a constant, not a parameter."""
     x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
     g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
     w = make_node("param", [], name="w", shape=(k, m), dtype=dtype)
-    lr = make_node("param", [], name="lr", shape=(), dtype=dtype)
+    lr = (make_node("param", [], name="lr", shape=(), dtype=dtype) if constant_lr is None
+          else make_node("const", [], value=constant_lr, dtype=dtype))
     one = make_node("const", [], value=1.0, dtype=dtype)
     update = make_node("gemm", [x, g, w, lr, one], transpose_a=True, subtract=True)
     outs = (make_node("matmul", [x, w]),) if also_read else ()
-    return Graph((x, g), (w, lr), outs, updates=(("w", update),), name="update")
+    params = (w,) if constant_lr is not None else (w, lr)
+    return Graph((x, g), params, outs, updates=(("w", update),), name="update")
 
 
 @pytest.mark.parametrize("k, m, also_read", [(257, 33, False), (13, 257, False), (33, 257, True), (65, 1024, False),
@@ -551,6 +553,30 @@ def test_a_blocked_sgd_update_accumulates_into_the_parameter(k, m, dtype, into):
                         and ir.RankedTensorType(op.results[0].type).shape[0] == 1)
     assert len(tails) == (into and k % register_block(np.dtype(dtype).itemsize)[0] != 0)
     _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 257), dtype, lr_slot=1, updated_slot=0)
+
+
+@pytest.mark.parametrize("k, m, constant_lr", [
+    (65, 1024, None),  # x scaled as it is packed, its last 5 columns (a partial row panel) by a small copy
+    (1031, 528, None),  # more rows than columns: g scaled as it is packed (rows 2112 bytes apart)
+    (96, 1024, 0.05),  # a constant factor (-1: x is multiplied by lr before the product)
+])
+def test_a_blocked_sgd_update_scales_its_operand_as_it_packs_it(k, m, constant_lr):
+    """W - lr * x^T g accumulated into W: the factor -lr multiplies x (or g, the operand with fewer
+    columns) inside its packing copies; no scaled copy of the whole operand is made first (a pass over
+    a batch-sized matrix). W matches the reference at awkward batches."""
+    graph = _update_graph(k, m, False, constant_lr=constant_lr)
+    with use_rates(NO_LOOPS):
+        module = emit_linalg(graph)
+        rewrite_matmuls(module)
+        executable = CpuBackend().compile(graph)
+    x, g, w = list(module.body.operations[0].regions[0].blocks[0].arguments)[:3]
+    update_passes = collect_ops(module, lambda op: op.name == "linalg.generic" and w in list(op.operands)
+                                and ir.RankedTensorType(op.results[0].type).shape == [k, m])
+    assert not update_passes  # the product accumulates into W
+    copies = collect_ops(module, lambda op: op.name == "linalg.generic" and {x, g} & set(op.operands))
+    assert len(copies) == (constant_lr is not None)  # (a constant lr: lr * x is emitted; the pack negates)
+    _assert_matches_reference(graph, executable, (1, 7, 257, 1000), lr_slot=None if constant_lr else 1,
+                              updated_slot=0)
 
 
 def test_a_blocked_update_copies_no_parameter():
