@@ -69,7 +69,9 @@ def test_a_width_that_slows_down_is_left_within_a_few_calls():
 
 
 def test_when_the_widths_are_alike_the_other_is_probed_often():
-    step = StandIn(alone=0.001, all_=0.001)
+    """Steps of 20 ms: a wake-up that the busy host delays by a few ms moves one burst's time by a
+    few percent (with 1 ms steps, by a third or more: the widths read apart and probes went rare)."""
+    step = StandIn(alone=0.02, all_=0.02)
     step.call(len(LEARNING))
     widths = step.call(4 * (PROBE_EVERY_MIN + BURST))
     assert "alone" in widths and "all" in widths  # bursts on the width not in use
