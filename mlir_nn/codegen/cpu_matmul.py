@@ -72,7 +72,7 @@ from mlir_nn.codegen.im2col_panels import (
     pixel_panels,
 )
 from mlir_nn.codegen.maps import dims_map, matmul_maps
-from mlir_nn.codegen.parameter_updates import Update, factor_operands, parameter_update, scaled, times_factor
+from mlir_nn.codegen.parameter_updates import Update, copy_times_factor, parameter_update, scaled
 from mlir_nn.codegen.row_blocks import K_STEP as ROW_BLOCK_K_STEP
 from mlir_nn.codegen.row_blocks import block_rows, row_block_product
 from mlir_nn.codegen.row_pitch import ALIASED_PITCH
@@ -986,16 +986,7 @@ def _pack_copy(split: ir.Value, into: ir.Value, perm: list[int], tag: str | None
     ``factor`` of an SGD update where given (the update's product then starts from the parameter
     with no scaled copy of an operand: a pass over x or dY, 0.7% of the 784-1024-1024-10 step)."""
     # a generic, not linalg.transpose: tiles that only move unit dims must not fold into copies
-    rank = len(perm)
-    scalars = [] if factor is None else factor_operands(factor)
-    maps = [dims_map(rank, perm)] + [dims_map(rank, [])] * len(scalars) + [dims_map(rank, list(range(rank)))]
-
-    @linalg.generic([split, *scalars], [into], maps, [PARALLEL] * rank)
-    def pack(value: ir.Value, *scalar_and_out: ir.Value) -> ir.Value:
-        if factor is None:
-            return value
-        return times_factor(value, factor, scalar_and_out[0] if scalars else None)
-
+    pack = copy_times_factor(split, into, dims_map(len(perm), perm), factor)
     if tag is not None:
         pack.owner.attributes[tag] = ir.UnitAttr.get()
     if parallel:
@@ -1041,7 +1032,7 @@ def _panels(x: ir.Value, axis: int, tile: int, parallel: bool, rows_tag: str, fa
     read in its own layout (the packing is the transpose). The whole panels are packed
     straight from ``x`` (vector copies, on threads for large products); a partial last
     panel is packed from a zero-padded copy of its few rows or columns. ``factor``: an SGD update
-    whose factor scales x as it is packed (``times_factor``)."""
+    whose factor scales x as it is packed (``copy_times_factor``)."""
     sizes = dim_sizes(x)
     size, other = sizes[axis], sizes[1 - axis]
     element = ir.RankedTensorType(x.type).element_type

@@ -5,7 +5,7 @@ element-wise op that reads the product. A blocked product writes its accumulator
 buffer of W's size), then the update reads it and W and writes W: for a wide layer at a small
 batch (1024 x 4096 at batch 16) those passes cost about as much as the product. Recognized here,
 the update becomes the product itself (``cpu_matmul``): its register blocks start from W and one
-operand is scaled by c as it is packed (``times_factor`` in the packing copies), W + (c X)^T dY,
+operand is scaled by c as it is packed (``copy_times_factor``, the packing copies), W + (c X)^T dY,
 one read and one write of W.
 """
 
@@ -109,30 +109,28 @@ def _scaled_product(value: ir.Value, product: ir.Value, scalars: list[tuple[ir.V
     return None
 
 
-def factor_operands(update: Update) -> list[ir.Value]:
-    """The 0-d tensor that a generic scaling by the update's factor reads (none for a constant)."""
-    return [] if isinstance(update.factor, float) else [update.factor]
+def copy_times_factor(x: ir.Value, into: ir.Value, x_map: ir.AffineMap, update: Update | None) -> ir.Value:
+    """``into`` = ``x`` read through ``x_map`` (a permutation), times the update's factor (negated
+    where it subtracts; a plain copy without ``update``): one parallel ``linalg.generic``, which
+    reads a 0-d factor as an operand of its own."""
+    rank = ir.RankedTensorType(into.type).rank
+    scalars = [] if update is None or isinstance(update.factor, float) else [update.factor]
+    maps = [x_map] + [dims_map(rank, [])] * len(scalars) + [dims_map(rank, list(range(rank)))]
 
+    @linalg.generic([x, *scalars], [into], maps, [linalg.IteratorType.parallel] * rank)
+    def copy(value: ir.Value, *scalar_and_out: ir.Value) -> ir.Value:
+        if update is None:
+            return value
+        if not scalars:
+            return arith.mulf(value, arith.constant(value.type, -update.factor if update.negate else update.factor))
+        product = arith.mulf(value, scalar_and_out[0])
+        return arith.negf(product) if update.negate else product
 
-def times_factor(value: ir.Value, update: Update, factor: ir.Value | None) -> ir.Value:
-    """``value`` times the update's factor, negated where it subtracts, in a generic's body:
-    ``factor`` is the block argument of its 0-d operand (``factor_operands``), None for a constant."""
-    if factor is None:
-        return arith.mulf(value, arith.constant(value.type, -update.factor if update.negate else update.factor))
-    product = arith.mulf(value, factor)
-    return arith.negf(product) if update.negate else product
+    return copy
 
 
 def scaled(x: ir.Value, update: Update) -> ir.Value:
     """``x`` times the update's factor (negated where it subtracts), a fresh tensor."""
     rank = ir.RankedTensorType(x.type).rank
-    identity = dims_map(rank, list(range(rank)))
-    operands = [x, *factor_operands(update)]
-    maps = [identity] + [dims_map(rank, [])] * (len(operands) - 1) + [identity]
     out = tensor.empty(dim_sizes(x), ir.RankedTensorType(x.type).element_type)
-
-    @linalg.generic(operands, [out], maps, [linalg.IteratorType.parallel] * rank)
-    def by_factor(value: ir.Value, *factor_and_out: ir.Value) -> ir.Value:
-        return times_factor(value, update, factor_and_out[0] if len(factor_and_out) == 2 else None)
-
-    return by_factor
+    return copy_times_factor(x, out, dims_map(rank, list(range(rank))), update)
