@@ -579,6 +579,45 @@ def test_a_blocked_sgd_update_scales_its_operand_as_it_packs_it(k, m, constant_l
                               updated_slot=0)
 
 
+def test_an_sgd_update_scales_an_operand_packed_by_transposed_tiles():
+    """W - lr * A @ G with A (m, k) not transposed, both static (a parameter's gradient that is no
+    weight gradient over a batch, as a low-rank factor's): A's 37 rows (prime: no block of rows
+    divides them, so A is packed, not read in place) go into row panels by transposed vector
+    tiles, the factor -lr multiplying the transposed tiles; only the 7 rows of the partial last
+    panel get a scaled copy, not the whole of A. W matches the reference."""
+    m, k, n = 37, 40, 1024
+    a = make_node("input", [], name="a", shape=(m, k), dtype="float32")
+    g = make_node("input", [], name="g", shape=(k, n), dtype="float32")
+    w = make_node("param", [], name="w", shape=(m, n), dtype="float32")
+    lr = make_node("param", [], name="lr", shape=(), dtype="float32")
+    one = make_node("const", [], value=1.0, dtype="float32")
+    update = make_node("gemm", [a, g, w, lr, one], subtract=True)
+    graph = Graph((a, g), (w, lr), (), updates=(("w", update),), name="update_transposed_tiles")
+    with use_rates(NO_LOOPS):
+        module = emit_linalg(graph)
+        rewrite_matmuls(module)  # (the schedule vectorizes the packs)
+        executable = CpuBackend().compile(graph)
+    lr_arg = list(module.body.operations[0].regions[0].blocks[0].arguments)[3]
+
+    def made_by(value: ir.Value, name: str) -> ir.Operation | None:
+        """The op named ``name`` that ``value`` comes from, through shape casts."""
+        while not isinstance(value.owner, ir.Block) and value.owner.name == "vector.shape_cast":
+            value = value.owner.operands[0]
+        return None if isinstance(value.owner, ir.Block) or value.owner.name != name else value.owner
+
+    def scales_a_transposed_tile(op: ir.Operation) -> bool:
+        if op.name != "arith.mulf" or made_by(op.operands[0], "vector.shuffle") is None:
+            return False
+        lr_vector = made_by(op.operands[1], "vector.broadcast")
+        return lr_vector is not None and lr_arg in list(made_by(lr_vector.operands[0], "tensor.extract").operands)
+
+    assert collect_ops(module, scales_a_transposed_tile)
+    copies = collect_ops(module, lambda op: op.name == "linalg.generic"
+                         and ir.RankedTensorType(op.results[0].type).shape == [m, k])
+    assert not copies  # no scaled copy of A
+    _assert_matches_reference(graph, executable, (1,), lr_slot=1, updated_slot=0)
+
+
 def test_a_blocked_update_copies_no_parameter():
     """The epilogue reads and writes W through its init: after bufferization no memref.copy
     of W is left (it was W into a temporary and back, serial passes over the whole parameter)."""
