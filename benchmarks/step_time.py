@@ -50,8 +50,9 @@ def median_time(fn: Callable[[], object], budget_s: float, min_reps: int = 5) ->
     return timed_slice(fn, budget_s, min_reps)[0]
 
 
-def timed_slice(fn: Callable[[], object], budget_s: float, min_reps: int = 5) -> tuple[float, int, int]:
-    """(median seconds per call, calls, minor page faults) of calling ``fn`` for ``budget_s``."""
+def timed_slice(fn: Callable[[], object], budget_s: float, min_reps: int = 5) -> tuple[float, float, int, int]:
+    """(median seconds per call, seconds of all calls, calls, minor page faults) of calling ``fn`` for
+    ``budget_s``."""
     times: list[float] = []
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
@@ -61,26 +62,31 @@ def timed_slice(fn: Callable[[], object], budget_s: float, min_reps: int = 5) ->
         times.append(time.perf_counter() - t)
         if len(times) >= 20000:
             break
-    return statistics.median(times), len(times), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return (statistics.median(times), sum(times), len(times),
+            resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
 
 
 def round_robin(steps: dict[str, Callable[[], object]], budget_s: float, rounds: int) -> dict[str, dict]:
-    """Each step for ``budget_s / rounds`` per round, in turn: the median of the rounds' medians
-    and the minor page faults per call."""
+    """Each step for ``budget_s / rounds`` per round, in turn: the median of the rounds' medians,
+    the mean time per call over all rounds (what a training loop sees: the median leaves out calls
+    that are slow by design, as a runtime's probes) and the minor page faults per call."""
     for fn in steps.values():
         fn()  # warm up: compile, first-touch the workspace
     medians: dict[str, list[float]] = {label: [] for label in steps}
     calls = dict.fromkeys(steps, 0)
+    seconds = dict.fromkeys(steps, 0.0)
     faults = dict.fromkeys(steps, 0)
     for _ in range(rounds):
         for label, fn in steps.items():
             time.sleep(SETTLE_S)
-            median, n, f = timed_slice(fn, budget_s / rounds, min_reps=3)
+            median, total, n, f = timed_slice(fn, budget_s / rounds, min_reps=3)
             medians[label].append(median)
+            seconds[label] += total
             calls[label] += n
             faults[label] += f
     return {label: {"median_s": statistics.median(medians[label]), "round_medians_s": medians[label],
-                    "page_faults_per_step": faults[label] / calls[label]} for label in steps}
+                    "mean_s": seconds[label] / calls[label], "page_faults_per_step": faults[label] / calls[label]}
+            for label in steps}
 
 
 def init_weights(sizes: list[int], seed: int = 0) -> list[np.ndarray]:

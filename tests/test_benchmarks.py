@@ -115,6 +115,7 @@ def test_grid(tmp_path):
     # the peak measured round-robin with the point is no contender, and gives its own fraction
     assert "fma peak" not in row["median_s"] and row["fma_peak_gflops_float32"] > 0
     assert set(row["fraction_of_fma_peak"]) == set(row["fraction_of_start_peak"]) == set(row["median_s"])
+    assert set(row["mean_s"]) == set(row["median_s"]) and all(t > 0 for t in row["mean_s"].values())
 
 
 def test_grid_summary_by_placement():
@@ -125,8 +126,11 @@ def test_grid_summary_by_placement():
             "b": {"ours_over_best_peer": 1.2, "core_one_way_ns": [200.0, 190.0]},
             "c": {"ours_over_best_peer": 1.1, "core_one_way_ns": [35.0, 200.0]},
             "d": {"ours_over_best_peer": 0.9, "core_one_way_ns": [None, None]}}
+    for label, mean in zip(rows, (1.0, 1.02, 1.1, 1.05)):  # ours' mean time per call, median 1.0
+        rows[label] |= {"median_s": {"compiled cpu": 1.0}, "mean_s": {"compiled cpu": mean}}
     s = summary(rows)
     assert s["points_over_1"] == ["b", "c"] and s["worst_point"] == "b"
+    assert s["ours_mean_over_median_point"] == "c" and s["ours_mean_over_median_max"] == 1.1
     assert s["by_placement"] == {"near": {"points": 1, "over_1": []}, "far": {"points": 1, "over_1": ["b"]},
                                  "mixed": {"points": 1, "over_1": ["c"]}, "one core": {"points": 1, "over_1": []}}
 

@@ -442,16 +442,20 @@ API int32_t KMPC(dispatch_next_8u)(Ident *loc, int32_t gtid, int32_t *plast, uin
  * call before it is not timed: it starts with the pool's threads asleep or the step's rows in
  * the other core's cache (a single call on two threads after calls on one took 0.9 ms where
  * calls in a row took 0.5). Probes are spaced so that they cost about PROBE_COST of the step's
- * time: the slower the other width, the rarer; but at least once per PROBE_PERIOD_NS of calls on the
- * width in use, so that a burst timed while the host took a core away for a moment (all threads
- * 4x slower) does not keep a long step on one thread for minutes (the 784-1024-1024-10 step at batch
- * 512 ran alone at 71-74 ms for a grid point's whole rounds, where two threads take 37-39). */
+ * time: the slower the other width, the rarer. A step running alone probes all threads at least
+ * once per PROBE_PERIOD_NS of its calls, so that a burst timed while the host took a core away for a
+ * moment (all threads 4x slower) does not keep a long step on one thread for minutes (the
+ * 784-1024-1024-10 step at batch 512 ran alone at 71-74 ms for a grid point's whole rounds, where
+ * two threads take 37-39). A step on all threads probes alone at least once per PROBE_PERIOD_ALL_NS:
+ * there the cost share is the rule (with a burst alone each second, that step averaged 28.3-29.1 ms
+ * a call on a Zen 4 host where its median was 26.1-26.5; with bursts by the cost share, 26.0-27.5). */
 #define RING 3               /* step times kept per width */
 #define BURST 3              /* calls in a row on a width being measured (the first is not timed) */
 #define PROBE_COST 0.01      /* the share of step time that probes of the other width may cost */
 #define PROBE_EVERY_MIN 8    /* calls between probes, at least */
 #define PROBE_EVERY_MAX 3000 /* and at most */
-#define PROBE_PERIOD_NS 1e9  /* step time on the width in use between probes, at most */
+#define PROBE_PERIOD_NS 1e9      /* step time alone between probes of all threads, at most */
+#define PROBE_PERIOD_ALL_NS 1e10 /* step time on all threads between probes alone, at most */
 enum { ALONE, ALL, WIDTHS };
 
 /* Zeroed before a step's first call at a batch size; it lives in the header of that batch
@@ -477,11 +481,12 @@ static uint32_t typical(const TeamChoice *c, int width) {
 }
 
 /* Calls between probes of the width not used: a burst's extra time spread over them costs
- * PROBE_COST of the step's, or those that take PROBE_PERIOD_NS when fewer. */
+ * PROBE_COST of the step's, or those that take the width in use's probe period when fewer. */
 static uint32_t probe_interval(const TeamChoice *c) {
     double used = typical(c, c->using), other = typical(c, !c->using);
     double every = used > 0 ? BURST * (other - used) / used / PROBE_COST : PROBE_EVERY_MIN;
-    if (used > 0 && every > PROBE_PERIOD_NS / used) every = PROBE_PERIOD_NS / used;
+    double period = c->using == ALONE ? PROBE_PERIOD_NS : PROBE_PERIOD_ALL_NS;
+    if (used > 0 && every > period / used) every = period / used;
     return every < PROBE_EVERY_MIN ? PROBE_EVERY_MIN : every > PROBE_EVERY_MAX ? PROBE_EVERY_MAX : (uint32_t)every;
 }
 

@@ -19,7 +19,7 @@ from tests.backends.test_cpu_parallel import PARALLEL_FN, K, M
 from tests.codegen.zoo import arguments, matmul_zoo
 
 STEP = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-RING, BURST, PROBE_EVERY_MIN, PROBE_PERIOD_S = 3, 3, 8, 1.0  # task_runtime.c
+RING, BURST, PROBE_EVERY_MIN, PROBE_PERIOD_S, PROBE_PERIOD_ALL_S = 3, 3, 8, 1.0, 10.0  # task_runtime.c
 LEARNING = ["all"] * BURST + ["alone"] * BURST  # bursts, the first call of each untimed
 
 
@@ -90,6 +90,20 @@ def test_a_long_step_probes_the_other_width_at_least_once_a_second():
     step.seconds["all"] = 0.01  # the core is back: all threads are now the faster
     widths = step.call(every + 2 * BURST)
     assert "all" in widths and widths[-BURST:] == ["all"] * BURST
+
+
+@pytest.mark.parametrize("alone, low, high", [
+    (0.04, 200, 400),  # 3 x (40 - 20) / 20 / PROBE_COST: about 300 calls
+    (0.2, 400, round(PROBE_PERIOD_ALL_S / 0.02)),  # the cost share allows 2700: PROBE_PERIOD_ALL_S of calls
+])
+def test_a_long_step_on_all_threads_probes_alone_by_the_cost_share(alone, low, high):
+    """A 20 ms step on all threads probes alone after the calls whose time PROBE_COST of makes up a
+    burst's extra time, up to PROBE_PERIOD_ALL_S of them, not once a second (50 calls): a burst
+    alone each second cost the 784-1024-1024-10 step at batch 512 a tenth of its time."""
+    step = StandIn(alone=alone, all_=0.02)
+    step.call(len(LEARNING))
+    choice = task_runtime.team_choice(step.header)
+    assert choice["using"] == "all" and round(PROBE_PERIOD_S / 0.02) < low < choice["probe_every"] <= high
 
 
 def test_a_threaded_step_gives_the_same_results_on_either_width(monkeypatch):
