@@ -380,7 +380,8 @@ def placement(pair: list[float | None]) -> str:
 
 def summary(rows: dict[str, dict]) -> dict:
     """Geomean and worst of ours / the best peer, the points over 1.0, and the same by placement
-    (a point over 1.0 only where the cores share no L3 is a different problem from one over it near)."""
+    (a point over 1.0 only where the cores share no L3 is a different problem from one over it near);
+    ours' largest mean time per call over its median, and where."""
     ratios = {label: row["ours_over_best_peer"] for label, row in rows.items() if "ours_over_best_peer" in row}
     if not ratios:
         return {}

@@ -97,8 +97,8 @@ def test_a_long_step_probes_the_other_width_at_least_once_a_second():
     (0.2, 400, round(PROBE_PERIOD_ALL_S / 0.02)),  # the cost share allows 2700: PROBE_PERIOD_ALL_S of calls
 ])
 def test_a_long_step_on_all_threads_probes_alone_by_the_cost_share(alone, low, high):
-    """A 20 ms step on all threads probes alone after the calls whose time PROBE_COST of makes up a
-    burst's extra time, up to PROBE_PERIOD_ALL_S of them, not once a second (50 calls): a burst
+    """A 20 ms step on all threads probes alone after as many calls as make a burst's extra time
+    PROBE_COST of theirs, at most PROBE_PERIOD_ALL_S of calls, not once a second (50 calls): a burst
     alone each second cost the 784-1024-1024-10 step at batch 512 a tenth of its time."""
     step = StandIn(alone=alone, all_=0.02)
     step.call(len(LEARNING))
