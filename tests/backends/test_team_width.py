@@ -92,18 +92,21 @@ def test_a_long_step_probes_the_other_width_at_least_once_a_second():
     assert "all" in widths and widths[-BURST:] == ["all"] * BURST
 
 
+ALL_S = 0.02  # the stand-in's step on all threads in the cost-share test below
+
+
 @pytest.mark.parametrize("alone, low, high", [  # (bounds that a wake-up delayed by a busy host leaves)
     (0.04, 100, 500),  # 3 x (40 - 20) / 20 / PROBE_COST: about 300 calls
-    (0.2, 250, round(PROBE_PERIOD_ALL_S / 0.02)),  # the cost share allows 2700: PROBE_PERIOD_ALL_S of calls
+    (0.2, 250, round(PROBE_PERIOD_ALL_S / ALL_S)),  # the cost share allows 2700: PROBE_PERIOD_ALL_S of calls
 ])
 def test_a_long_step_on_all_threads_probes_alone_by_the_cost_share(alone, low, high):
     """A 20 ms step on all threads probes alone after as many calls as make a burst's extra time
     PROBE_COST of theirs, at most PROBE_PERIOD_ALL_S of calls, not once a second (50 calls): a burst
     alone each second cost the 784-1024-1024-10 step at batch 512 a tenth of its time."""
-    step = StandIn(alone=alone, all_=0.02)
+    step = StandIn(alone=alone, all_=ALL_S)
     step.call(len(LEARNING))
     choice = task_runtime.team_choice(step.header)
-    assert choice["using"] == "all" and round(PROBE_PERIOD_S / 0.02) < low < choice["probe_every"] <= high
+    assert choice["using"] == "all" and round(PROBE_PERIOD_S / ALL_S) < low < choice["probe_every"] <= high
 
 
 def test_a_threaded_step_gives_the_same_results_on_either_width(monkeypatch):

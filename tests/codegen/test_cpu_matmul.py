@@ -503,16 +503,18 @@ def test_the_serial_build_matches_the_threaded_one():
         np.testing.assert_array_equal(a, b)  # each block is summed in the same order either way
 
 
-def _update_graph(k: int, m: int, also_read: bool, dtype: str = "float32", constant_lr: float | None = None) -> Graph:
+def _update_graph(k: int, m: int, also_read: bool, dtype: str = "float32", constant_lr: float | None = None,
+                  batch: int | str = "N", transpose_a: bool = True) -> Graph:
     """W <- W - lr * x^T g (a blocked update product) in place; ``also_read``: another output
-    reads W's old value after the update's product; ``constant_lr``: lr a constant, not a parameter."""
-    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
-    g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
+    reads W's old value after the update's product; ``constant_lr``: lr a constant, not a parameter;
+    ``batch``: the size summed over; not ``transpose_a``: W - lr * x g with x stored (k, batch)."""
+    x = make_node("input", [], name="x", shape=(batch, k) if transpose_a else (k, batch), dtype=dtype)
+    g = make_node("input", [], name="g", shape=(batch, m), dtype=dtype)
     w = make_node("param", [], name="w", shape=(k, m), dtype=dtype)
     lr = (make_node("param", [], name="lr", shape=(), dtype=dtype) if constant_lr is None
           else make_node("const", [], value=constant_lr, dtype=dtype))
     one = make_node("const", [], value=1.0, dtype=dtype)
-    update = make_node("gemm", [x, g, w, lr, one], transpose_a=True, subtract=True)
+    update = make_node("gemm", [x, g, w, lr, one], transpose_a=transpose_a, subtract=True)
     outs = (make_node("matmul", [x, w]),) if also_read else ()
     params = (w,) if constant_lr is not None else (w, lr)
     return Graph((x, g), params, outs, updates=(("w", update),), name="update")
@@ -585,14 +587,8 @@ def test_an_sgd_update_scales_an_operand_packed_by_transposed_tiles():
     divides them, so A is packed, not read in place) go into row panels by transposed vector
     tiles, the factor -lr multiplying the transposed tiles; only the 7 rows of the partial last
     panel get a scaled copy, not the whole of A. W matches the reference."""
-    m, k, n = 37, 40, 1024
-    a = make_node("input", [], name="a", shape=(m, k), dtype="float32")
-    g = make_node("input", [], name="g", shape=(k, n), dtype="float32")
-    w = make_node("param", [], name="w", shape=(m, n), dtype="float32")
-    lr = make_node("param", [], name="lr", shape=(), dtype="float32")
-    one = make_node("const", [], value=1.0, dtype="float32")
-    update = make_node("gemm", [a, g, w, lr, one], subtract=True)
-    graph = Graph((a, g), (w, lr), (), updates=(("w", update),), name="update_transposed_tiles")
+    m, k = 37, 40
+    graph = _update_graph(m, 1024, False, batch=k, transpose_a=False)
     with use_rates(NO_LOOPS):
         module = emit_linalg(graph)
         rewrite_matmuls(module)  # (the schedule vectorizes the packs)
@@ -609,7 +605,8 @@ def test_an_sgd_update_scales_an_operand_packed_by_transposed_tiles():
         if op.name != "arith.mulf" or made_by(op.operands[0], "vector.shuffle") is None:
             return False
         lr_vector = made_by(op.operands[1], "vector.broadcast")
-        return lr_vector is not None and lr_arg in list(made_by(lr_vector.operands[0], "tensor.extract").operands)
+        lr_read = None if lr_vector is None else made_by(lr_vector.operands[0], "tensor.extract")
+        return lr_read is not None and lr_arg in list(lr_read.operands)
 
     assert collect_ops(module, scales_a_transposed_tile)
     copies = collect_ops(module, lambda op: op.name == "linalg.generic"
