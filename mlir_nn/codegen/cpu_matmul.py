@@ -178,11 +178,13 @@ PACK_PARALLEL_GROUPS = "mlirnn.pack_parallel_groups"
 # Small products whose inner two loops have static sizes: vector code per outer iteration.
 SMALL_VECTOR = "mlirnn.small_vector"
 # Those over a dynamic batch: in blocks of rows (the tag's value: rows per block), SMALL_ROW_BLOCK,
-# or ONE_VECTOR_ROW_BLOCK where C's rows are one vector register and there are 32 of them: one
-# accumulator per row, and two 512-bit FMA units of 4 cycles' latency (Intel's, Zen 5's) need 8
-# chains in flight. The 1000 x 10 forward product at batch 10000 (two cores of an Intel Xeon,
-# family 6 model 207): 1369 -> 994 us.
-SMALL_ROWS, SMALL_ROW_BLOCK, ONE_VECTOR_ROW_BLOCK = "mlirnn.small_rows", 4, 8
+# or NARROW_ROW_BLOCK in the (m, k, n) order where C's rows are NARROW_ROW_VECTORS vector registers
+# or fewer and there are 32 of them: two 512-bit FMA units of 4 cycles' latency (Intel's, Zen 5's)
+# need 8 chains in flight, and a row of one register (or the one-register part of a split row:
+# 48 = 32 + 16) in blocks of 4 has 4. Two cores of an Intel Xeon (family 6 model 207): the 1000 x 10
+# forward product at batch 10000 1369 -> 994 us; at batch 20000, 48 x 48 294 -> 249 us, 48 x 24
+# 315 -> 218. Wider rows (64 floats: 32 accumulators in blocks of 8) keep blocks of 4.
+SMALL_ROWS, SMALL_ROW_BLOCK, NARROW_ROW_BLOCK, NARROW_ROW_VECTORS = "mlirnn.small_rows", 4, 8, 3
 # Those in the (m, k, n) order whose k is a multiple of SMALL_K_STEP (and longer): a loop over
 # k in steps of that many, the block's accumulators carried in registers. Unrolled whole, the
 # k = 256 forward product of a 256-10 output layer (1280 FMAs) took LLVM about a second.
@@ -792,12 +794,13 @@ def small_task_rows(row_work: int, block: int = SMALL_ROW_BLOCK) -> int:
 
 def small_block_rows(order: Iterable[int], row_size: int | None, itemsize: int) -> int:
     """Rows per block of a SMALL_ROWS product with loops in ``order`` (of matmul dims m, n, k),
-    ``row_size`` the length of its innermost loop: ONE_VECTOR_ROW_BLOCK where the rows are the
-    batch, the innermost loop is C's rows and they fit one of 32 vector registers (AVX-512),
-    else SMALL_ROW_BLOCK."""
+    ``row_size`` the length of its innermost loop: NARROW_ROW_BLOCK where the rows are the
+    batch, the innermost loop is C's rows and they fit NARROW_ROW_VECTORS of 32 vector
+    registers (AVX-512), else SMALL_ROW_BLOCK."""
     order = tuple(order)
-    one_vector = order[0] == 0 and order[2] == 1 and row_size is not None and row_size * itemsize <= vector_bytes()
-    return ONE_VECTOR_ROW_BLOCK if one_vector and vector_bytes() == 64 else SMALL_ROW_BLOCK
+    narrow = (order[0] == 0 and order[2] == 1 and row_size is not None
+              and row_size * itemsize <= NARROW_ROW_VECTORS * vector_bytes())
+    return NARROW_ROW_BLOCK if narrow and vector_bytes() == 64 else SMALL_ROW_BLOCK
 
 
 def _lane_split(size: int | None, lanes: int) -> int | None:
