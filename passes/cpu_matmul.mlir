@@ -121,20 +121,16 @@ module attributes {transform.with_named_sequence} {
     %small_rows, %small_loop = transform.structured.tile_using_for %small tile_sizes [1, 0, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     transform.structured.vectorize %small_rows : !transform.any_op
-    // (over a dynamic batch, `mlirnn.small_rows`: blocks of {small_rows} rows, one contraction each,
-    // so that each B[k, :] read feeds {small_rows} rows' independent FMA chains; the loop is peeled,
-    // its last partial block runs row by row)
+    // (over a dynamic batch, `mlirnn.small_rows = array<i64: rows>`: blocks of that many rows, one
+    // contraction each, so that each B[k, :] read feeds that many rows' independent FMA chains; the
+    // loop is peeled, its last partial block runs row by row)
     // (`mlirnn.small_chunk = tiles`, a sum over the batch with a large accumulator: first a loop over
     // equal chunks of one inner loop (its tile sizes), the batch loop inside; `mlirnn.small_chunk_tasks`:
     // the chunks as tasks on threads)
 {small_chunks}    // (`mlirnn.split_lanes_in_chunks`: the split of `mlirnn.split_lanes` inside each chunk, so that the
     // second part reads the chunk's columns of A from cache)
 {chunk_splits}    // (`mlirnn.small_tasks = array<i64: rows>`: first split into tasks of that many rows on threads)
-{small_tasks}    %blocked = transform.structured.match ops{["linalg.generic"]} attributes {mlirnn.small_rows} in %root
-        : (!transform.any_op) -> !transform.any_op
-    %row_blocks, %block_loop = transform.structured.tile_using_for %blocked tile_sizes [{small_rows}, 0, 0]
-        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    %block_for = transform.cast %block_loop : !transform.any_op to !transform.op<"scf.for">
+{small_tasks}{small_row_blocks}    %block_for = transform.cast %block_loop : !transform.any_op to !transform.op<"scf.for">
     %whole, %rest = transform.loop.peel %block_for : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
     transform.foreach %whole, %rest : !transform.any_op, !transform.any_op {
     ^bb0(%whole_loop: !transform.any_op, %rest_loop: !transform.any_op):

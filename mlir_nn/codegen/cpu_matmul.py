@@ -39,9 +39,9 @@ on the host (``schedule_rates``; ``product_plan`` is the one place that decides)
   (n, k), every row's contraction was lowered to shuffles of B's columns). With a static
   outer loop (``mlirnn.small_vector``) the schedule vectorizes it one iteration at a time.
   Over a dynamic batch (``mlirnn.small_rows``, the narrow layers of a large batch) it runs
-  in blocks of SMALL_ROW_BLOCK rows, one contraction each (each row of B feeds that many
-  independent FMA chains; a weight gradient's accumulator is loaded and stored once per
-  block), the last partial block row by row; in the (m, k, n) order each block loops over
+  in blocks of SMALL_ROW_BLOCK rows (``small_block_rows``), one contraction each (each row of
+  B feeds that many independent FMA chains; a weight gradient's accumulator is loaded and
+  stored once per block), the last partial block row by row; in the (m, k, n) order each block loops over
   k in steps of SMALL_K_STEP (``mlirnn.small_k_steps``), not unrolled over the whole of k;
   a sum over the batch whose accumulator has more than SMALL_CARRY_MAX elements (it is
   carried through the batch loop) is split into chunks of its rows: a loop over equal chunks
@@ -177,7 +177,14 @@ _DYNAMIC = ir.ShapedType.get_dynamic_size()
 PACK_PARALLEL_GROUPS = "mlirnn.pack_parallel_groups"
 # Small products whose inner two loops have static sizes: vector code per outer iteration.
 SMALL_VECTOR = "mlirnn.small_vector"
-SMALL_ROWS, SMALL_ROW_BLOCK = "mlirnn.small_rows", 4  # those over a dynamic batch: in blocks of rows
+# Those over a dynamic batch: in blocks of rows (the tag's value: rows per block), SMALL_ROW_BLOCK,
+# or NARROW_ROW_BLOCK in the (m, k, n) order where C's rows are NARROW_ROW_VECTORS vector registers
+# or fewer and there are 32 of them: two 512-bit FMA units of 4 cycles' latency (Intel's, Zen 5's)
+# need 8 chains in flight, and a row of one register (or the one-register part of a split row:
+# 48 = 32 + 16) in blocks of 4 has 4. Two cores of an Intel Xeon (family 6 model 207): the 1000 x 10
+# forward product at batch 10000 1369 -> 994 us; at batch 20000, 48 x 48 294 -> 249 us, 48 x 24
+# 315 -> 218. Wider rows (64 floats: 32 accumulators in blocks of 8) keep blocks of 4.
+SMALL_ROWS, SMALL_ROW_BLOCK, NARROW_ROW_BLOCK, NARROW_ROW_VECTORS = "mlirnn.small_rows", 4, 8, 3
 # Those in the (m, k, n) order whose k is a multiple of SMALL_K_STEP (and longer): a loop over
 # k in steps of that many, the block's accumulators carried in registers. Unrolled whole, the
 # k = 256 forward product of a 256-10 output layer (1280 FMAs) took LLVM about a second.
@@ -622,12 +629,13 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         chunks = f", {'tasks' if plan.chunk_tasks else 'a loop'} over chunks of {pieces[0]} x {pieces[1]} elements"
     if SMALL_K_STEPS in plan.tags:
         chunks += f", k in steps of {SMALL_K_STEP}"
+    block = small_block_rows(plan.order, inner[1], _itemsize(op.result))
     if SMALL_TASKS in plan.tags:
-        chunks += f", tasks of {small_task_rows(inner[0] * inner[1])} rows"
+        chunks += f", tasks of {small_task_rows(inner[0] * inner[1], block)} rows"
     if plan.split_rows:
         chunks += f", tasks of at least {plan.split_rows} batch rows into partial sums"
     return ProductPlan("small-rows", SMALL_TASKS in plan.tags or plan.chunk_tasks or bool(plan.split_rows),
-                       f"{vector}, blocks of {SMALL_ROW_BLOCK} rows{chunks}",
+                       f"{vector}, blocks of {block} rows{chunks}",
                        plan)
 
 
@@ -757,11 +765,14 @@ def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: li
 
     for tag in tags:
         product.owner.attributes[tag] = ir.UnitAttr.get()
+    lanes = dim_sizes(c)[1] if order[2] == 1 else None  # the vector code's lanes: C's rows
+    block = small_block_rows(order, lanes, _itemsize(c))
+    if SMALL_ROWS in tags:  # its value: rows per block
+        product.owner.attributes[SMALL_ROWS] = ir.DenseI64ArrayAttr.get([block])
     if SMALL_TASKS in tags:  # its value: rows per task (rows are the batch, a row's work is k * n)
         k = ir.RankedTensorType(a.type).shape[0 if ta else 1]
-        rows = small_task_rows(k * ir.RankedTensorType(c.type).shape[1])
+        rows = small_task_rows(k * ir.RankedTensorType(c.type).shape[1], block)
         product.owner.attributes[SMALL_TASKS] = ir.DenseI64ArrayAttr.get([rows])
-    lanes = dim_sizes(c)[1] if order[2] == 1 else None  # the vector code's lanes: C's rows
     point = _lane_split(lanes, vector_bytes() // _itemsize(c))
     if tags and point is not None:
         tag = (SPLIT_LANES_IN_BLOCKS if SMALL_ROWS in tags and order[0] == 0 else
@@ -770,15 +781,26 @@ def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: li
     return product
 
 
-def small_task_rows(row_work: int) -> int:
-    """Batch rows per task of a SMALL_TASKS product whose row has ``row_work`` multiply-adds:
-    SMALL_TASK_ROWS, or a multiple of SMALL_ROW_BLOCK rows with SMALL_TASK_WORK; when
-    SMALL_TASK_ROWS rows carry WIDE_TASK_WORK or more, the fewest rows that carry
-    SMALL_TASK_WORK, rounded up to a power of two."""
-    blocks = -(-SMALL_TASK_WORK // (row_work * SMALL_ROW_BLOCK))
+def small_task_rows(row_work: int, block: int = SMALL_ROW_BLOCK) -> int:
+    """Batch rows per task of a SMALL_TASKS product whose row has ``row_work`` multiply-adds, in
+    blocks of ``block`` rows: SMALL_TASK_ROWS, or a multiple of ``block`` rows with
+    SMALL_TASK_WORK; when SMALL_TASK_ROWS rows carry WIDE_TASK_WORK or more, the fewest rows
+    that carry SMALL_TASK_WORK, rounded up to a power of two."""
+    blocks = -(-SMALL_TASK_WORK // (row_work * block))
     if row_work * SMALL_TASK_ROWS >= WIDE_TASK_WORK:  # (a power of two: the usual batches split evenly)
-        return 1 << (blocks * SMALL_ROW_BLOCK - 1).bit_length()
-    return max(SMALL_TASK_ROWS, blocks * SMALL_ROW_BLOCK)
+        return 1 << (blocks * block - 1).bit_length()
+    return max(SMALL_TASK_ROWS, blocks * block)
+
+
+def small_block_rows(order: Iterable[int], row_size: int | None, itemsize: int) -> int:
+    """Rows per block of a SMALL_ROWS product with loops in ``order`` (of matmul dims m, n, k),
+    ``row_size`` the length of its innermost loop: NARROW_ROW_BLOCK where the rows are the
+    batch, the innermost loop is C's rows and they fit NARROW_ROW_VECTORS of 32 vector
+    registers (AVX-512), else SMALL_ROW_BLOCK."""
+    order = tuple(order)
+    narrow = (order[0] == 0 and order[2] == 1 and row_size is not None
+              and row_size * itemsize <= NARROW_ROW_VECTORS * vector_bytes())
+    return NARROW_ROW_BLOCK if narrow and vector_bytes() == 64 else SMALL_ROW_BLOCK
 
 
 def _lane_split(size: int | None, lanes: int) -> int | None:
@@ -1656,16 +1678,18 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
                    splits: Iterable[tuple[int, int]] = (), small_tasks: Iterable[int] = (),
                    thread_count: int | None = None, quick: bool = False,
                    block_splits: Iterable[tuple[int, int]] = (),
-                   chunk_splits: Iterable[tuple[int, int]] = (), depths: Iterable[int] = ()) -> str:
+                   chunk_splits: Iterable[tuple[int, int]] = (), depths: Iterable[int] = (),
+                   row_blocks: Iterable[int] = ()) -> str:
     """The schedule's text for products of ``itemsize`` bytes with these tags (``depths``: their kc
-    slices'); ``quick``: the quick tier's (QUICK_K_UNROLL, QUICK_SMALL_K_STEP)."""
+    slices'; ``row_blocks``: their SMALL_ROWS blocks'); ``quick``: the quick tier's (QUICK_K_UNROLL,
+    QUICK_SMALL_K_STEP)."""
     tm, tn = register_block(itemsize)
     _, nc, kc = cache_blocks(itemsize)
     sizes = {"tm": tm, "tm_lanes": 1 << (tm - 1).bit_length(), "tn": tn, "tn_narrow": tn // 2,
              "row_panels": _task_row_panels(itemsize, False), "fine_row_panels": _task_row_panels(itemsize, True),
              "col_panels": nc // tn,
              "kc": kc, "tile": TRANSPOSE_TILE, "rows": PACK_ROWS_STEP, "swapped_panels": SWAPPED_TASK_PANELS,
-             "small_rows": SMALL_ROW_BLOCK, "small_k_step": QUICK_SMALL_K_STEP if quick else SMALL_K_STEP,
+             "small_k_step": QUICK_SMALL_K_STEP if quick else SMALL_K_STEP,
              "k_unroll": QUICK_K_UNROLL if quick else K_UNROLL,
              "row_block_k_step": ROW_BLOCK_K_STEP, "pack_task_rows": PACK_TASK_ROWS,
              "pack_group_tasks": (f"num_threads [0, {thread_count}]" if thread_count
@@ -1681,6 +1705,7 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
         sections = "".join(_split_section(s, SPLIT_LANES_IN_BLOCKS, f"{loop}_loop") for s in sorted(block_splits))
         text = text.replace("{" + loop + "_splits}", sections)
     text = text.replace("{small_tasks}", "".join(_SMALL_TASKS.replace("{rows}", str(r)) for r in sorted(small_tasks)))
+    text = text.replace("{small_row_blocks}", _row_block_sections(set(row_blocks) | {SMALL_ROW_BLOCK}))
     text = text.replace("{kc_slices}", _kc_sections(set(depths) | {kc}))
     return text.replace("{balanced_tasks}", "".join(_balanced_section(t) for t in sorted(tasks)))
 
@@ -1749,6 +1774,22 @@ def _balanced_section(tasks: tuple[int, int]) -> str:
     return _BALANCED.replace("{c}", str(tasks[0])).replace("{r}", str(tasks[1]))
 
 
+# blocks of the products tagged SMALL_ROWS with this many rows
+_ROW_BLOCKS = """    %blocked_{rows} = transform.structured.match ops{["linalg.generic"]}
+        attributes {mlirnn.small_rows = array<i64: {rows}>} in %root : (!transform.any_op) -> !transform.any_op
+    %row_blocks_{rows}, %block_loop_{rows} = transform.structured.tile_using_for %blocked_{rows}
+        tile_sizes [{rows}, 0, 0] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+"""
+
+
+def _row_block_sections(rows: Iterable[int]) -> str:
+    """The blocks of every row count in ``rows``, their loops merged into %block_loop."""
+    rows = sorted(rows)
+    merged = ", ".join(f"%block_loop_{r}" for r in rows)
+    return ("".join(_ROW_BLOCKS.replace("{rows}", str(r)) for r in rows)
+            + f"    %block_loop = transform.merge_handles {merged} : !transform.any_op\n")
+
+
 # tasks of the products tagged SMALL_TASKS with this many rows
 _SMALL_TASKS = """    %small_tasks_{rows} = transform.structured.match ops{["linalg.generic"]}
         attributes {mlirnn.small_tasks = array<i64: {rows}>} in %root : (!transform.any_op) -> !transform.any_op
@@ -1761,7 +1802,7 @@ _SMALL_TASKS = """    %small_tasks_{rows} = transform.structured.match ops{["lin
 class _Tags:
     """The distinct schedule tags of the products of a module: PARALLEL_TASKS sizes, SMALL_TASKS
     row counts, (SMALL_CHUNK or SMALL_CHUNK_TASKS, tile sizes), SPLIT_LANES and
-    SPLIT_LANES_IN_BLOCKS (loop, point), KC_DEPTH depths."""
+    SPLIT_LANES_IN_BLOCKS (loop, point), KC_DEPTH depths, SMALL_ROWS rows per block."""
 
     tasks: set[tuple[int, int]]
     small_tasks: set[int]
@@ -1770,13 +1811,14 @@ class _Tags:
     block_splits: set[tuple[int, int]]
     chunk_splits: set[tuple[int, int]]
     depths: set[int]
+    row_blocks: set[int]
 
 
 def _schedule_tags(module: ir.Module) -> _Tags:
     """Every tag of ``_Tags`` in one walk that skips the bodies of linalg ops (the tagged ops are
     linalg.generic ops; their bodies hold most of a module's ops). Five walks of the whole
     module before: a tenth of a second at 16x256 Adam."""
-    tags = _Tags(set(), set(), set(), set(), set(), set(), set())
+    tags = _Tags(set(), set(), set(), set(), set(), set(), set(), set())
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if not op.name.startswith("linalg."):
@@ -1798,6 +1840,8 @@ def _schedule_tags(module: ir.Module) -> _Tags:
                 tags.chunk_splits.add(tuple(ir.DenseI64ArrayAttr(attributes[SPLIT_LANES_IN_CHUNKS])))
             if KC_DEPTH in attributes:
                 tags.depths.add(ir.DenseI64ArrayAttr(attributes[KC_DEPTH])[0])
+            if SMALL_ROWS in attributes:
+                tags.row_blocks.add(ir.DenseI64ArrayAttr(attributes[SMALL_ROWS])[0])
         return ir.WalkResult.SKIP
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
@@ -1810,7 +1854,7 @@ def _apply_schedule(module: ir.Module, itemsize: int, thread_count: int | None, 
 
     tags = _schedule_tags(module)
     text = _schedule_text(itemsize, tags.tasks, tags.chunks, tags.splits, tags.small_tasks, thread_count, quick,
-                          tags.block_splits, tags.chunk_splits, tags.depths)
+                          tags.block_splits, tags.chunk_splits, tags.depths, tags.row_blocks)
     schedule = ir.Module.parse(text, module.context)
     entry = next(op for op in schedule.body.operations
                  if ir.StringAttr(op.attributes["sym_name"]).value == "mlirnn_cpu_matmul")

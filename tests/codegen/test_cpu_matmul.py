@@ -29,6 +29,8 @@ from mlir_nn.codegen.cpu_matmul import (
     K_RANGES_OUTPUT_MAX,
     K_RANGES_PARTIALS_BYTES,
     K_UNROLL,
+    NARROW_ROW_BLOCK,
+    NARROW_ROW_VECTORS,
     NARROW_ROWS_MIN,
     PACK,
     PACK_ROWS_STEP,
@@ -51,6 +53,7 @@ from mlir_nn.codegen.cpu_matmul import (
     loop_plan,
     product_plan,
     rewrite_matmuls,
+    small_block_rows,
 )
 from mlir_nn.codegen.row_pitch import ALIASED_PITCH
 from mlir_nn.codegen.short_products import SHORT_K
@@ -148,17 +151,41 @@ def test_small_rows_with_a_long_k_loop_over_k_in_steps(k, m, dtype):
     """x @ w over the batch with a long static k: each block of rows (and each row of the last
     partial block) loops over k in steps of SMALL_K_STEP, its accumulators carried in vector
     registers through that loop, instead of k unrolled whole (1280 FMAs for k = 256 took LLVM
-    about a second to compile)."""
+    about a second to compile). Rows of NARROW_ROW_VECTORS vector registers or fewer run in
+    blocks of NARROW_ROW_BLOCK rows where there are 32 registers (AVX-512), else of SMALL_ROW_BLOCK."""
     graph = _product_graph(k, m, dtype)
     module = emit_linalg(graph)
     rewrite_matmuls(module, threads=False)
     text = str(module)
     element = "f32" if dtype == "float32" else "f64"
+    block = NARROW_ROW_BLOCK if vector_bytes() == 64 else SMALL_ROW_BLOCK
+    assert small_block_rows((0, 2, 1), m, np.dtype(dtype).itemsize) == block
     loop = rf"scf.for %\w+ = %c0 to %c{k} step %c{SMALL_K_STEP} iter_args\(.*\) -> \(vector<(\d+)x{m}x{element}>\)"
     steps = re.findall(loop, text)
-    assert sorted(map(int, steps)) == [1, SMALL_ROW_BLOCK], steps  # the whole blocks' loop and the rest's
-    assert text.count("vector.fma") == (SMALL_ROW_BLOCK + 1) * SMALL_K_STEP
-    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
+    assert sorted(map(int, steps)) == [1, block], steps  # the whole blocks' loop and the rest's
+    assert text.count("vector.fma") == (block + 1) * SMALL_K_STEP
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (block, block + 3, 4099), dtype)
+
+
+@pytest.mark.parametrize("m", [48, 64])
+def test_narrow_rows_run_in_blocks_of_more_rows_with_avx512(m):
+    """x @ w over the batch, w 64 x m float32: rows of 48 (split 32 + 16 inside each block) run in
+    blocks of NARROW_ROW_BLOCK rows with AVX-512, so that the one-register part has 8 FMA chains;
+    rows of 64 (4 registers: 32 accumulators in such blocks) in blocks of SMALL_ROW_BLOCK. Both
+    match the reference at awkward batches."""
+    if vector_bytes() != 64:
+        pytest.skip("blocks of NARROW_ROW_BLOCK rows need 32 vector registers (AVX-512)")
+    graph = _product_graph(64, m, "float32")
+    module = emit_linalg(graph)
+    rewrite_matmuls(module, threads=False)
+    text = str(module)
+    narrow = m * 4 <= NARROW_ROW_VECTORS * vector_bytes()
+    block = NARROW_ROW_BLOCK if narrow else SMALL_ROW_BLOCK
+    widths = _lane_parts(m, "float32")
+    assert len(widths) == (2 if narrow else 1)
+    for width in widths:
+        assert f"vector<{block}x{width}xf32>" in text, (block, width)
+    _assert_matches_reference(graph, CpuBackend().compile(graph), BATCHES + (block, block + 3, 4099), "float32")
 
 
 @pytest.mark.parametrize("k, m, dtype", [(256, 10, "float32"), (48, 7, "float64")])
@@ -172,10 +199,11 @@ def test_the_quick_schedule_steps_over_k_in_shorter_steps(k, m, dtype):
     element = "f32" if dtype == "float32" else "f64"
     step = QUICK_SMALL_K_STEP
     loop = rf"scf.for %\w+ = %c0 to %c{k} step %c{step} iter_args\(.*\) -> \(vector<(\d+)x{m}x{element}>\)"
-    assert sorted(map(int, re.findall(loop, text))) == [1, SMALL_ROW_BLOCK]
-    assert text.count("vector.fma") == (SMALL_ROW_BLOCK + 1) * QUICK_SMALL_K_STEP < (SMALL_ROW_BLOCK + 1) * SMALL_K_STEP
+    block = small_block_rows((0, 2, 1), m, np.dtype(dtype).itemsize)
+    assert sorted(map(int, re.findall(loop, text))) == [1, block]
+    assert text.count("vector.fma") == (block + 1) * QUICK_SMALL_K_STEP < (block + 1) * SMALL_K_STEP
     executable = CpuExecutable(graph, compile_kernel(graph, use_disk=False, threads=False, opt_level=0))
-    _assert_matches_reference(graph, executable, BATCHES + (SMALL_ROW_BLOCK, 4099), dtype)
+    _assert_matches_reference(graph, executable, BATCHES + (block, 4099), dtype)
 
 
 def test_the_quick_schedule_does_not_unroll_the_blocked_k_loop():
