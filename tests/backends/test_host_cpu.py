@@ -62,8 +62,9 @@ def test_defined_functions_get_the_host_cpu_and_features_declarations_do_not():
 @pytest.mark.skipif(llvm_tool("llvm-objdump") is None, reason="no llvm-objdump to read the machine code")
 @pytest.mark.parametrize("tuned", [False, True])
 def test_a_strided_copy_compiles_without_gathers_or_scatters(tuned, tmp_path: Path):
-    """Untuned, LLVM vectorizes this copy into AVX-512 gathers and scatters on hosts that have
-    them (slower than scalar code on ours); tuned, never."""
+    """Untuned, LLVM vectorizes this copy into AVX-512 gathers and scatters on hosts whose CPU model
+    it gives fast gathers (AMD Zen 4 and 5; slower than scalar code there); tuned, never. (An Intel
+    Xeon, family 6 model 207, gets none untuned: LLVM prefers no gathers on those models already.)"""
     with ir.Context() as context:
         module = _lowered(context, tuned)
         compile_object(module, "_mlir_ciface_im2col", tmp_path / "im2col.o")
@@ -74,8 +75,9 @@ def test_a_strided_copy_compiles_without_gathers_or_scatters(tuned, tmp_path: Pa
         assert vector_memory == 0
     elif "+avx512f" not in host_target()[1]:
         pytest.skip("without AVX-512 LLVM has no scatters to choose")
-    else:
-        assert vector_memory > 0  # what the preferences remove (were this 0, the test above proves nothing)
+    elif vector_memory == 0:
+        pytest.skip(f"LLVM chooses no gathers or scatters for {host_target()[0]} untuned: nothing for the "
+                    "preferences to remove on this host")
 
 
 @pytest.mark.parametrize("opt_level", [0, 2])
