@@ -781,7 +781,7 @@ def _looped(a: ir.Value, b: ir.Value, c: ir.Value, ta: bool, tb: bool, order: li
     return product
 
 
-def small_task_rows(row_work: int, block: int = SMALL_ROW_BLOCK) -> int:
+def small_task_rows(row_work: int, block: int) -> int:
     """Batch rows per task of a SMALL_TASKS product whose row has ``row_work`` multiply-adds, in
     blocks of ``block`` rows: SMALL_TASK_ROWS, or a multiple of ``block`` rows with
     SMALL_TASK_WORK; when SMALL_TASK_ROWS rows carry WIDE_TASK_WORK or more, the fewest rows
@@ -1705,8 +1705,9 @@ def _schedule_text(itemsize: int, tasks: Iterable[tuple[int, int]] = (),
         sections = "".join(_split_section(s, SPLIT_LANES_IN_BLOCKS, f"{loop}_loop") for s in sorted(block_splits))
         text = text.replace("{" + loop + "_splits}", sections)
     text = text.replace("{small_tasks}", "".join(_SMALL_TASKS.replace("{rows}", str(r)) for r in sorted(small_tasks)))
-    text = text.replace("{small_row_blocks}", _row_block_sections(set(row_blocks) | {SMALL_ROW_BLOCK}))
-    text = text.replace("{kc_slices}", _kc_sections(set(depths) | {kc}))
+    text = text.replace("{small_row_blocks}",
+                        _merged_sections(_ROW_BLOCKS, "rows", set(row_blocks) | {SMALL_ROW_BLOCK}, "block_loop"))
+    text = text.replace("{kc_slices}", _merged_sections(_KC_SLICES, "kc", set(depths) | {kc}, "slices"))
     return text.replace("{balanced_tasks}", "".join(_balanced_section(t) for t in sorted(tasks)))
 
 
@@ -1753,7 +1754,7 @@ _BALANCED = """    %tasks_{c}_{r} = transform.structured.match ops{["linalg.gene
 """
 
 
-# kc slices of the packed products tagged KC_DEPTH with this depth
+# kc slices of the packed products tagged KC_DEPTH with this depth (merged into %slices)
 _KC_SLICES = """    %packed_{kc} = transform.structured.match ops{["linalg.generic"]}
         attributes {mlirnn.packed, mlirnn.kc = array<i64: {kc}>} in %root : (!transform.any_op) -> !transform.any_op
     %slices_{kc}, %k_blocks_{kc} = transform.structured.tile_using_for %packed_{kc} tile_sizes [0, 0, 0, 0, {kc}]
@@ -1762,32 +1763,25 @@ _KC_SLICES = """    %packed_{kc} = transform.structured.match ops{["linalg.gener
 """
 
 
-def _kc_sections(depths: Iterable[int]) -> str:
-    """The kc slices of every depth in ``depths``, their handles merged into %slices."""
-    depths = sorted(depths)
-    merged = ", ".join(f"%slices_{kc}" for kc in depths)
-    return ("".join(_KC_SLICES.replace("{kc}", str(kc)) for kc in depths)
-            + f"    %slices = transform.merge_handles {merged} : !transform.any_op\n")
+def _merged_sections(template: str, key: str, values: Iterable[int], handle: str) -> str:
+    """``template`` once per value in ``values`` (``{key}`` replaced by it), the handles
+    ``%{handle}_{value}`` they define merged into ``%{handle}``."""
+    values = sorted(values)
+    merged = ", ".join(f"%{handle}_{v}" for v in values)
+    return ("".join(template.replace("{" + key + "}", str(v)) for v in values)
+            + f"    %{handle} = transform.merge_handles {merged} : !transform.any_op\n")
 
 
 def _balanced_section(tasks: tuple[int, int]) -> str:
     return _BALANCED.replace("{c}", str(tasks[0])).replace("{r}", str(tasks[1]))
 
 
-# blocks of the products tagged SMALL_ROWS with this many rows
+# blocks of the products tagged SMALL_ROWS with this many rows (their loops merged into %block_loop)
 _ROW_BLOCKS = """    %blocked_{rows} = transform.structured.match ops{["linalg.generic"]}
         attributes {mlirnn.small_rows = array<i64: {rows}>} in %root : (!transform.any_op) -> !transform.any_op
     %row_blocks_{rows}, %block_loop_{rows} = transform.structured.tile_using_for %blocked_{rows}
         tile_sizes [{rows}, 0, 0] : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
 """
-
-
-def _row_block_sections(rows: Iterable[int]) -> str:
-    """The blocks of every row count in ``rows``, their loops merged into %block_loop."""
-    rows = sorted(rows)
-    merged = ", ".join(f"%block_loop_{r}" for r in rows)
-    return ("".join(_ROW_BLOCKS.replace("{rows}", str(r)) for r in rows)
-            + f"    %block_loop = transform.merge_handles {merged} : !transform.any_op\n")
 
 
 # tasks of the products tagged SMALL_TASKS with this many rows

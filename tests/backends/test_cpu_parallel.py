@@ -22,7 +22,7 @@ from mlir_nn.backends.reference import evaluate
 from mlir_nn.backends.task_runtime import teams_forked
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.batch_split import TASKS_MAX, rows_per_task
-from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, small_task_rows
+from mlir_nn.codegen.cpu_matmul import PACK_ROWS_STEP, small_block_rows, small_task_rows
 from mlir_nn.codegen.parallel_maps import PARALLEL_MAP_MIN, PARALLEL_MAP_ROWS
 from mlir_nn.codegen.schedule_report import product_schedules
 from mlir_nn.codegen.short_products import SHORT_K
@@ -88,7 +88,8 @@ def test_small_products_queue_tasks_only_for_a_batch_larger_than_one_task(batch_
     assert _schedule(graph) == "small-rows"
     assert PARALLEL_FN in compiled(graph).stages["llvm"]
     fill_rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // m))
-    rows = min(small_task_rows(24 * m), fill_rows) if batch_rows else rows_per_task(24 * m)
+    task_rows = small_task_rows(24 * m, small_block_rows((0, 2, 1), m, 4))  # x @ w: (m, k, n) order, float32
+    rows = min(task_rows, fill_rows) if batch_rows else rows_per_task(24 * m)
     two_tasks = rows + 1 if batch_rows else 2 * rows  # the fewest rows that make two
     for batch, queued in ((1, False), (rows, False), (two_tasks - 1, False), (two_tasks, True),
                           (7 * rows + 3, True), (TASKS_MAX * rows * 3 + 1, True)):
@@ -103,7 +104,7 @@ def test_wide_rows_of_a_narrow_product_split_into_short_tasks():
     rows, a batch of 512 ran on one thread), matching the reference at every batch. Neither x @ w's
     zero fill nor the input check queues tasks of its own up to 200 rows. 16 columns (one or two
     vector registers) are small-rows at either width; 15 are blocked with AVX2 (8 + 7 lanes)."""
-    rows = small_task_rows(600 * 16)
+    rows = small_task_rows(600 * 16, small_block_rows((0, 2, 1), 16, 4))
     fill_rows = max(PARALLEL_MAP_ROWS, -(-PARALLEL_MAP_MIN // 16))
     assert rows == 128 < 200 < fill_rows and 200 * 600 < 2 * CHECK_TASK_ELEMENTS
     graph = _one_product(True, 600, 16)
