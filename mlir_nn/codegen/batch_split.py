@@ -31,14 +31,6 @@ def rows_per_task(row_work: int) -> int:
     return -(-TASK_WORK_MIN // row_work)
 
 
-def split_over_batch(a: ir.Value, b: ir.Value, c: ir.Value, rows_min: int,
-                     product: Callable[[ir.Value, ir.Value, ir.Value], ir.Value]) -> ir.Value:
-    """C + A^T B for A (batch, m), B (batch, n), C (m, n), where ``product(a, b, zeros)`` builds
-    the sum over the rows of ``a`` and ``b`` into ``zeros``: in tasks of at least ``rows_min``
-    rows (one task for fewer), their partial sums added to C at the end (``sum_over_batch``)."""
-    return sum_over_batch([a, b], c, rows_min, product)
-
-
 def _rows(x: ir.Value, start: ir.Value, count: ir.Value) -> ir.Value:
     """Rows [start, start + count) of the 2-D ``x``."""
     width = ir.RankedTensorType(x.type).shape[1]
@@ -47,11 +39,12 @@ def _rows(x: ir.Value, start: ir.Value, count: ir.Value) -> ir.Value:
 
 
 def sum_over_batch(xs: list[ir.Value], c: ir.Value, rows_min: int,
-                   summed: Callable[..., ir.Value]) -> ir.Value:
+                   summed: Callable[..., ir.Value], block_rows: int | None = None) -> ir.Value:
     """C plus a sum over the rows of the (batch, ...) operands ``xs``, where ``summed(*rows,
-    zeros)`` builds the sum over their ``rows`` into ``zeros`` (shaped as C): the batch cut at
+    acc)`` builds acc plus the sum over their ``rows`` (acc shaped as C): the batch cut at
     run time into tasks of at least ``rows_min`` rows (one task for fewer), each into a partial
-    sum of its own, added to C at the end."""
+    sum of its own, added to C at the end; with ``block_rows``, each task's rows in blocks of
+    that many, one after the other (``_in_blocks``)."""
     index = ir.IndexType.get()
     kind = ir.RankedTensorType(c.type)
     shape, rank = list(kind.shape), kind.rank
@@ -68,13 +61,32 @@ def sum_over_batch(xs: list[ir.Value], c: ir.Value, rows_min: int,
         slot = tensor.extract_slice(kind, forall.inner_iter_args[0], [task], [], [], [_DYNAMIC] + [0] * rank,
                                     [1, *shape], [1] * (rank + 1))
         zeros = linalg.fill(arith.constant(kind.element_type, 0.0), outs=[slot])
-        done = summed(*[_rows(x, start, count) for x in xs], zeros)
+        if block_rows is None:
+            done = summed(*[_rows(x, start, count) for x in xs], zeros)
+        else:
+            done = _in_blocks(xs, start, count, block_rows, zeros, summed)
         with ir.InsertionPoint(forall.terminator().block):
             tensor.parallel_insert_slice(done, forall.inner_iter_args[0], [task], [], [], [_DYNAMIC] + [0] * rank,
                                          [1, *shape], [1] * (rank + 1))
     used = tensor.extract_slice(ir.RankedTensorType.get([_DYNAMIC, *shape], kind.element_type), forall.results[0], [],
                                 [tasks], [], [0] * (rank + 1), [_DYNAMIC, *shape], [1] * (rank + 1))
     return partials_added(used, c)
+
+
+def _in_blocks(xs: list[ir.Value], start: ir.Value, count: ir.Value, block_rows: int, acc: ir.Value,
+               summed: Callable[..., ir.Value]) -> ir.Value:
+    """acc plus the sum over rows [start, start + count) of ``xs`` as a loop over blocks of
+    ``block_rows`` rows (the last one shorter), each ``summed`` into the running total: a block
+    that stays in L2 while a sum in chunks of its accumulator reads it once per chunk."""
+    index = ir.IndexType.get()
+    step = arith.constant(index, block_rows)
+    loop = scf.ForOp(arith.constant(index, 0), count, step, [acc])
+    with ir.InsertionPoint(loop.body):
+        offset = loop.induction_variable
+        rows = arith.minui(step, arith.subi(count, offset))
+        first = arith.addi(start, offset)
+        scf.yield_([summed(*[_rows(x, first, rows) for x in xs], loop.inner_iter_args[0])])
+    return loop.results[0]
 
 
 def partials_added(partials: ir.Value, c: ir.Value) -> ir.Value:

@@ -54,6 +54,7 @@ on the host (``schedule_rates``; ``product_plan`` is the one place that decides)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -61,7 +62,7 @@ from mlir import ir
 from mlir.dialects import arith, bufferization, scf, tensor
 
 from mlir_nn.codegen import linalg_ops as linalg
-from mlir_nn.codegen.batch_split import TASKS_MAX, partials_added, rows_per_task, split_over_batch
+from mlir_nn.codegen.batch_split import TASKS_MAX, partials_added, rows_per_task, sum_over_batch
 from mlir_nn.codegen.gemm_calls import library_product
 from mlir_nn.codegen.im2col_panels import (
     drop_im2col_tags,
@@ -92,7 +93,14 @@ from mlir_nn.codegen.shaped import dim_sizes, matmul_transposes, transposed, upd
 from mlir_nn.codegen.short_products import SHORT_K, fuse_into_epilogue, short_product
 from mlir_nn.codegen.walk import collect_linalg_ops, in_tasks
 from mlir_nn.codegen.zero_start import ACC_INIT, start_accumulators_at_zero
-from mlir_nn.support.cpu_target import cache_blocks, deep_kc, in_place_kc, register_block, vector_bytes
+from mlir_nn.support.cpu_target import (
+    cache_blocks,
+    data_cache_bytes,
+    deep_kc,
+    in_place_kc,
+    register_block,
+    vector_bytes,
+)
 from mlir_nn.support.pipelines import shipped_dir
 from mlir_nn.support.schedule_rates import ScheduleRates, active
 
@@ -233,7 +241,12 @@ SMALL_CARRY_MAX = 256
 # 256 x 10 weight gradient were ten kernels, more than half of the LLVM input of a 256-256-10 MLP.
 SMALL_CHUNK = "mlirnn.small_chunk"  # the tile sizes of each chunk (one inner loop's)
 # the same, the chunks as tasks on threads: when a batch row has SMALL_CHUNK_TASK_MIN multiply-adds
-# (a 1000 x 10 weight gradient's 40 chunks of 25 x 10; smaller ones stay serial, as measured before)
+# (a 1000 x 10 weight gradient's 40 chunks of 25 x 10; smaller ones stay serial, as measured before),
+# unless the batch (``Graph.batch_rows``) fills TASKS_MAX tasks of partial sums (``batch_split``): each
+# chunk's task read a strip of every row of x, 4 KB apart, where a task of partial sums reads its
+# rows whole (two cores of a Zen 5 EPYC: the 1000 x 10 weight gradient at batch 10000 2.9-3.0 ->
+# 1.9-2.0 ms, the 1000-10 step 4.9-5.2 -> 3.6-3.7 ms; 1024 x 10 at batch 512 95-104 -> 87-89 us;
+# 4096 x 10 at batch 32, 2 or 3 tasks of partial sums, 22-22 -> 24-27 us: chunk tasks kept there)
 SMALL_CHUNK_TASKS, SMALL_CHUNK_TASK_MIN = "mlirnn.small_chunk_tasks", 1 << 13
 
 
@@ -462,8 +475,9 @@ class LoopPlan:
     split_rows: int | None = None  # a sum over the batch in tasks of at least this many rows (``batch_split``)
 
 
-def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
-    """The loop nest ``_as_generic`` builds for ``op`` (part of its ``product_plan``)."""
+def loop_plan(op: ir.Operation, threads: bool, batch_rows: int | None = None) -> LoopPlan:
+    """The loop nest ``_as_generic`` builds for ``op`` (part of its ``product_plan``), a dynamic
+    batch estimated at ``batch_rows`` rows (unknown: None)."""
     ta, tb = matmul_transposes(op)
     m, n, k = _sizes(op)
     # A sum over the batch into a column, C (m, 1) = A^T B (a width-1 output layer's weight
@@ -518,9 +532,12 @@ def loop_plan(op: ir.Operation, threads: bool) -> LoopPlan:
     axis, chunk = equal_chunks if chunked and equal_chunks else (1 if inner[0] > 1 else 2, None)
     size, lanes = (inner[0], inner[1]) if axis == 1 else (inner[1], inner[0])
     chunks = tuple(_chunks(size, lanes)) if chunked and chunk is None else None
-    chunk_tasks = chunk is not None and threads and inner[0] * inner[1] >= SMALL_CHUNK_TASK_MIN
-    # the other large sums over the batch: the batch in ranges of partial sums, as tasks
-    split = rows_per_task(inner[0] * inner[1]) if chunked and threads and not chunk_tasks else None
+    rows_min = rows_per_task(inner[0] * inner[1])
+    chunk_tasks = (chunk is not None and threads and inner[0] * inner[1] >= SMALL_CHUNK_TASK_MIN
+                   and (batch_rows is None or batch_rows < TASKS_MAX * rows_min))
+    # the other large sums over the batch (and those over a batch that fills TASKS_MAX tasks: see
+    # SMALL_CHUNK_TASKS): the batch in ranges of partial sums, as tasks
+    split = rows_min if chunked and threads and not chunk_tasks else None
     return LoopPlan(ta, tb, row_vector, copy_b, tuple(order), tuple(tags), chunks, chunk, axis, swapped,
                     chunk_tasks, split)
 
@@ -564,7 +581,7 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
     if rows is not None:
         return ProductPlan("row-blocks", False, f"static work <= {ROW_BLOCK_WORK_MAX} in a batch loop: "
                            f"register blocks of {rows} rows", rows=rows)
-    plan = loop_plan(op, threads)  # the loop nest it gets unless blocked (priced against blocked)
+    plan = loop_plan(op, threads, batch_rows)  # the loop nest it gets unless blocked (priced against blocked)
     per_row = _priced_per_row(op)
     blocking = _blocking(op, plan, per_row, rates, batch_rows)
     whole = "" if _static_sizes(m, k) else " (the batch counted as 1)"
@@ -732,8 +749,18 @@ def _loop_nest(op: ir.Operation, a: ir.Value, b: ir.Value, c: ir.Value, plan: Lo
         # apart (a memcpy of the whole (batch, n) output per product)
         c = _zeros(dim_sizes(c), ir.RankedTensorType(c.type).element_type)
     if plan.split_rows:
-        return split_over_batch(a, b, c, plan.split_rows, lambda a, b, c: _nest(a, b, c, plan))
+        return sum_over_batch([a, b], c, plan.split_rows, lambda a, b, c: _nest(a, b, c, plan),
+                              _l2_block_rows(a, b) if plan.chunk else None)
     return _nest(a, b, c, plan)
+
+
+def _l2_block_rows(*xs: ir.Value) -> int:
+    """Batch rows of the (batch, ...) operands ``xs`` that fill half of L2 (at least SMALL_ROW_BLOCK, a
+    multiple of it): a block of a sum over the batch in a loop over chunks of its accumulator, which
+    reads each of the block's rows once per chunk."""
+    row_bytes = sum(math.prod(dim_sizes(x)[1:]) * _itemsize(x) for x in xs)
+    rows = data_cache_bytes()[2] // 2 // row_bytes
+    return max(SMALL_ROW_BLOCK, rows // SMALL_ROW_BLOCK * SMALL_ROW_BLOCK)
 
 
 def _nest(a: ir.Value, b: ir.Value, c: ir.Value, plan: LoopPlan) -> ir.Value:
@@ -1215,7 +1242,7 @@ def _k_ranges(op: ir.Operation) -> tuple[int, int, int] | None:
 def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update | None = None) -> ir.Value:
     """The blocked product of a large ``linalg.matmul`` (``_blocked``), as C^T transposed
     back when its columns are few (``_swapping``); with ``update``, the updated parameter, its
-    operand with fewer columns scaled by the update's factor as it is packed (``_update_of``)."""
+    operand with fewer columns scaled by the update's factor as it is packed (``update_of``)."""
     a, b, _ = op.operands
     ta, tb = matmul_transposes(op)
     parallel = plan.threads
@@ -1225,14 +1252,24 @@ def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update
         # apart for a 4096-wide layer, the products were as slow as product and update apart)
         rows_only = (n // (plan.columns or register_block(_itemsize(op.result))[1]), 1)
         return _blocked(a, b, ta, tb, parallel, False, rows_only, plan.columns, number, update.parameter,
-                        factors=(update, None) if m <= n else (None, update))
+                        kc=update_slice_depth(op)[0], factors=(update, None) if m <= n else (None, update))
     if plan.kind == "blocked":
         return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number, k_ranges=plan.k_ranges,
                         strided_columns=plan.strided_columns, column_tasks=plan.column_tasks, kc=plan.kc)
     return transposed(_blocked(b, a, not tb, not ta, parallel, True))
 
 
-def _update_of(op: ir.Operation, plan: ProductPlan) -> Update | None:
+def update_slice_depth(op: ir.Operation) -> tuple[int | None, str]:
+    """(kc, why) of a blocked product that accumulates into its parameter (``update_of``), as
+    ``_slice_depth``'s: its tasks of one row panel sweep one register block's rows of A, so its
+    slices are ``deep_kc``'s. Each slice loads and stores every register block of the parameter
+    again, from rows 4 KB apart for a 1024-wide layer (two cores of a Zen 5 EPYC, L1d 48 KiB: the
+    784-1024-1024-10 step at batch 512, its 1024 x 1024 x 512 weight gradient 2511-2554 -> 2424-2440 us
+    and 784 x 1024 x 512 1953-1982 -> 1881-1889 us in one slice instead of three of 192)."""
+    return _slice_depth(op, register_block(_itemsize(op.result))[0], False, False)
+
+
+def update_of(op: ir.Operation, plan: ProductPlan) -> Update | None:
     """The SGD update of a blocked product (``parameter_update``) that it can accumulate into:
     static sizes, whole column panels, at least one row panel, no convolution columns, the
     parameter an argument of the step and the factor one or a constant (both there before the
@@ -1890,7 +1927,7 @@ def rewrite_matmuls(module: ir.Module, threads: bool = True, batch_rows: int | N
                     a, b, _ = op.operands
                     replacement = short_product(a, b, *matmul_transposes(op), _sizes(op)[2])
                 elif large:
-                    update = _update_of(op, plan)
+                    update = update_of(op, plan)
                     replacement = _as_blocked(op, plan, number, update)
                 else:
                     assert plan.loops is not None

@@ -2,7 +2,7 @@
 
 Read from the linalg module before ``cpu_matmul.rewrite_matmuls``: each product's
 ``cpu_matmul.product_plan``, the same decision the rewrite then acts on, with its sizes and
-element type.
+element type, and whether it accumulates into its parameter (``cpu_matmul.update_of``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,12 @@ def _size(d: int) -> int | None:
 def _describe(op: ir.Operation, threads: bool, batch_rows: int | None) -> ProductSchedule:
     plan = cm.product_plan(op, threads, batch_rows=batch_rows)
     dtype = str(ir.RankedTensorType(op.result.type).element_type)
-    return ProductSchedule(*map(_size, cm._sizes(op)), dtype, plan.kind, plan.threads, plan.reason)
+    reason = plan.reason
+    if plan.blocked and cm.update_of(op, plan) is not None:
+        depth, why = cm.update_slice_depth(op)
+        slices = f", kc slices {depth} deep: {why}" if depth is not None else ""
+        reason += f"; accumulated into its parameter (the SGD update), in tasks of one row panel{slices}"
+    return ProductSchedule(*map(_size, cm._sizes(op)), dtype, plan.kind, plan.threads, reason)
 
 
 def product_schedules(module: ir.Module, threads: bool = True, batch_rows: int | None = None

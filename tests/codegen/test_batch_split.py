@@ -9,13 +9,25 @@ more than TASKS_MAX tasks (longer ranges): tolerances as test_cpu_matmul's.
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 
 from mlir_nn.backends.cpu import CpuBackend
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.batch_split import TASKS_MAX, rows_per_task
-from mlir_nn.codegen.cpu_matmul import SMALL_CARRY_MAX, loop_plan, rewrite_matmuls
+from mlir_nn.codegen.cpu_matmul import (
+    SMALL_CARRY_MAX,
+    SMALL_CHUNK_TASK_MIN,
+    SMALL_ROW_BLOCK,
+    loop_plan,
+    product_plan,
+    rewrite_matmuls,
+)
 from mlir_nn.codegen.walk import collect_ops
+from mlir_nn.ir import Graph, make_node
+from mlir_nn.support.cpu_target import data_cache_bytes
 from mlir_nn.support.schedule_rates import use_rates
 from tests.codegen.test_cpu_matmul import NO_BLOCKS, _assert_matches_reference
 from tests.codegen.zoo import matmul_zoo
@@ -46,3 +58,34 @@ def test_without_threads_or_with_a_small_accumulator_a_sum_stays_one_loop():
         with module.context:
             plans = [loop_plan(op, threads) for op in collect_ops(module, lambda op: op.name == "linalg.matmul")]
         assert all(plan.split_rows is None for plan in plans)
+
+
+@pytest.mark.parametrize("k, m, dtype", [(1000, 10, "float32"), (1024, 3, "float64")])
+def test_a_sum_in_chunks_over_a_long_batch_runs_in_partial_sums_of_blocks_that_fit_l2(k, m, dtype):
+    """x^T g summed over the batch in a loop over chunks of its accumulator (m narrower than a
+    vector): priced at a batch that fills TASKS_MAX tasks of partial sums (``Graph.batch_rows``),
+    it runs in tasks of batch ranges whose rows go in blocks filling half of L2, each block read
+    from L2 by every chunk (the chunks as the tasks, each read a strip of every row of x); priced at
+    fewer rows, a large accumulator's chunks stay the tasks. It matches the reference at batches
+    of one block, of several blocks with a short last one, and of TASKS_MAX tasks."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
+    rows = rows_per_task(k * m)
+    graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
+    long = graph.with_batch_rows(2 * TASKS_MAX * rows)  # (rounded down to a power of two)
+    module = emit_linalg(long)
+    with module.context:
+        (op,) = collect_ops(module, lambda o: o.name == "linalg.matmul")
+        short, plan = product_plan(op, threads=True, batch_rows=rows), product_plan(op, threads=True,
+                                                                                  batch_rows=long.batch_rows)
+    assert plan.loops.chunk and not plan.loops.chunk_tasks and plan.loops.split_rows == rows, plan
+    assert short.loops.chunk_tasks == (k * m >= SMALL_CHUNK_TASK_MIN), short
+    itemsize = np.dtype(dtype).itemsize
+    block = data_cache_bytes()[2] // 2 // ((k + m) * itemsize) // SMALL_ROW_BLOCK * SMALL_ROW_BLOCK
+    rewrite_matmuls(module, batch_rows=long.batch_rows)
+    # (a loop to the task's row count, not the chunks' loop to k)
+    blocks = re.findall(rf"scf.for %\w+ = %c0 to %(?!c\d)\w+ step %c(\d+) iter_args\(.*\) -> \(tensor<{k}x{m}x",
+                        str(module))
+    assert blocks == [str(block)], blocks
+    executable = CpuBackend().compile(long)
+    _assert_matches_reference(long, executable, (1, 7, 13, 33, 257, TASKS_MAX * block + 5, 4099), dtype)

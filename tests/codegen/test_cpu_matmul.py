@@ -56,6 +56,7 @@ from mlir_nn.codegen.cpu_matmul import (
     small_block_rows,
 )
 from mlir_nn.codegen.row_pitch import ALIASED_PITCH
+from mlir_nn.codegen.schedule_report import product_schedules
 from mlir_nn.codegen.short_products import SHORT_K
 from mlir_nn.codegen.walk import collect_ops
 from mlir_nn.ir import Graph, make_node
@@ -583,6 +584,29 @@ def test_a_blocked_sgd_update_accumulates_into_the_parameter(k, m, dtype, into):
                         and ir.RankedTensorType(op.results[0].type).shape[0] == 1)
     assert len(tails) == (into and k % register_block(np.dtype(dtype).itemsize)[0] != 0)
     _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 257), dtype, lr_slot=1, updated_slot=0)
+
+
+@pytest.mark.parametrize("k, m, dtype", [(65, 1024, "float32"), (100, 512, "float64")])
+def test_a_blocked_sgd_update_takes_deep_kc_slices(k, m, dtype):
+    """W <- W - lr * x^T g accumulated into W runs in tasks of one row panel, which sweep one register
+    block's rows of A: its kc slices are ``deep_kc``'s (one slice for a batch of 512, where the default
+    was three of 192 on a 48 KiB L1d), so that W's register blocks are loaded and stored once per deeper
+    slice; the report says so. W matches the reference at batches of one, two and three slices."""
+    itemsize = np.dtype(dtype).itemsize
+    tm, deep = register_block(itemsize)[0], deep_kc(register_block(itemsize)[0], itemsize)
+    graph = _update_graph(k, m, False, dtype)
+    module = emit_linalg(graph)
+    (schedule,) = product_schedules(module)
+    assert "accumulated into its parameter (the SGD update), in tasks of one row panel" in schedule.reason
+    rewrite_matmuls(module, threads=True)
+    slices = collect_ops(module, lambda o: o.name == "scf.for" and "mlirnn.kc_loop" in o.attributes)
+    if deep > cache_blocks(itemsize)[2]:
+        assert f"kc slices {deep} deep: tasks sweep {tm} rows of A" in schedule.reason
+        assert slices and all(f"step %c{deep} " in str(o).splitlines()[0] for o in slices)
+    else:  # (a host whose L2 holds no deeper slices)
+        assert "kc slices" not in schedule.reason.split("SGD update")[1]
+    _assert_matches_reference(graph, CpuBackend().compile(graph), (1, 7, 257, deep + 13, 2 * deep + 1), dtype,
+                              lr_slot=1, updated_slot=0)
 
 
 @pytest.mark.parametrize("k, m, constant_lr", [
