@@ -245,8 +245,9 @@ SMALL_CHUNK = "mlirnn.small_chunk"  # the tile sizes of each chunk (one inner lo
 # unless the batch (``Graph.batch_rows``) fills TASKS_MAX tasks of partial sums (``batch_split``): each
 # chunk's task read a strip of every row of x, 4 KB apart, where a task of partial sums reads its
 # rows whole (two cores of a Zen 5 EPYC: the 1000 x 10 weight gradient at batch 10000 2.9-3.0 ->
-# 1.9-2.0 ms, the 1000-10 step 4.9-5.2 -> 3.6-3.7 ms; 1024 x 10 at batch 512 95-104 -> 87-89 us;
-# 4096 x 10 at batch 32, 2 or 3 tasks of partial sums, 22-22 -> 24-27 us: chunk tasks kept there)
+# 1.9-2.0 ms, the 1000-10 step 4.9-5.2 -> 3.6-3.7 ms, then 2.5-2.7 -> 1.5-1.8 ms with each task's rows in
+# blocks that fit L2, ``_l2_block_rows``; 1024 x 10 at batch 512 95-104 -> 87-89 us; 4096 x 10 at batch
+# 32, 2 or 3 tasks of partial sums, 21.6-22.4 -> 24.0-27.1 us: chunk tasks kept there)
 SMALL_CHUNK_TASKS, SMALL_CHUNK_TASK_MIN = "mlirnn.small_chunk_tasks", 1 << 13
 
 
