@@ -652,6 +652,8 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         chunks += f", tasks of {small_task_rows(inner[0] * inner[1], block)} rows"
     if plan.split_rows:
         chunks += f", tasks of at least {plan.split_rows} batch rows into partial sums"
+        if plan.chunk:
+            chunks += f" in blocks of {_l2_block_rows((m + n) * _itemsize(op.result))} rows"
     return ProductPlan("small-rows", SMALL_TASKS in plan.tags or plan.chunk_tasks or bool(plan.split_rows),
                        f"{vector}, blocks of {block} rows{chunks}",
                        plan)
@@ -750,16 +752,16 @@ def _loop_nest(op: ir.Operation, a: ir.Value, b: ir.Value, c: ir.Value, plan: Lo
         # apart (a memcpy of the whole (batch, n) output per product)
         c = _zeros(dim_sizes(c), ir.RankedTensorType(c.type).element_type)
     if plan.split_rows:
+        row_bytes = sum(math.prod(dim_sizes(x)[1:]) * _itemsize(x) for x in (a, b))
         return sum_over_batch([a, b], c, plan.split_rows, lambda a, b, c: _nest(a, b, c, plan),
-                              _l2_block_rows(a, b) if plan.chunk else None)
+                              _l2_block_rows(row_bytes) if plan.chunk else None)
     return _nest(a, b, c, plan)
 
 
-def _l2_block_rows(*xs: ir.Value) -> int:
-    """Batch rows of the (batch, ...) operands ``xs`` that fill half of L2 (at least SMALL_ROW_BLOCK, a
-    multiple of it): a block of a sum over the batch in a loop over chunks of its accumulator, which
+def _l2_block_rows(row_bytes: int) -> int:
+    """Batch rows of ``row_bytes`` (the operands' together) that fill half of L2 (at least SMALL_ROW_BLOCK,
+    a multiple of it): a block of a sum over the batch in a loop over chunks of its accumulator, which
     reads each of the block's rows once per chunk."""
-    row_bytes = sum(math.prod(dim_sizes(x)[1:]) * _itemsize(x) for x in xs)
     rows = data_cache_bytes()[2] // 2 // row_bytes
     return max(SMALL_ROW_BLOCK, rows // SMALL_ROW_BLOCK * SMALL_ROW_BLOCK)
 

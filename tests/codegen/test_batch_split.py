@@ -82,6 +82,7 @@ def test_a_sum_in_chunks_over_a_long_batch_runs_in_partial_sums_of_blocks_that_f
     assert short.loops.chunk_tasks == (k * m >= SMALL_CHUNK_TASK_MIN), short
     itemsize = np.dtype(dtype).itemsize
     block = data_cache_bytes()[2] // 2 // ((k + m) * itemsize) // SMALL_ROW_BLOCK * SMALL_ROW_BLOCK
+    assert f"tasks of at least {rows} batch rows into partial sums in blocks of {block} rows" in plan.reason
     rewrite_matmuls(module, batch_rows=long.batch_rows)
     # (a loop to the task's row count, not the chunks' loop to k)
     blocks = re.findall(rf"scf.for %\w+ = %c0 to %(?!c\d)\w+ step %c(\d+) iter_args\(.*\) -> \(tensor<{k}x{m}x",
