@@ -247,8 +247,11 @@ SMALL_CHUNK = "mlirnn.small_chunk"  # the tile sizes of each chunk (one inner lo
 # rows whole (two cores of a Zen 5 EPYC: the 1000 x 10 weight gradient at batch 10000 2.9-3.0 ->
 # 1.9-2.0 ms, the 1000-10 step 4.9-5.2 -> 3.6-3.7 ms, then 2.5-2.7 -> 1.5-1.8 ms with each task's rows in
 # blocks that fit L2, ``_l2_block_rows``; 1024 x 10 at batch 512 95-104 -> 87-89 us; 4096 x 10 at batch
-# 32, 2 or 3 tasks of partial sums, 21.6-22.4 -> 24.0-27.1 us: chunk tasks kept there)
-SMALL_CHUNK_TASKS, SMALL_CHUNK_TASK_MIN = "mlirnn.small_chunk_tasks", 1 << 13
+# 32, 2 or 3 tasks of partial sums, 21.6-22.4 -> 24.0-27.1 us: chunk tasks kept there). Tasks of partial
+# sums also need SPLIT_TASK_ROWS_MIN rows each: fewer, each partial's zero fill and sum (m x n) outweigh
+# its rows (4096 x 10 at batch 128, 16 rows a task: 99-101 -> 112-136 us with the sum of the partials;
+# at batch 256, 32 rows a task: 266-279 -> 214-230 us)
+SMALL_CHUNK_TASKS, SMALL_CHUNK_TASK_MIN, SPLIT_TASK_ROWS_MIN = "mlirnn.small_chunk_tasks", 1 << 13, 32
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -535,7 +538,7 @@ def loop_plan(op: ir.Operation, threads: bool, batch_rows: int | None = None) ->
     chunks = tuple(_chunks(size, lanes)) if chunked and chunk is None else None
     rows_min = rows_per_task(inner[0] * inner[1])
     chunk_tasks = (chunk is not None and threads and inner[0] * inner[1] >= SMALL_CHUNK_TASK_MIN
-                   and (batch_rows is None or batch_rows < TASKS_MAX * rows_min))
+                   and (batch_rows is None or batch_rows < TASKS_MAX * max(rows_min, SPLIT_TASK_ROWS_MIN)))
     # the other large sums over the batch (and those over a batch that fills TASKS_MAX tasks: see
     # SMALL_CHUNK_TASKS): the batch in ranges of partial sums, as tasks
     split = rows_min if chunked and threads and not chunk_tasks else None
@@ -652,6 +655,8 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
         chunks += f", tasks of {small_task_rows(inner[0] * inner[1], block)} rows"
     if plan.split_rows:
         chunks += f", tasks of at least {plan.split_rows} batch rows into partial sums"
+        if plan.chunk:
+            chunks += f" in blocks of {_l2_block_rows((m + n) * _itemsize(op.result))} rows"
     return ProductPlan("small-rows", SMALL_TASKS in plan.tags or plan.chunk_tasks or bool(plan.split_rows),
                        f"{vector}, blocks of {block} rows{chunks}",
                        plan)
@@ -750,16 +755,16 @@ def _loop_nest(op: ir.Operation, a: ir.Value, b: ir.Value, c: ir.Value, plan: Lo
         # apart (a memcpy of the whole (batch, n) output per product)
         c = _zeros(dim_sizes(c), ir.RankedTensorType(c.type).element_type)
     if plan.split_rows:
+        row_bytes = sum(math.prod(dim_sizes(x)[1:]) * _itemsize(x) for x in (a, b))
         return sum_over_batch([a, b], c, plan.split_rows, lambda a, b, c: _nest(a, b, c, plan),
-                              _l2_block_rows(a, b) if plan.chunk else None)
+                              _l2_block_rows(row_bytes) if plan.chunk else None)
     return _nest(a, b, c, plan)
 
 
-def _l2_block_rows(*xs: ir.Value) -> int:
-    """Batch rows of the (batch, ...) operands ``xs`` that fill half of L2 (at least SMALL_ROW_BLOCK, a
-    multiple of it): a block of a sum over the batch in a loop over chunks of its accumulator, which
+def _l2_block_rows(row_bytes: int) -> int:
+    """Batch rows of ``row_bytes`` (the operands' together) that fill half of L2 (at least SMALL_ROW_BLOCK,
+    a multiple of it): a block of a sum over the batch in a loop over chunks of its accumulator, which
     reads each of the block's rows once per chunk."""
-    row_bytes = sum(math.prod(dim_sizes(x)[1:]) * _itemsize(x) for x in xs)
     rows = data_cache_bytes()[2] // 2 // row_bytes
     return max(SMALL_ROW_BLOCK, rows // SMALL_ROW_BLOCK * SMALL_ROW_BLOCK)
 

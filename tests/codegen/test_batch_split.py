@@ -21,6 +21,7 @@ from mlir_nn.codegen.cpu_matmul import (
     SMALL_CARRY_MAX,
     SMALL_CHUNK_TASK_MIN,
     SMALL_ROW_BLOCK,
+    SPLIT_TASK_ROWS_MIN,
     loop_plan,
     product_plan,
     rewrite_matmuls,
@@ -60,10 +61,11 @@ def test_without_threads_or_with_a_small_accumulator_a_sum_stays_one_loop():
         assert all(plan.split_rows is None for plan in plans)
 
 
-@pytest.mark.parametrize("k, m, dtype", [(1000, 10, "float32"), (1024, 3, "float64")])
+@pytest.mark.parametrize("k, m, dtype", [(1000, 10, "float32"), (4096, 10, "float32"), (1024, 3, "float64")])
 def test_a_sum_in_chunks_over_a_long_batch_runs_in_partial_sums_of_blocks_that_fit_l2(k, m, dtype):
     """x^T g summed over the batch in a loop over chunks of its accumulator (m narrower than a
-    vector): priced at a batch that fills TASKS_MAX tasks of partial sums (``Graph.batch_rows``),
+    vector): priced at a batch that fills TASKS_MAX tasks of partial sums of SPLIT_TASK_ROWS_MIN rows or
+    more (``Graph.batch_rows``),
     it runs in tasks of batch ranges whose rows go in blocks filling half of L2, each block read
     from L2 by every chunk (the chunks as the tasks, each read a strip of every row of x); priced at
     fewer rows, a large accumulator's chunks stay the tasks. It matches the reference at batches
@@ -71,17 +73,18 @@ def test_a_sum_in_chunks_over_a_long_batch_runs_in_partial_sums_of_blocks_that_f
     x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
     g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
     rows = rows_per_task(k * m)
+    fills = TASKS_MAX * max(rows, SPLIT_TASK_ROWS_MIN)  # the fewest batch rows priced as tasks of partial sums
     graph = Graph((x, g), (), (make_node("matmul", [x, g], transpose_a=True),), name="weights")
-    long = graph.with_batch_rows(2 * TASKS_MAX * rows)  # (rounded down to a power of two)
+    long = graph.with_batch_rows(2 * fills)  # (rounded down to a power of two)
     module = emit_linalg(long)
     with module.context:
         (op,) = collect_ops(module, lambda o: o.name == "linalg.matmul")
-        short, plan = product_plan(op, threads=True, batch_rows=rows), product_plan(op, threads=True,
-                                                                                  batch_rows=long.batch_rows)
+        short, plan = (product_plan(op, threads=True, batch_rows=priced) for priced in (fills - 1, long.batch_rows))
     assert plan.loops.chunk and not plan.loops.chunk_tasks and plan.loops.split_rows == rows, plan
     assert short.loops.chunk_tasks == (k * m >= SMALL_CHUNK_TASK_MIN), short
     itemsize = np.dtype(dtype).itemsize
     block = data_cache_bytes()[2] // 2 // ((k + m) * itemsize) // SMALL_ROW_BLOCK * SMALL_ROW_BLOCK
+    assert f"tasks of at least {rows} batch rows into partial sums in blocks of {block} rows" in plan.reason
     rewrite_matmuls(module, batch_rows=long.batch_rows)
     # (a loop to the task's row count, not the chunks' loop to k)
     blocks = re.findall(rf"scf.for %\w+ = %c0 to %(?!c\d)\w+ step %c(\d+) iter_args\(.*\) -> \(tensor<{k}x{m}x",
