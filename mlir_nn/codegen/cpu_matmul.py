@@ -246,12 +246,17 @@ SMALL_CHUNK = "mlirnn.small_chunk"  # the tile sizes of each chunk (one inner lo
 # chunk's task read a strip of every row of x, 4 KB apart, where a task of partial sums reads its
 # rows whole (two cores of a Zen 5 EPYC: the 1000 x 10 weight gradient at batch 10000 2.9-3.0 ->
 # 1.9-2.0 ms, the 1000-10 step 4.9-5.2 -> 3.6-3.7 ms, then 2.5-2.7 -> 1.5-1.8 ms with each task's rows in
-# blocks that fit L2, ``_l2_block_rows``; 1024 x 10 at batch 512 95-104 -> 87-89 us; 4096 x 10 at batch
+# blocks that fit L2, ``_block_rows``; 1024 x 10 at batch 512 95-104 -> 87-89 us; 4096 x 10 at batch
 # 32, 2 or 3 tasks of partial sums, 21.6-22.4 -> 24.0-27.1 us: chunk tasks kept there). Tasks of partial
 # sums also need SPLIT_TASK_ROWS_MIN rows each: fewer, each partial's zero fill and sum (m x n) outweigh
 # its rows (4096 x 10 at batch 128, 16 rows a task: 99-101 -> 112-136 us with the sum of the partials;
 # at batch 256, 32 rows a task: 266-279 -> 214-230 us)
 SMALL_CHUNK_TASKS, SMALL_CHUNK_TASK_MIN, SPLIT_TASK_ROWS_MIN = "mlirnn.small_chunk_tasks", 1 << 13, 32
+# The blocks of a task's rows (``_block_rows``) fill half of L1 where that holds this many rows: each chunk
+# then reads them from L1, not L2 (24-48-48-24 at batch 20000, blocks of 64 and 84 rows instead of 1364
+# and 1820: weight gradients 48 x 48 322-328 -> 287-310 us, 48 x 24 224-233 -> 179-200, 24 x 48
+# 169-172 -> 154-180; two cores of a Zen 5 EPYC, L1d 48 KiB)
+L1_BLOCK_ROWS_MIN = 64
 
 
 def _operand_dims(amap: ir.AffineMap) -> list[int]:
@@ -656,7 +661,7 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
     if plan.split_rows:
         chunks += f", tasks of at least {plan.split_rows} batch rows into partial sums"
         if plan.chunk:
-            chunks += f" in blocks of {_l2_block_rows((m + n) * _itemsize(op.result))} rows"
+            chunks += f" in blocks of {_block_rows((m + n) * _itemsize(op.result))} rows"
     return ProductPlan("small-rows", SMALL_TASKS in plan.tags or plan.chunk_tasks or bool(plan.split_rows),
                        f"{vector}, blocks of {block} rows{chunks}",
                        plan)
@@ -757,15 +762,19 @@ def _loop_nest(op: ir.Operation, a: ir.Value, b: ir.Value, c: ir.Value, plan: Lo
     if plan.split_rows:
         row_bytes = sum(math.prod(dim_sizes(x)[1:]) * _itemsize(x) for x in (a, b))
         return sum_over_batch([a, b], c, plan.split_rows, lambda a, b, c: _nest(a, b, c, plan),
-                              _l2_block_rows(row_bytes) if plan.chunk else None)
+                              _block_rows(row_bytes) if plan.chunk else None)
     return _nest(a, b, c, plan)
 
 
-def _l2_block_rows(row_bytes: int) -> int:
-    """Batch rows of ``row_bytes`` (the operands' together) that fill half of L2 (at least SMALL_ROW_BLOCK,
-    a multiple of it): a block of a sum over the batch in a loop over chunks of its accumulator, which
-    reads each of the block's rows once per chunk."""
-    rows = data_cache_bytes()[2] // 2 // row_bytes
+def _block_rows(row_bytes: int) -> int:
+    """Batch rows of ``row_bytes`` (the operands' together) per block of a sum over the batch in a loop
+    over chunks of its accumulator, which reads each of the block's rows once per chunk: those that
+    fill half of L1 where they are L1_BLOCK_ROWS_MIN or more, else half of L2 (a multiple of
+    SMALL_ROW_BLOCK, at least one)."""
+    caches = data_cache_bytes()
+    rows = caches[1] // 2 // row_bytes
+    if rows < L1_BLOCK_ROWS_MIN:
+        rows = caches[2] // 2 // row_bytes
     return max(SMALL_ROW_BLOCK, rows // SMALL_ROW_BLOCK * SMALL_ROW_BLOCK)
 
 

@@ -18,6 +18,7 @@ from mlir_nn.backends.cpu import CpuBackend
 from mlir_nn.codegen import emit_linalg
 from mlir_nn.codegen.batch_split import TASKS_MAX, rows_per_task
 from mlir_nn.codegen.cpu_matmul import (
+    L1_BLOCK_ROWS_MIN,
     SMALL_CARRY_MAX,
     SMALL_CHUNK_TASK_MIN,
     SMALL_ROW_BLOCK,
@@ -61,15 +62,16 @@ def test_without_threads_or_with_a_small_accumulator_a_sum_stays_one_loop():
         assert all(plan.split_rows is None for plan in plans)
 
 
-@pytest.mark.parametrize("k, m, dtype", [(1000, 10, "float32"), (4096, 10, "float32"), (1024, 3, "float64")])
-def test_a_sum_in_chunks_over_a_long_batch_runs_in_partial_sums_of_blocks_that_fit_l2(k, m, dtype):
-    """x^T g summed over the batch in a loop over chunks of its accumulator (m narrower than a
-    vector): priced at a batch that fills TASKS_MAX tasks of partial sums of SPLIT_TASK_ROWS_MIN rows or
-    more (``Graph.batch_rows``),
-    it runs in tasks of batch ranges whose rows go in blocks filling half of L2, each block read
-    from L2 by every chunk (the chunks as the tasks, each read a strip of every row of x); priced at
-    fewer rows, a large accumulator's chunks stay the tasks. It matches the reference at batches
-    of one block, of several blocks with a short last one, and of TASKS_MAX tasks."""
+@pytest.mark.parametrize("k, m, dtype", [(1000, 10, "float32"), (4096, 10, "float32"), (1024, 3, "float64"),
+                                         (32, 32, "float32")])  # (rows of 256 bytes: blocks that fit L1)
+def test_a_sum_in_chunks_over_a_long_batch_runs_in_partial_sums_of_blocks_that_fit_a_cache(k, m, dtype):
+    """x^T g summed over the batch in a loop over chunks of its accumulator: priced at a batch that
+    fills TASKS_MAX tasks of partial sums of SPLIT_TASK_ROWS_MIN rows or more (``Graph.batch_rows``),
+    it runs in tasks of batch ranges whose rows go in blocks filling half of L1 (where that holds
+    L1_BLOCK_ROWS_MIN rows) or of L2, each block read from cache by every chunk (as tasks of chunks,
+    each read a strip of every row of x); priced at fewer rows, a large accumulator's chunks stay the
+    tasks. It matches the reference at batches of one block, of several blocks with a short last one,
+    and of TASKS_MAX tasks."""
     x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
     g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
     rows = rows_per_task(k * m)
@@ -83,7 +85,9 @@ def test_a_sum_in_chunks_over_a_long_batch_runs_in_partial_sums_of_blocks_that_f
     assert plan.loops.chunk and not plan.loops.chunk_tasks and plan.loops.split_rows == rows, plan
     assert short.loops.chunk_tasks == (k * m >= SMALL_CHUNK_TASK_MIN), short
     itemsize = np.dtype(dtype).itemsize
-    block = data_cache_bytes()[2] // 2 // ((k + m) * itemsize) // SMALL_ROW_BLOCK * SMALL_ROW_BLOCK
+    l1_rows, l2_rows = (data_cache_bytes()[level] // 2 // ((k + m) * itemsize) for level in (1, 2))
+    block = (l1_rows if l1_rows >= L1_BLOCK_ROWS_MIN else l2_rows) // SMALL_ROW_BLOCK * SMALL_ROW_BLOCK
+    assert (k == 32) == (l1_rows >= L1_BLOCK_ROWS_MIN)  # (L1 of 32 KiB or more)
     assert f"tasks of at least {rows} batch rows into partial sums in blocks of {block} rows" in plan.reason
     rewrite_matmuls(module, batch_rows=long.batch_rows)
     # (a loop to the task's row count, not the chunks' loop to k)
