@@ -8,7 +8,9 @@ cut at run time into ``tasks`` = floor(batch / rows_min) equal ranges (1 to TASK
 into a zeroed partial C of its own, and C plus the partials used is one pass at the end. A
 batch under 2 * ``rows_min`` rows (the moons step's) is one task, which the step calls
 directly (``backends.parallel_bodies``): no team of threads is forked. The partial sums
-live in the step's workspace (TASKS_MAX of them, static).
+live in the step's workspace (TASKS_MAX of them, static). A sum in a loop over chunks of its
+accumulator runs each task's rows in blocks that stay in cache while every chunk reads them
+(``cpu_matmul._block_rows``).
 """
 
 from __future__ import annotations
