@@ -13,6 +13,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mlir_nn.backends.cpu import CpuBackend
 from mlir_nn.codegen import emit_linalg
@@ -96,3 +98,20 @@ def test_a_sum_in_chunks_over_a_long_batch_runs_in_partial_sums_of_blocks_that_f
     assert blocks == [str(block)], blocks
     executable = CpuBackend().compile(long)
     _assert_matches_reference(long, executable, (1, 7, 13, 33, 257, TASKS_MAX * block + 5, 4099), dtype)
+
+
+@given(k=st.integers(9, 700), m=st.integers(1, 40), transposed=st.booleans(),
+       dtype=st.sampled_from(["float32", "float64"]), priced=st.sampled_from([64, 1024, 16384]),
+       batch=st.integers(1, 5000))
+@settings(max_examples=12, deadline=None)
+def test_random_sums_over_the_batch_in_chunks_match_the_reference(k, m, transposed, dtype, priced, batch):
+    """Weight gradients of random sizes over a batch priced at few or many rows (so as chunk tasks,
+    one loop, or tasks of partial sums in blocks of rows), in both layouts (x^T g and g^T x), as loop
+    nests: they match the reference at a random batch."""
+    x = make_node("input", [], name="x", shape=("N", k), dtype=dtype)
+    g = make_node("input", [], name="g", shape=("N", m), dtype=dtype)
+    product = make_node("matmul", [g, x] if transposed else [x, g], transpose_a=True)
+    graph = Graph((x, g), (), (product,), name="weights").with_batch_rows(priced)
+    with use_rates(NO_BLOCKS):
+        executable = CpuBackend().compile(graph)
+    _assert_matches_reference(graph, executable, (batch,), dtype)
