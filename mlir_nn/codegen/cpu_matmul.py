@@ -54,7 +54,6 @@ on the host (``schedule_rates``; ``product_plan`` is the one place that decides)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -661,7 +660,7 @@ def product_plan(op: ir.Operation, threads: bool, rates: ScheduleRates | None = 
     if plan.split_rows:
         chunks += f", tasks of at least {plan.split_rows} batch rows into partial sums"
         if plan.chunk:
-            chunks += f" in blocks of {_block_rows((m + n) * _itemsize(op.result))} rows"
+            chunks += f" in blocks of {_block_rows(op)} rows"
     return ProductPlan("small-rows", SMALL_TASKS in plan.tags or plan.chunk_tasks or bool(plan.split_rows),
                        f"{vector}, blocks of {block} rows{chunks}",
                        plan)
@@ -760,17 +759,18 @@ def _loop_nest(op: ir.Operation, a: ir.Value, b: ir.Value, c: ir.Value, plan: Lo
         # apart (a memcpy of the whole (batch, n) output per product)
         c = _zeros(dim_sizes(c), ir.RankedTensorType(c.type).element_type)
     if plan.split_rows:
-        row_bytes = sum(math.prod(dim_sizes(x)[1:]) * _itemsize(x) for x in (a, b))
         return sum_over_batch([a, b], c, plan.split_rows, lambda a, b, c: _nest(a, b, c, plan),
-                              _block_rows(row_bytes) if plan.chunk else None)
+                              _block_rows(op) if plan.chunk else None)
     return _nest(a, b, c, plan)
 
 
-def _block_rows(row_bytes: int) -> int:
-    """Batch rows of ``row_bytes`` (the operands' together) per block of a sum over the batch in a loop
-    over chunks of its accumulator, which reads each of the block's rows once per chunk: those that
-    fill half of L1 where they are L1_BLOCK_ROWS_MIN or more, else half of L2 (a multiple of
-    SMALL_ROW_BLOCK, at least one)."""
+def _block_rows(op: ir.Operation) -> int:
+    """Batch rows per block of the sum over the batch ``op`` (C (m, n), a row of its operands m + n
+    elements) in a loop over chunks of its accumulator, which reads each of the block's rows once per
+    chunk: those that fill half of L1 where they are L1_BLOCK_ROWS_MIN or more, else half of L2 (a
+    multiple of SMALL_ROW_BLOCK, at least one)."""
+    m, n, _ = _sizes(op)
+    row_bytes = (m + n) * _itemsize(op.result)
     caches = data_cache_bytes()
     rows = caches[1] // 2 // row_bytes
     if rows < L1_BLOCK_ROWS_MIN:
@@ -1263,25 +1263,31 @@ def _as_blocked(op: ir.Operation, plan: ProductPlan, number: int, update: Update
     parallel = plan.threads
     if update is not None:
         m, n, _ = _sizes(op)
-        # tasks of one row panel each: its blocks walk along the parameter's rows (down its columns, 16 KB
-        # apart for a 4096-wide layer, the products were as slow as product and update apart)
-        rows_only = (n // (plan.columns or register_block(_itemsize(op.result))[1]), 1)
-        return _blocked(a, b, ta, tb, parallel, False, rows_only, plan.columns, number, update.parameter,
-                        kc=update_slice_depth(op)[0], factors=(update, None) if m <= n else (None, update))
+        return _blocked(a, b, ta, tb, parallel, False, _update_tasks(op, plan), plan.columns, number,
+                        update.parameter, kc=update_slice_depth(op, plan)[0],
+                        factors=(update, None) if m <= n else (None, update))
     if plan.kind == "blocked":
         return _blocked(a, b, ta, tb, parallel, False, plan.tasks, plan.columns, number, k_ranges=plan.k_ranges,
                         strided_columns=plan.strided_columns, column_tasks=plan.column_tasks, kc=plan.kc)
     return transposed(_blocked(b, a, not tb, not ta, parallel, True))
 
 
-def update_slice_depth(op: ir.Operation) -> tuple[int | None, str]:
+def _update_tasks(op: ir.Operation, plan: ProductPlan) -> tuple[int, int]:
+    """(column, row) panels per task of a blocked product that accumulates into its parameter: one
+    row panel, all its columns, so that its blocks walk along the parameter's rows (down its columns,
+    16 KB apart for a 4096-wide layer, the products were as slow as product and update apart)."""
+    return _sizes(op)[1] // (plan.columns or register_block(_itemsize(op.result))[1]), 1
+
+
+def update_slice_depth(op: ir.Operation, plan: ProductPlan) -> tuple[int | None, str]:
     """(kc, why) of a blocked product that accumulates into its parameter (``update_of``), as
-    ``_slice_depth``'s: its tasks of one row panel sweep one register block's rows of A, so its
-    slices are ``deep_kc``'s. Each slice loads and stores every register block of the parameter
+    ``_slice_depth``'s for the rows of A its tasks sweep (``_update_tasks``: one register block's on
+    threads), so its slices are ``deep_kc``'s. Each slice loads and stores every register block of the parameter
     again, from rows 4 KB apart for a 1024-wide layer (two cores of a Zen 5 EPYC, L1d 48 KiB: the
     784-1024-1024-10 step at batch 512, its 1024 x 1024 x 512 weight gradient 2511-2554 -> 2424-2440 us
     and 784 x 1024 x 512 1953-1982 -> 1881-1889 us in one slice instead of three of 192)."""
-    return _slice_depth(op, register_block(_itemsize(op.result))[0], False, False)
+    tasks = _update_tasks(op, plan)
+    return _slice_depth(op, _task_rows(op, plan.threads, tasks, _sizes(op)[1] // tasks[0]), False, False)
 
 
 def update_of(op: ir.Operation, plan: ProductPlan) -> Update | None:

@@ -40,7 +40,7 @@ def _describe(op: ir.Operation, threads: bool, batch_rows: int | None) -> Produc
     dtype = str(ir.RankedTensorType(op.result.type).element_type)
     reason = plan.reason
     if plan.blocked and cm.update_of(op, plan) is not None:
-        depth, why = cm.update_slice_depth(op)
+        depth, why = cm.update_slice_depth(op, plan)
         slices = f", kc slices {depth} deep: {why}" if depth is not None else ""
         reason += f"; accumulated into its parameter (the SGD update), in tasks of one row panel{slices}"
     return ProductSchedule(*map(_size, cm._sizes(op)), dtype, plan.kind, plan.threads, reason)
